@@ -1,0 +1,1 @@
+"""A local Kubernetes control plane built from pinned upstream Go modules."""

@@ -1,0 +1,1 @@
+"""The ringwright operator (kopf): observe, plan purely, apply thinly."""

@@ -1,0 +1,1 @@
+"""ringwright: elastic, topology-aware distributed training on Kubernetes."""

@@ -1,0 +1,204 @@
+"""The world contract between the operator and the runtime.
+
+The operator publishes a :class:`World` for every job in a ConfigMap that the job's
+pods may read; the runtime in each pod follows it. Pods talk back through a second,
+patch-only ConfigMap holding one :class:`Report` per pod. This module is imported by
+both sides, so it depends on pydantic alone: never on kopf, never on torch.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+"""Bump when a change would make an older reader misread a world."""
+
+WORLD_KEY = "world.json"
+"""Key of the world document inside the world ConfigMap."""
+
+DEFAULT_STORE_PORT = 29400
+
+
+def world_configmap_name(job: str) -> str:
+    """Name of the ConfigMap that carries ``job``'s world."""
+    return f"{job}-world"
+
+
+def reports_configmap_name(job: str) -> str:
+    """Name of the ConfigMap that ``job``'s pods merge-patch their reports into."""
+    return f"{job}-reports"
+
+
+class Env:
+    """Environment variables the operator sets on every training container."""
+
+    JOB_NAME = "RINGWRIGHT_JOB_NAME"
+    NAMESPACE = "RINGWRIGHT_NAMESPACE"
+    POD_NAME = "RINGWRIGHT_POD_NAME"
+    POD_IP = "RINGWRIGHT_POD_IP"
+    ROLE = "RINGWRIGHT_ROLE"
+    WORLD_CONFIGMAP = "RINGWRIGHT_WORLD_CONFIGMAP"
+    REPORTS_CONFIGMAP = "RINGWRIGHT_REPORTS_CONFIGMAP"
+    BACKEND = "RINGWRIGHT_BACKEND"
+    HEALTH_FILE = "RINGWRIGHT_HEALTH_FILE"
+    WORLD_FILE = "RINGWRIGHT_WORLD_FILE"
+    """Local runs only: follow a world file instead of the Kubernetes API."""
+
+
+class Backend(StrEnum):
+    TORCH = "torch"
+    HOROVOD = "horovod"
+
+
+class Mode(StrEnum):
+    ALL_REDUCE = "AllReduce"
+    PARAMETER_SERVER = "ParameterServer"
+
+
+class LRRule(StrEnum):
+    LINEAR = "linear"
+    SQRT = "sqrt"
+    NONE = "none"
+
+
+class _Wire(BaseModel):
+    """Base for wire types: camelCase on the wire, frozen, unknown keys ignored.
+
+    Ignoring unknown keys lets an older runtime read a newer world of the same
+    schema version (additive changes only; anything else bumps the version).
+    """
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+
+class JobRef(_Wire):
+    namespace: str
+    name: str
+    uid: str = ""
+
+
+class StoreAddress(_Wire):
+    """Where this epoch's rendezvous store listens: always rank 0's pod IP."""
+
+    address: str
+    port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_STORE_PORT
+
+
+class Member(_Wire):
+    rank: Annotated[int, Field(ge=0)]
+    pod: str
+    pod_uid: str = Field(default="", alias="podUID")
+    ip: str
+    node: str = ""
+    rack: str = ""
+    nvlink_domain: str = Field(default="", alias="nvlinkDomain")
+    gpu_model: str = Field(default="", alias="gpuModel")
+
+
+class LRScaling(_Wire):
+    rule: LRRule = LRRule.LINEAR
+    base_world_size: Annotated[int, Field(ge=1, alias="baseWorldSize")] = 1
+    warmup_steps: Annotated[int, Field(ge=0, alias="warmupSteps")] = 0
+
+
+class CheckpointSettings(_Wire):
+    path: str = ""
+    interval_steps: Annotated[int, Field(ge=0, alias="intervalSteps")] = 0
+    interval_seconds: Annotated[float, Field(ge=0, alias="intervalSeconds")] = 0.0
+    keep: Annotated[int, Field(ge=1)] = 3
+
+
+class World(_Wire):
+    """One epoch of a job's membership, in ring order (``members[i].rank == i``)."""
+
+    schema_version: int = Field(default=SCHEMA_VERSION, alias="schemaVersion")
+    job: JobRef
+    epoch: Annotated[int, Field(ge=0)]
+    backend: Backend = Backend.TORCH
+    mode: Mode = Mode.ALL_REDUCE
+    store: StoreAddress
+    members: tuple[Member, ...]
+    ps: tuple[Member, ...] = ()
+    lr: LRScaling = LRScaling()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @model_validator(mode="after")
+    def _ranks_are_dense(self) -> World:
+        ranks = [m.rank for m in self.members]
+        if ranks != list(range(len(ranks))):
+            raise ValueError(f"members must be listed in rank order 0..n-1, got ranks {ranks}")
+        if len({m.pod for m in self.members}) != len(self.members):
+            raise ValueError("a pod appears twice in members")
+        return self
+
+    def member(self, pod: str) -> Member | None:
+        """The member entry for ``pod``, or None when the pod is not in this world."""
+        for m in self.members:
+            if m.pod == pod:
+                return m
+        return None
+
+    def to_json(self) -> str:
+        """Serialize with the wire names, plus ``size`` for readers without this module."""
+        doc = self.model_dump(mode="json", by_alias=True)
+        doc["size"] = self.size
+        return _dumps(doc)
+
+
+class ReportKind(StrEnum):
+    COLLECTIVE_FAILED = "collective-failed"
+    NO_STATE = "no-state"
+    STALLED = "stalled"
+    LEFT = "left"
+
+
+class Report(_Wire):
+    """What one pod tells the operator that the API cannot see."""
+
+    kind: ReportKind
+    epoch: Annotated[int, Field(ge=0)]
+    at: float
+    """Seconds since the Unix epoch, by the pod's clock."""
+    detail: str = ""
+
+    def to_json(self) -> str:
+        return _dumps(self.model_dump(mode="json", by_alias=True))
+
+
+class ContractError(ValueError):
+    """A world or report document that this side of the contract cannot use."""
+
+
+def parse_world(text: str, *, where: str = "world") -> World:
+    """Parse a world document, refusing other schema versions with a clear message."""
+    try:
+        world = World.model_validate_json(text)
+    except ValidationError as err:
+        raise ContractError(f"{where}: not a valid ringwright world: {err}") from err
+    if world.schema_version != SCHEMA_VERSION:
+        raise ContractError(
+            f"{where}: world schemaVersion {world.schema_version} but this ringwright "
+            f"understands {SCHEMA_VERSION}; run the same ringwright version in the operator "
+            "and the training image"
+        )
+    return world
+
+
+def parse_report(text: str, *, where: str = "report") -> Report:
+    """Parse one pod's report."""
+    try:
+        return Report.model_validate_json(text)
+    except ValidationError as err:
+        raise ContractError(f"{where}: not a valid ringwright report: {err}") from err
+
+
+def _dumps(doc: object) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
