@@ -1,0 +1,59 @@
+# ringwright developer entry points. Two matter for a newcomer:
+#   make demo   local cluster + operator + an elastic training job that survives a failure
+#   make test   lint, type-check and every test (unit, cluster, e2e)
+# Expensive things are cached outside the checkout, keyed by version:
+#   $(CACHE)/venv/<digest>   Python deps (torch, ...)   digest of pyproject.toml + python version
+#   $(CACHE)/bin/<name>-<version>-<digest>   control-plane binaries built from Go modules
+#   $(CACHE)/wheels/         horovod built from source against our torch
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+CACHE ?= $(or $(RINGWRIGHT_CACHE),$(HOME)/.cache/ringwright)
+export RINGWRIGHT_CACHE := $(CACHE)
+DEPS_DIGEST := $(shell sha256sum < pyproject.toml | cut -c1-12)-$(shell $(PYTHON) -c 'import sys;print("py%d%d"%sys.version_info[:2])')
+VENV ?= $(CACHE)/venv/$(DEPS_DIGEST)
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help env binaries lint test test-unit demo down bench crds clean-cache
+
+help:
+	@grep -E '^#' Makefile | head -8
+
+# The venv lives in the cache so a fresh clone reuses it; the editable install is
+# re-pointed at this checkout on every run (seconds).
+$(VENV)/.ready: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev,runtime]'
+	touch $@
+
+env: $(VENV)/.ready
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e . >/dev/null
+	bash scripts/build_horovod.sh $(VENV)
+
+binaries: env
+	$(PY) -m ringwright.devcluster build
+
+lint: env
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+crds: env
+	$(PY) -m ringwright.operator.crdgen
+
+test: binaries lint
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests --ignore=tests/bench
+
+demo: binaries
+	$(PY) -m ringwright.devcluster.demo
+
+down: env
+	$(PY) -m ringwright.devcluster down
+
+bench: binaries
+	$(PY) tests/bench/run_all.py
+
+clean-cache:
+	rm -rf $(CACHE)

@@ -1,0 +1,301 @@
+"""Run etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK on loopback.
+
+A cluster lives in a state folder (``<cache>/clusters/<name>``): its certificates,
+etcd data, logs, kubeconfig and the process ids of its components. ``up`` is
+idempotent (a running cluster is reused), ``down`` stops every component.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+import yaml
+
+from ringwright.devcluster.build import Binaries, ensure_binaries
+from ringwright.devcluster.inventory import load_inventory, node_manifests
+from ringwright.devcluster.pki import Pki, ensure_pki
+from ringwright.devcluster.versions import cache_root
+from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig
+
+log = logging.getLogger("ringwright.devcluster")
+
+STAGES = Path(__file__).resolve().parent / "stages" / "kwok.yaml"
+# Controllers that need a kubelet, a cloud or real networking are off: KWOK plays the
+# kubelet and nodes never send heartbeats, so node lifecycle would evict every pod.
+CONTROLLERS = ",".join((
+    "*", "-nodelifecycle", "-nodeipam", "-cloud-node-lifecycle", "-service-lb-controller",
+    "-route", "-csrsigning", "-persistentvolume-binder", "-attachdetach", "-ttl",
+    "-bootstrapsigner", "-tokencleaner",
+))
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not be started or reached."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Cluster:
+    """Handle on one local cluster's state folder."""
+
+    name: str = "ringwright"
+    root: Path | None = None
+
+    @property
+    def dir(self) -> Path:
+        return self.root or cache_root() / "clusters" / self.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def _pids_file(self) -> Path:
+        return self.dir / "pids.json"
+
+    def client(self) -> KubeClient:
+        return KubeClient(load_kubeconfig(self.kubeconfig))
+
+    def _pids(self) -> dict[str, int]:
+        if not self._pids_file.exists():
+            return {}
+        pids: dict[str, int] = json.loads(self._pids_file.read_text())
+        return pids
+
+    def running(self) -> bool:
+        """True when every recorded component process is alive and the API answers."""
+        pids = self._pids()
+        if not pids or not all(_alive(pid) for pid in pids.values()):
+            return False
+        try:
+            with self.client() as kube:
+                kube.get("/readyz")
+        except (httpx.HTTPError, ApiError, OSError, ValueError):
+            return False
+        return True
+
+    def up(self, inventory: str = "default", binaries: Binaries | None = None,
+           timeout: float = 120.0) -> None:
+        """Start the cluster (or reuse a running one) and make sure its nodes exist."""
+        if self.running():
+            log.info("cluster %s already running (%s)", self.name, self.kubeconfig)
+            self._ensure_nodes(inventory)
+            return
+        self.down()
+        bins = binaries or ensure_binaries()
+        shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        pki = ensure_pki(self.dir / "pki")
+        ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": free_port(),
+                 "kwok": free_port()}
+        self._write_kubeconfig(pki, ports["apiserver"])
+        pids: dict[str, int] = {}
+        try:
+            pids["etcd"] = self._spawn("etcd", self._etcd_cmd(bins, ports))
+            self._save_pids(pids)
+            pids["kube-apiserver"] = self._spawn(
+                "kube-apiserver", self._apiserver_cmd(bins, pki, ports))
+            self._save_pids(pids)
+            self._wait("API server /readyz", timeout, self._api_ready, "kube-apiserver")
+            for name, cmd in (
+                ("kube-controller-manager", self._controller_manager_cmd(bins, pki)),
+                ("kube-scheduler", self._scheduler_cmd(bins)),
+                ("kwok", self._kwok_cmd(bins, ports)),
+            ):
+                pids[name] = self._spawn(name, cmd)
+            self._save_pids(pids)
+            self._wait("the default ServiceAccount", timeout, self._sa_ready,
+                       "kube-controller-manager")
+            self._ensure_nodes(inventory)
+            self._wait("nodes Ready", timeout, self._nodes_ready, "kwok")
+        except BaseException:
+            self.down()
+            raise
+        log.info("cluster %s up: export KUBECONFIG=%s", self.name, self.kubeconfig)
+
+    def down(self) -> None:
+        """Stop every component (TERM, then KILL after a few seconds)."""
+        pids = self._pids()
+        for pid in pids.values():
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in pids.values():
+            _signal(pid, signal.SIGKILL)
+        self._pids_file.unlink(missing_ok=True)
+
+    # -- component command lines -------------------------------------------------
+
+    def _etcd_cmd(self, bins: Binaries, ports: dict[str, int]) -> list[str]:
+        client = f"http://127.0.0.1:{ports['etcd']}"
+        peer = f"http://127.0.0.1:{ports['etcd-peer']}"
+        return [
+            str(bins["etcd"]), "--name=default", f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            # A throwaway test store: durability is not worth the fsync latency.
+            "--unsafe-no-fsync", "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_cmd(self, bins: Binaries, pki: Pki, ports: dict[str, int]) -> list[str]:
+        return [
+            str(bins["kube-apiserver"]),
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['apiserver']}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--token-auth-file={pki.token_file}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # Endpoints may not hold loopback addresses; nothing here needs the
+            # `kubernetes` Service's endpoints, so skip reconciling them.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true", "--profiling=false",
+            f"--cert-dir={self.dir / 'pki'}",
+        ]
+
+    def _controller_manager_cmd(self, bins: Binaries, pki: Pki) -> list[str]:
+        return [
+            str(bins["kube-controller-manager"]), f"--kubeconfig={self.kubeconfig}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}", f"--controllers={CONTROLLERS}",
+            "--leader-elect=false", "--secure-port=0",
+            "--kube-api-qps=200", "--kube-api-burst=400",
+        ]
+
+    def _scheduler_cmd(self, bins: Binaries) -> list[str]:
+        return [
+            str(bins["kube-scheduler"]), f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false", "--secure-port=0",
+            "--kube-api-qps=200", "--kube-api-burst=400",
+        ]
+
+    def _kwok_cmd(self, bins: Binaries, ports: dict[str, int]) -> list[str]:
+        return [
+            str(bins["kwok"]), f"--kubeconfig={self.kubeconfig}", f"--config={STAGES}",
+            "--manage-all-nodes=true", f"--server-address=127.0.0.1:{ports['kwok']}",
+            "--node-ip=127.1.0.1", "--cidr=127.9.0.0/16",
+        ]
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _write_kubeconfig(self, pki: Pki, port: int) -> None:
+        doc = {
+            "apiVersion": "v1", "kind": "Config", "current-context": self.name,
+            "clusters": [{"name": self.name, "cluster": {
+                "server": f"https://127.0.0.1:{port}",
+                "certificate-authority": str(pki.ca_cert)}}],
+            "users": [{"name": "admin", "user": {"token": pki.admin_token}}],
+            "contexts": [{"name": self.name, "context": {
+                "cluster": self.name, "user": "admin", "namespace": "default"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(doc))
+        self.kubeconfig.chmod(0o600)
+
+    def _spawn(self, name: str, cmd: list[str]) -> int:
+        logfile: IO[bytes] = (self.dir / "logs" / f"{name}.log").open("ab")
+        # A new session: the components outlive the command that started them
+        # (the demo leaves the cluster up) and are stopped by `down`.
+        proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        logfile.close()
+        return proc.pid
+
+    def _save_pids(self, pids: dict[str, int]) -> None:
+        self._pids_file.write_text(json.dumps(pids))
+
+    def _wait(self, what: str, timeout: float, probe: Callable[[], bool], component: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, pid in self._pids().items():
+                if not _alive(pid):
+                    raise ClusterError(f"{name} exited while waiting for {what}:\n"
+                                       f"{self._tail(name)}")
+            try:
+                if probe():
+                    return
+            except (httpx.HTTPError, ApiError, OSError):
+                pass
+            time.sleep(0.2)
+        raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; "
+                           f"last log lines of {component}:\n{self._tail(component)}")
+
+    def _tail(self, name: str, lines: int = 25) -> str:
+        path = self.dir / "logs" / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _api_ready(self) -> bool:
+        with self.client() as kube:
+            kube.get("/readyz")
+        return True
+
+    def _sa_ready(self) -> bool:
+        with self.client() as kube:
+            return kube.get_or_none(api_path("v1", "serviceaccounts", "default", "default")) \
+                is not None
+
+    def _nodes_ready(self) -> bool:
+        with self.client() as kube:
+            nodes = kube.list(api_path("v1", "nodes"))
+        return bool(nodes) and all(_node_ready(n) for n in nodes)
+
+    def _ensure_nodes(self, inventory: str) -> None:
+        with self.client() as kube:
+            existing = {n["metadata"]["name"] for n in kube.list(api_path("v1", "nodes"))}
+            for node in node_manifests(load_inventory(inventory)):
+                if node["metadata"]["name"] not in existing:
+                    kube.create(api_path("v1", "nodes"), node)
+
+
+def _node_ready(node: dict[str, object]) -> bool:
+    status = node.get("status")
+    conditions = status.get("conditions", []) if isinstance(status, dict) else []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0); reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == 0
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

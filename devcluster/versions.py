@@ -1,0 +1,69 @@
+"""Pinned versions of the control-plane binaries and where their builds are cached."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBERNETES = "v1.33.13"
+ETCD = "v3.5.35"
+KWOK = "v0.7.0"
+HELM = "v3.19.0"
+
+GO_DIR = Path(__file__).resolve().parent / "go"
+
+
+def cache_root() -> Path:
+    """``$RINGWRIGHT_CACHE`` or ``~/.cache/ringwright``: binaries, wheels, cluster state."""
+    return Path(os.environ.get("RINGWRIGHT_CACHE") or Path.home() / ".cache" / "ringwright")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One binary: how to build it and the key its cache entry is stored under."""
+
+    name: str
+    version: str
+    module_dir: str
+    """Folder under ``GO_DIR`` holding our go.mod, or "" for `go install pkg@version`."""
+    package: str
+    ldflags: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        """Version plus a digest of our build inputs, so editing them rebuilds."""
+        digest = hashlib.sha256("\n".join((self.package, *self.ldflags)).encode())
+        if self.module_dir:
+            for f in sorted((GO_DIR / self.module_dir).rglob("*")):
+                if f.is_file():
+                    digest.update(f.name.encode())
+                    digest.update(f.read_bytes())
+        return f"{self.name}-{self.version}-{digest.hexdigest()[:12]}"
+
+
+def _kube_ldflags() -> tuple[str, ...]:
+    major, minor = KUBERNETES.lstrip("v").split(".")[:2]
+    pkg = "k8s.io/component-base/version"
+    return (
+        f"-X {pkg}.gitVersion={KUBERNETES}",
+        f"-X {pkg}.gitMajor={major}",
+        f"-X {pkg}.gitMinor={minor}",
+        f"-X {pkg}.gitTreeState=clean",
+    )
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component("kube-apiserver", KUBERNETES, "kube", "./cmd/kube-apiserver", _kube_ldflags()),
+    Component(
+        "kube-controller-manager", KUBERNETES, "kube", "./cmd/kube-controller-manager",
+        _kube_ldflags(),
+    ),
+    Component("kube-scheduler", KUBERNETES, "kube", "./cmd/kube-scheduler", _kube_ldflags()),
+    Component("etcd", ETCD, "etcd", "."),
+    Component("kwok", KWOK, "", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK}"),
+    Component(
+        "helm", HELM, "", f"helm.sh/helm/v3/cmd/helm@{HELM}",
+        (f"-X helm.sh/helm/v3/internal/version.version={HELM}",),
+    ),
+)

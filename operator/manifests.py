@@ -1,0 +1,169 @@
+"""Builders of whole manifests for the objects a job owns.
+
+Pure functions: they take the job (and placement) and return complete objects,
+so unit tests read them without a cluster and the apply layer only sends them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ringwright.kube import Obj
+from ringwright.world import Env, reports_configmap_name, world_configmap_name
+
+JOB_LABEL = "ringwright.dev/job"
+ROLE_LABEL = "ringwright.dev/role"
+INDEX_LABEL = "ringwright.dev/index"
+LEAVING_ANNOTATION = "ringwright.dev/leaving-since"
+"""Set on a pod that a scale-down removed from the world; it is deleted once it exits."""
+
+WORKER = "worker"
+PS = "ps"
+HEALTH_FILE = "/tmp/ringwright/healthy"
+"""The runtime keeps this file while its training loop makes progress."""
+
+
+def runtime_account_name(job: str) -> str:
+    """ServiceAccount (and Role, RoleBinding) the job's pods run as."""
+    return f"{job}-runtime"
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    return f"{job}-{role}-{index}"
+
+
+def owner_reference(job: Obj) -> Obj:
+    """Controller reference to the TrainingJob, so deleting it collects everything."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": job["apiVersion"],
+        "kind": job["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(job: Obj, name: str, labels: dict[str, str] | None = None) -> Obj:
+    return {
+        "name": name,
+        "namespace": job["metadata"]["namespace"],
+        "labels": {JOB_LABEL: job["metadata"]["name"], **(labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def scaffold(job: Obj) -> list[Obj]:
+    """The per-job objects besides pods: identity, RBAC, DNS, world and reports."""
+    name = job["metadata"]["name"]
+    account = runtime_account_name(name)
+    world_cm, reports_cm = world_configmap_name(name), reports_configmap_name(name)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, account)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(job, account),
+            # Pods may read their own job's world and write their own reports; nothing else.
+            "rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [world_cm],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [reports_cm],
+                 "verbs": ["get", "patch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(job, account),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": account},
+            "subjects": [{"kind": "ServiceAccount", "name": account,
+                          "namespace": job["metadata"]["namespace"]}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(job, name),
+            "spec": {
+                "clusterIP": "None",
+                "selector": {JOB_LABEL: name},
+                # Members must resolve each other before they report ready.
+                "publishNotReadyAddresses": True,
+            },
+        },
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, reports_cm), "data": {}},
+    ]
+
+
+def world_configmap(job: Obj, world_json: str) -> Obj:
+    """The world ConfigMap with the given document."""
+    name = job["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, world_configmap_name(name)),
+        "data": {"world.json": world_json},
+    }
+
+
+def _env(job: Obj, role: str) -> list[Obj]:
+    name = job["metadata"]["name"]
+
+    def field(path: str) -> Obj:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    return [
+        {"name": Env.JOB_NAME, "value": name},
+        {"name": Env.NAMESPACE, **field("metadata.namespace")},
+        {"name": Env.POD_NAME, **field("metadata.name")},
+        {"name": Env.POD_IP, **field("status.podIP")},
+        {"name": Env.ROLE, "value": role},
+        {"name": Env.WORLD_CONFIGMAP, "value": world_configmap_name(name)},
+        {"name": Env.REPORTS_CONFIGMAP, "value": reports_configmap_name(name)},
+        {"name": Env.BACKEND, "value": job["spec"].get("backend", "torch")},
+        {"name": Env.HEALTH_FILE, "value": HEALTH_FILE},
+    ]
+
+
+def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
+    """A worker or ps pod from the role's template, with the operator's additions.
+
+    ``placement`` holds the fields the placement planner decided (``affinity``,
+    ``priorityClassName``, ``resources`` for the training container); they replace
+    whatever the template set for them.
+    """
+    name = job["metadata"]["name"]
+    spec_key = "workers" if role == WORKER else "ps"
+    template = copy.deepcopy(job["spec"][spec_key]["template"])
+    tmeta: dict[str, Any] = template.get("metadata") or {}
+    spec: Obj = template["spec"]
+    labels = {**tmeta.get("labels", {}), ROLE_LABEL: role, INDEX_LABEL: str(index)}
+    meta = _meta(job, pod_name(name, role, index), labels)
+    meta["annotations"] = dict(tmeta.get("annotations", {}))
+
+    main = spec["containers"][0]
+    known = {e["name"] for e in _env(job, role)}
+    main["env"] = [e for e in main.get("env", []) if e.get("name") not in known] + _env(job, role)
+    if "resources" in placement:
+        main["resources"] = placement["resources"]
+    main.setdefault("readinessProbe", {
+        "exec": {"command": ["test", "-f", HEALTH_FILE]},
+        "periodSeconds": 5,
+        "failureThreshold": 2,
+    })
+    spec.update({
+        "serviceAccountName": runtime_account_name(name),
+        "automountServiceAccountToken": True,
+        # A crashed process restarts in the same pod (same IP, no state); a planned
+        # leave exits 0 and the pod completes.
+        "restartPolicy": "OnFailure",
+        "hostname": pod_name(name, role, index),
+        "subdomain": name,
+    })
+    for key in ("affinity", "priorityClassName", "tolerations"):
+        if key in placement:
+            spec[key] = placement[key]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}

@@ -1,0 +1,84 @@
+"""Reading pods: which role and index they hold and what state they are in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ringwright.kube import Obj
+from ringwright.operator.manifests import INDEX_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
+
+
+class PodState(StrEnum):
+    """What the planner needs to know about one pod."""
+
+    PENDING = "Pending"
+    """Created, not yet running and ready."""
+    READY = "Ready"
+    """Running, Ready and addressable: may be a world member."""
+    UNREADY = "Unready"
+    """Running but its readiness probe fails (stalled, or still starting)."""
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DELETING = "Deleting"
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The facts about one pod the planner uses, read once from its body."""
+
+    name: str
+    uid: str
+    role: str
+    index: int
+    state: PodState
+    ip: str
+    node: str
+    leaving_since: float | None
+    restarts: int
+
+    @property
+    def alive(self) -> bool:
+        """Counts towards the role's replicas (not finished, not going away)."""
+        return self.state in (PodState.PENDING, PodState.READY, PodState.UNREADY)
+
+
+def _ready(status: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in status.get("conditions") or [])
+
+
+def view(pod: Obj) -> PodView | None:
+    """A :class:`PodView`, or None for a pod without ringwright's role/index labels."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        index = int(labels[INDEX_LABEL])
+        role = labels[ROLE_LABEL]
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Pending")
+    if meta.get("deletionTimestamp"):
+        state = PodState.DELETING
+    elif phase == "Succeeded":
+        state = PodState.SUCCEEDED
+    elif phase == "Failed":
+        state = PodState.FAILED
+    elif phase == "Running" and status.get("podIP"):
+        state = PodState.READY if _ready(status) else PodState.UNREADY
+    else:
+        state = PodState.PENDING
+    leaving = (meta.get("annotations") or {}).get(LEAVING_ANNOTATION)
+    restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
+    return PodView(
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        role=role,
+        index=index,
+        state=state,
+        ip=status.get("podIP", ""),
+        node=(pod.get("spec") or {}).get("nodeName", ""),
+        leaving_since=float(leaving) if leaving else None,
+        restarts=restarts,
+    )

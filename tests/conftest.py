@@ -1,0 +1,56 @@
+"""Shared fixtures: one local cluster per test session, one namespace per test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ringwright.devcluster.build import OVERRIDE_VARS
+from ringwright.devcluster.control_plane import Cluster
+from ringwright.kube import KubeClient, api_path
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _cannot_build_reason() -> str | None:
+    if shutil.which("go") or any(os.environ.get(v) for v in OVERRIDE_VARS):
+        return None
+    return ("the local cluster needs the Go toolchain to build its binaries once "
+            "(install Go 1.24+), or RINGWRIGHT_BIN_DIR pointing at prebuilt binaries")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A real control plane (etcd, apiserver, controller-manager, scheduler, KWOK)."""
+    reason = _cannot_build_reason()
+    if reason and not IN_CI:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="ringwright-test-cluster-"))
+    handle = Cluster(name="ringwright-test", root=root)
+    try:
+        handle.up("default")
+        yield handle
+    finally:
+        handle.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture()
+def kube(cluster: Cluster) -> Iterator[KubeClient]:
+    with cluster.client() as client:
+        yield client
+
+
+@pytest.fixture()
+def namespace(kube: KubeClient) -> Iterator[str]:
+    """A fresh namespace, deleted after the test."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
+    yield name
+    kube.delete(api_path("v1", "namespaces", name=name))
