@@ -1,0 +1,168 @@
+"""The ``SchedulingPolicy`` API: the cluster admin's placement rules (cluster-scoped).
+
+Jobs name a policy (``spec.schedulingPolicyName``, "default" unless set); the chart
+installs one named ``default``. These models generate
+``crds/schedulingpolicies.ringwright.dev.yaml``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field
+from ringwright.operator.apibase import (
+    API_VERSION,
+    DNS_SUBDOMAIN,
+    LABEL_KEY,
+    LABEL_VALUE,
+    QUANTITY,
+    VALIDATIONS,
+    ApiModel,
+    cel,
+)
+from ringwright.operator.models import MAX_PS, MAX_WORKERS, RackPacking
+
+DEFAULT_POLICY_NAME = "default"
+RACK_LABEL = "ringwright.dev/rack"
+NVLINK_DOMAIN_LABEL = "nvidia.com/gpu.clique"
+GPU_MODEL_LABEL = "nvidia.com/gpu.product"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+LabelKey = Annotated[str, Field(min_length=1, max_length=316, pattern=LABEL_KEY)]
+GpuModelName = Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]
+PriorityClassName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+
+
+class NodeLabelKeys(ApiModel):
+    """Node label keys that describe where a node sits and what GPUs it has."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            VALIDATIONS: [
+                cel(
+                    "self.rack != self.nvlinkDomain && self.rack != self.gpuModel"
+                    " && self.nvlinkDomain != self.gpuModel",
+                    "spec.nodeLabels.rack, spec.nodeLabels.nvlinkDomain and "
+                    "spec.nodeLabels.gpuModel must be three different keys",
+                )
+            ]
+        }
+    )
+
+    rack: LabelKey = Field(
+        default=RACK_LABEL, description="Label whose value names the node's rack (its ToR switch)."
+    )
+    nvlink_domain: LabelKey = Field(
+        default=NVLINK_DOMAIN_LABEL,
+        description="Label whose value names the node's NVLink domain (NVSwitch island).",
+    )
+    gpu_model: LabelKey = Field(
+        default=GPU_MODEL_LABEL, description="Label whose value names the node's GPU model."
+    )
+    spine: LabelKey | None = Field(
+        default=None,
+        description="Label whose value names the aggregation switch above the node's rack; "
+        "racks sharing it are neighbours for ps placement. Unset: all racks are neighbours.",
+    )
+
+
+class PriorityClasses(ApiModel):
+    """PriorityClass names per role; the ps class must rank above the worker class."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            VALIDATIONS: [
+                cel(
+                    "self.ps != self.worker",
+                    "spec.priorityClasses.ps must differ from spec.priorityClasses.worker: "
+                    "ps pods run at a higher priority than workers",
+                    ".ps",
+                )
+            ]
+        }
+    )
+
+    worker: PriorityClassName = Field(
+        default="ringwright-worker", description="PriorityClass of worker pods."
+    )
+    ps: PriorityClassName = Field(
+        default="ringwright-ps",
+        description="PriorityClass of ps pods; higher than the worker one, so a ps pod can "
+        "preempt lower-priority pods.",
+    )
+
+
+class PSPinning(ApiModel):
+    """Guaranteed QoS with whole CPUs for ps pods, so a static CPU manager pins them."""
+
+    enabled: bool = Field(
+        default=True,
+        description="true: ps containers get integer CPUs and limits equal to requests.",
+    )
+    default_cpus: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="CPUs for a ps container whose template requests none; a fractional "
+        "request is rounded up to whole CPUs.",
+    )
+    default_memory: str = Field(
+        default="8Gi",
+        max_length=64,
+        pattern=QUANTITY,
+        description="Memory for a ps container whose template requests none.",
+    )
+
+
+class PolicyLimits(ApiModel):
+    """Upper bounds for every job placed by this policy."""
+
+    max_workers_per_job: int = Field(
+        default=1024, ge=1, le=MAX_WORKERS, description="Most workers one job may have."
+    )
+    max_racks_per_job: int | None = Field(
+        default=None, ge=1, le=1024, description="Most racks one job may span. Unset: no bound."
+    )
+    max_ps_per_job: int = Field(
+        default=64, ge=1, le=MAX_PS, description="Most ps pods one job may have."
+    )
+
+
+class SchedulingPolicySpec(ApiModel):
+    """How the operator places jobs that name this policy."""
+
+    node_labels: NodeLabelKeys = Field(
+        default_factory=NodeLabelKeys, description="Topology and GPU-model label keys."
+    )
+    gpu_resource: LabelKey = Field(
+        default=GPU_RESOURCE, description="Extended resource name of a GPU on nodes."
+    )
+    priority_classes: PriorityClasses = Field(
+        default_factory=PriorityClasses, description="PriorityClass per role."
+    )
+    ps_pinning: PSPinning = Field(
+        default_factory=PSPinning, description="Whole-CPU Guaranteed QoS for ps pods."
+    )
+    allowed_gpu_models: list[GpuModelName] = Field(
+        default_factory=list,
+        max_length=64,
+        description="GPU models jobs may use, in order of preference. Empty: any model.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    rack_packing: RackPacking = Field(
+        default=RackPacking.REQUIRED,
+        description="Required: pods may only bind inside the rack set the planner chose. "
+        "Preferred: the rack set only steers the scheduler.",
+    )
+    limits: PolicyLimits = Field(default_factory=PolicyLimits, description="Per-job bounds.")
+
+
+class SchedulingPolicy(ApiModel):
+    """Cluster-wide placement rules for training jobs."""
+
+    api_version: str = Field(default=API_VERSION, description="ringwright.dev/v1alpha1")
+    kind: str = Field(default="SchedulingPolicy", description="SchedulingPolicy")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard metadata.")
+    spec: SchedulingPolicySpec = Field(
+        default_factory=SchedulingPolicySpec, description="The placement rules."
+    )
