@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict, JsonValue
 
 GROUP = "ringwright.dev"
 VERSION = "v1alpha1"
@@ -50,18 +51,24 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     """One ``x-kubernetes-validations`` entry.
 
     ``field_path`` (relative to the object the rule sits on) makes the API server
     report the error at that field, so ``kubectl`` points at what to fix.
     """
-    entry = {"rule": rule, "message": message}
+    entry: JsonDict = {"rule": rule, "message": message}
     if field_path is not None:
         entry["fieldPath"] = field_path
     return entry
 
 
-def immutable(field: str) -> dict[str, Any]:
+def validations(*rules: JsonDict) -> JsonDict:
+    """Schema extra carrying ``rules`` as ``x-kubernetes-validations``."""
+    entries: list[JsonValue] = [*rules]
+    return {VALIDATIONS: entries}
+
+
+def immutable(field: str) -> JsonDict:
     """Schema extra for a field that may not change after creation (a transition rule)."""
-    return {VALIDATIONS: [cel("self == oldSelf", f"{field} is immutable")]}
+    return validations(cel("self == oldSelf", f"{field} is immutable"))

@@ -16,10 +16,10 @@ from ringwright.operator.apibase import (
     API_VERSION,
     DNS_SUBDOMAIN,
     LABEL_VALUE,
-    VALIDATIONS,
     ApiModel,
     cel,
     immutable,
+    validations,
 )
 
 from ringwright.world import Backend, LRRule, Mode
@@ -94,25 +94,23 @@ class WorkerSpec(ApiModel):
     """The elastic worker set."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            VALIDATIONS: [
-                cel(
-                    "self.min <= self.replicas",
-                    "spec.workers.min must not exceed spec.workers.replicas",
-                    ".min",
-                ),
-                cel(
-                    "!has(self.max) || self.replicas <= self.max",
-                    "spec.workers.replicas must not exceed spec.workers.max",
-                    ".replicas",
-                ),
-                cel(
-                    "!has(self.max) || self.min <= self.max",
-                    "spec.workers.min must not exceed spec.workers.max",
-                    ".min",
-                ),
-            ]
-        }
+        json_schema_extra=validations(
+            cel(
+                "self.min <= self.replicas",
+                "spec.workers.min must not exceed spec.workers.replicas",
+                ".min",
+            ),
+            cel(
+                "!has(self.max) || self.replicas <= self.max",
+                "spec.workers.replicas must not exceed spec.workers.max",
+                ".replicas",
+            ),
+            cel(
+                "!has(self.max) || self.min <= self.max",
+                "spec.workers.min must not exceed spec.workers.max",
+                ".min",
+            ),
+        )
     )
 
     min: int = Field(
@@ -177,16 +175,14 @@ class CheckpointSpec(ApiModel):
     """Where and how often the runtime checkpoints."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            VALIDATIONS: [
-                cel(
-                    "self.path != '' || (self.intervalSteps == 0 && self.intervalSeconds == 0)",
-                    "spec.checkpoint.intervalSteps and spec.checkpoint.intervalSeconds "
-                    "need spec.checkpoint.path",
-                    ".path",
-                )
-            ]
-        }
+        json_schema_extra=validations(
+            cel(
+                "self.path != '' || (self.intervalSteps == 0 && self.intervalSeconds == 0)",
+                "spec.checkpoint.intervalSteps and spec.checkpoint.intervalSeconds "
+                "need spec.checkpoint.path",
+                ".path",
+            )
+        )
     )
 
     path: str = Field(
@@ -256,7 +252,7 @@ class RunPolicy(ApiModel):
     )
 
 
-_SPEC_RULES = [
+_SPEC_RULES = (
     cel(
         "self.mode != 'ParameterServer' || has(self.ps)",
         "spec.ps is required when spec.mode is ParameterServer",
@@ -275,13 +271,13 @@ _SPEC_RULES = [
         "has(self.gpuModel) == has(oldSelf.gpuModel)",
         "spec.gpuModel is immutable: it cannot be added or removed",
     ),
-]
+)
 
 
 class TrainingJobSpec(ApiModel):
     """What the user wants trained, and how."""
 
-    model_config = ConfigDict(json_schema_extra={VALIDATIONS: _SPEC_RULES})
+    model_config = ConfigDict(json_schema_extra=validations(*_SPEC_RULES))
 
     mode: Mode = Field(
         default=Mode.ALL_REDUCE,
@@ -433,20 +429,18 @@ class TrainingJob(ApiModel):
     """An elastic, topology-aware distributed training job."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            VALIDATIONS: [
-                cel(
-                    f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-                    f"metadata.name must be at most {MAX_NAME_LENGTH} characters: pod, "
-                    "service and config map names are derived from it",
-                ),
-                cel(
-                    "self.metadata.name.matches('^[a-z]')",
-                    "metadata.name must start with a letter: the job's headless service "
-                    "takes its name",
-                ),
-            ]
-        }
+        json_schema_extra=validations(
+            cel(
+                f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+                f"metadata.name must be at most {MAX_NAME_LENGTH} characters: pod, "
+                "service and config map names are derived from it",
+            ),
+            cel(
+                "self.metadata.name.matches('^[a-z]')",
+                "metadata.name must start with a letter: the job's headless service "
+                "takes its name",
+            ),
+        )
     )
 
     api_version: str = Field(default=API_VERSION, description="ringwright.dev/v1alpha1")

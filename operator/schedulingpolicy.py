@@ -16,9 +16,9 @@ from ringwright.operator.apibase import (
     LABEL_KEY,
     LABEL_VALUE,
     QUANTITY,
-    VALIDATIONS,
     ApiModel,
     cel,
+    validations,
 )
 from ringwright.operator.models import MAX_PS, MAX_WORKERS, RackPacking
 
@@ -37,16 +37,14 @@ class NodeLabelKeys(ApiModel):
     """Node label keys that describe where a node sits and what GPUs it has."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            VALIDATIONS: [
-                cel(
-                    "self.rack != self.nvlinkDomain && self.rack != self.gpuModel"
-                    " && self.nvlinkDomain != self.gpuModel",
-                    "spec.nodeLabels.rack, spec.nodeLabels.nvlinkDomain and "
-                    "spec.nodeLabels.gpuModel must be three different keys",
-                )
-            ]
-        }
+        json_schema_extra=validations(
+            cel(
+                "self.rack != self.nvlinkDomain && self.rack != self.gpuModel"
+                " && self.nvlinkDomain != self.gpuModel",
+                "spec.nodeLabels.rack, spec.nodeLabels.nvlinkDomain and "
+                "spec.nodeLabels.gpuModel must be three different keys",
+            )
+        )
     )
 
     rack: LabelKey = Field(
@@ -70,16 +68,14 @@ class PriorityClasses(ApiModel):
     """PriorityClass names per role; the ps class must rank above the worker class."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            VALIDATIONS: [
-                cel(
-                    "self.ps != self.worker",
-                    "spec.priorityClasses.ps must differ from spec.priorityClasses.worker: "
-                    "ps pods run at a higher priority than workers",
-                    ".ps",
-                )
-            ]
-        }
+        json_schema_extra=validations(
+            cel(
+                "self.ps != self.worker",
+                "spec.priorityClasses.ps must differ from spec.priorityClasses.worker: "
+                "ps pods run at a higher priority than workers",
+                ".ps",
+            )
+        )
     )
 
     worker: PriorityClassName = Field(
