@@ -32,6 +32,7 @@ HEADER = (
 )
 _DROPPED_KEYS = frozenset({"title"})
 _UNSUPPORTED_KEYS = frozenset({"exclusiveMinimum", "exclusiveMaximum", "const", "oneOf", "not"})
+_EMPTY: dict[str, Callable[[], Any]] = {"object": dict, "array": list}
 _SIBLING_KEYS = ("description", "default", VALIDATIONS, "x-kubernetes-list-type")
 
 
@@ -87,15 +88,11 @@ def _convert_properties(node: Schema, defs: dict[str, Schema], where: str) -> Sc
     for name, sub in node["properties"].items():
         converted = _convert(sub, defs, f"{where}.{name}")
         nullable = "anyOf" in sub
-        if (
-            name not in required
-            and not nullable
-            and converted.get("type") == "object"
-            and "default" not in converted
-        ):
-            # Defaulting an absent object to {} lets the API server apply the
-            # defaults of the fields inside it.
-            converted["default"] = {}
+        empty = _EMPTY.get(converted.get("type", ""))
+        if name not in required and not nullable and "default" not in converted and empty:
+            # The model's default_factory (absent from pydantic's schema). For objects
+            # this also lets the API server apply the defaults of the fields inside.
+            converted["default"] = empty()
         props[name] = converted
     return props
 

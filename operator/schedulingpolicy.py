@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
 from ringwright.operator.apibase import (
     API_VERSION,
     DNS_SUBDOMAIN,
@@ -31,6 +31,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 LabelKey = Annotated[str, Field(min_length=1, max_length=316, pattern=LABEL_KEY)]
 GpuModelName = Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]
 PriorityClassName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+
+
+def _distinct(values: list[str]) -> list[str]:
+    """Refuse repeated entries, as the API server does for ``x-kubernetes-list-type: set``."""
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"repeated entries: {', '.join(repeated)}")
+    return values
 
 
 class NodeLabelKeys(ApiModel):
@@ -139,7 +147,7 @@ class SchedulingPolicySpec(ApiModel):
     ps_pinning: PSPinning = Field(
         default_factory=PSPinning, description="Whole-CPU Guaranteed QoS for ps pods."
     )
-    allowed_gpu_models: list[GpuModelName] = Field(
+    allowed_gpu_models: Annotated[list[GpuModelName], AfterValidator(_distinct)] = Field(
         default_factory=list,
         max_length=64,
         description="GPU models jobs may use, in order of preference. Empty: any model.",
