@@ -7,6 +7,7 @@ idempotent (a running cluster is reused), ``down`` stops every component.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -295,7 +296,5 @@ def _alive(pid: int) -> bool:
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -29,11 +29,11 @@ def test_required_rack_affinity_binds_to_that_rack_with_a_loopback_ip(
             {"key": RACK_LABEL, "operator": "In", "values": ["rack-2"]}]}]}}}
     kube.create(api_path("v1", "pods", namespace), _pod("pinned", affinity=affinity))
 
-    pod = wait_for(
-        lambda: (p := kube.get(api_path("v1", "pods", namespace, "pinned")))
-        if p.get("status", {}).get("phase") == "Running" else None,
-        "pod pinned to rack-2 to run",
-    )
+    def running() -> dict[str, Any] | None:
+        pod = kube.get(api_path("v1", "pods", namespace, "pinned"))
+        return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+    pod = wait_for(running, "pod pinned to rack-2 to run")
     node = kube.get(api_path("v1", "nodes", name=pod["spec"]["nodeName"]))
     assert node["metadata"]["labels"][RACK_LABEL] == "rack-2"
     assert pod["status"]["podIP"].startswith("127.")
@@ -49,7 +49,8 @@ def test_pod_asking_more_gpus_than_any_node_has_stays_pending_with_reason(
         pod = kube.get(api_path("v1", "pods", namespace, "greedy"))
         for cond in pod.get("status", {}).get("conditions", []):
             if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                return cond
+                found: dict[str, Any] = cond
+                return found
         return None
 
     cond = wait_for(unschedulable, "the scheduler to report the pod unschedulable")

@@ -235,7 +235,9 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
 
-    def delete(self, path: str, *, propagation: str = "Background", grace: int | None = None) -> bool:
+    def delete(
+        self, path: str, *, propagation: str = "Background", grace: int | None = None
+    ) -> bool:
         """DELETE an object; False when it was already gone."""
         body: Obj = {"propagationPolicy": propagation}
         if grace is not None:

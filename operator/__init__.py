@@ -1,1 +1,0 @@
-"""The ringwright operator (kopf): observe, plan purely, apply thinly."""

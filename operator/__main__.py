@@ -1,0 +1,66 @@
+"""``python -m ringwright.operator``: run the operator against the current kubeconfig."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+import kopf
+
+from ringwright.kube import KubeClient, KubeConfig, default_config
+from ringwright.operator.handlers import OperatorContext, register
+from ringwright.operator.settings import OperatorSettings
+
+
+def _connection(config: KubeConfig) -> kopf.ConnectionInfo:
+    return kopf.ConnectionInfo(
+        server=config.server,
+        ca_path=config.ca_file or None,
+        insecure=config.insecure,
+        token=config.token or None,
+        certificate_path=config.client_cert_file or None,
+        private_key_path=config.client_key_file or None,
+        default_namespace=config.namespace,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, build the context and run kopf until interrupted."""
+    parser = argparse.ArgumentParser(prog="ringwright-operator", description=__doc__)
+    parser.add_argument("--namespace", "-n", action="append", default=[],
+                        help="watch only this namespace (repeatable); default: all")
+    parser.add_argument("--liveness", default="",
+                        help="serve kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    config = default_config()
+    ctx = OperatorContext(kube=KubeClient(config),
+                          settings=OperatorSettings.from_env(dict(os.environ)))
+    registry = kopf.OperatorRegistry()
+    register(registry)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return _connection(config)
+
+    asyncio.run(kopf.operator(
+        registry=registry,
+        memo=kopf.Memo(ctx=ctx),
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness or None,
+    ))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""kopf registration: one reconcile loop per job, woken by the events that matter.
+
+Every job gets a daemon thread that runs observe -> plan -> apply until the job is
+deleted. Pod and report changes only wake that loop, so a job is never reconciled
+twice at once and every round starts from fresh observations (level-triggered).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from ringwright.kube import ApiError, KubeClient
+from ringwright.operator.apibase import GROUP, VERSION
+from ringwright.operator.apply import Applier
+from ringwright.operator.manifests import JOB_LABEL
+from ringwright.operator.observe import observe
+from ringwright.operator.placer import place
+from ringwright.operator.reconcile import plan
+from ringwright.operator.settings import OperatorSettings
+
+log = logging.getLogger("ringwright.operator")
+
+
+@dataclass
+class OperatorContext:
+    """What the handlers share, passed in through kopf's memo (no module globals)."""
+
+    kube: KubeClient
+    settings: OperatorSettings
+    clock: Callable[[], float] = time.time
+    wakers: dict[tuple[str, str], threading.Event] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def waker(self, namespace: str, name: str) -> threading.Event:
+        with self.lock:
+            return self.wakers.setdefault((namespace, name), threading.Event())
+
+    def wake(self, namespace: str, name: str) -> None:
+        self.waker(namespace, name).set()
+
+
+def reconcile_once(ctx: OperatorContext, namespace: str, name: str) -> float | None:
+    """One observe -> plan -> apply round; returns when to run again (None: job gone)."""
+    observed = observe(ctx.kube, namespace, name)
+    if observed is None:
+        return None
+    applier = Applier(ctx.kube, ctx.clock)
+    if observed.world is None:
+        applier.ensure_scaffold(observed.job)
+    decided = plan(observed, ctx.settings, ctx.clock(), place)
+    applier.perform(observed.job, decided)
+    if decided.delete_job:
+        return None
+    resync: float = ctx.settings.resync_seconds
+    if decided.requeue_after is None:
+        return resync
+    return min(decided.requeue_after, resync)
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Register every handler on ``registry`` (kept explicit so tests can build their own)."""
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="kopf.ringwright.dev")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="kopf.ringwright.dev")
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+
+    @kopf.daemon(GROUP, VERSION, "trainingjobs", registry=registry, cancellation_timeout=10.0)
+    def job_loop(*, namespace: str | None, name: str, stopped: kopf.DaemonStopped, memo: Any,
+                 **_: Any) -> None:
+        assert namespace is not None  # TrainingJobs are namespaced
+        ctx: OperatorContext = memo["ctx"]
+        waker = ctx.waker(namespace, name)
+        while not stopped:
+            try:
+                delay = reconcile_once(ctx, namespace, name)
+            except ApiError as err:
+                # Conflicts and transient API errors: observe again shortly.
+                log.warning("reconcile %s/%s: %s", namespace, name, err)
+                delay = 1.0
+            if delay is None:
+                break
+            waker.wait(timeout=delay)
+            waker.clear()
+
+    @kopf.on.event(GROUP, VERSION, "trainingjobs", registry=registry)
+    def job_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+        memo["ctx"].wake(namespace or "", name)
+
+    @kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
+    def pod_changed(*, namespace: str | None, labels: Mapping[str, str], memo: Any,
+                    **_: Any) -> None:
+        memo["ctx"].wake(namespace or "", labels[JOB_LABEL])
+
+    @kopf.on.event("configmaps", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
+    def reports_changed(*, namespace: str | None, name: str, labels: Mapping[str, str],
+                        memo: Any, **_: Any) -> None:
+        if name.endswith("-reports"):
+            memo["ctx"].wake(namespace or "", labels[JOB_LABEL])

@@ -1,0 +1,40 @@
+"""Operator settings: typed, documented, validated when constructed."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ringwright.world import DEFAULT_STORE_PORT
+
+
+class OperatorSettings(BaseModel):
+    """Knobs of the reconcile loop. Read from ``RINGWRIGHT_*`` environment variables."""
+
+    model_config = ConfigDict(frozen=True)
+
+    settle_seconds: float = Field(
+        default=1.5, ge=0, description="A changed membership must hold this long before it is "
+        "published, so a burst of pod events yields one epoch.")
+    drain_seconds: float = Field(
+        default=30.0, ge=0, description="How long a pod removed by a scale-down may take to "
+        "leave cleanly before it is deleted anyway.")
+    below_min_grace_seconds: float = Field(
+        default=120.0, ge=0, description="How long a running job may stay below "
+        "spec.workers.min before it fails.")
+    backoff_base_seconds: float = Field(
+        default=1.0, ge=0, description="First delay before replacing a failed pod; doubles "
+        "with every further failure.")
+    backoff_cap_seconds: float = Field(
+        default=60.0, ge=0, description="Longest delay before replacing a failed pod.")
+    resync_seconds: float = Field(
+        default=10.0, gt=0, description="Reconcile every job at least this often.")
+    store_port: int = Field(
+        default=DEFAULT_STORE_PORT, ge=1, le=65535,
+        description="Port of the rendezvous store that rank 0 hosts.")
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> OperatorSettings:
+        """Settings from ``RINGWRIGHT_<FIELD>`` variables (e.g. RINGWRIGHT_SETTLE_SECONDS)."""
+        values = {name: env[f"RINGWRIGHT_{name.upper()}"] for name in cls.model_fields
+                  if f"RINGWRIGHT_{name.upper()}" in env}
+        return cls.model_validate(values)

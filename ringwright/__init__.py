@@ -1,1 +1,0 @@
-"""ringwright: elastic, topology-aware distributed training on Kubernetes."""

@@ -1,0 +1,268 @@
+"""Table-style tests of the pure planner: observed state in, plan data out."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from ringwright.kube import Obj
+from ringwright.operator.inventory import Inventory, NodeInfo
+from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
+from ringwright.operator.models import JobPhase, TrainingJobSpec
+from ringwright.operator.phases import TRANSITIONS, IllegalTransition, check_transition
+from ringwright.operator.pods import PodView
+from ringwright.operator.reconcile import Observed, Placement, backoff, plan
+from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.settings import OperatorSettings
+from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, World
+
+NOW = 1_000_000.0
+SETTINGS = OperatorSettings(settle_seconds=2, drain_seconds=30, below_min_grace_seconds=60,
+                            backoff_base_seconds=1, backoff_cap_seconds=8)
+NODES = Inventory(tuple(
+    NodeInfo(name=f"rack-{r}-node-{n}", rack=f"rack-{r}", nvlink_domain=f"rack-{r}-nvl-0",
+             gpu_model="H100")
+    for r in range(2) for n in range(2)))
+
+
+def job(replicas: int = 4, minimum: int = 2, status: Obj | None = None, **spec: Any) -> Obj:
+    body: Obj = {
+        "apiVersion": "ringwright.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "tj", "namespace": "ns", "uid": "uid-tj", "generation": 3},
+        "spec": {"workers": {"min": minimum, "replicas": replicas, "template": {
+            "spec": {"containers": [{"name": "train", "image": "img"}]}}}, **spec},
+    }
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def pod(index: int, phase: str = "Running", ready: bool = True, uid: str = "",
+        node: str = "rack-0-node-0", leaving: float | None = None) -> Obj:
+    annotations = {LEAVING_ANNOTATION: str(leaving)} if leaving is not None else {}
+    return {
+        "metadata": {"name": f"tj-worker-{index}", "uid": uid or f"u{index}",
+                     "labels": {JOB_LABEL: "tj", ROLE_LABEL: "worker", INDEX_LABEL: str(index)},
+                     "annotations": annotations},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase, "podIP": f"127.10.0.{index + 1}" if phase == "Running" else "",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def world_of(indices: Sequence[int], epoch: int = 1) -> World:
+    members = tuple(Member(rank=r, pod=f"tj-worker-{i}", pod_uid=f"u{i}", ip=f"127.10.0.{i + 1}")
+                    for r, i in enumerate(indices))
+    return World(job=JobRef(namespace="ns", name="tj"), epoch=epoch,
+                 store=StoreAddress(address=members[0].ip), members=members)
+
+
+class FakePlacer:
+    """Places every missing worker on rack-0 unless told the cluster is full."""
+
+    def __init__(self, room: int = 100, reason: str = "") -> None:
+        self.room, self.reason, self.calls = room, reason, 0
+
+    def __call__(self, spec: TrainingJobSpec, policy: SchedulingPolicySpec, inventory: Inventory,
+                 live: Sequence[PodView]) -> Placement:
+        self.calls += 1
+        if self.reason:
+            return Placement(reason="Unschedulable", message=self.reason)
+        alive = sum(1 for p in live if p.role == "worker")
+        want = min(spec.workers.replicas - alive, self.room)
+        fragment = {"priorityClassName": "ringwright-worker"}
+        return Placement(workers=[copy.deepcopy(fragment) for _ in range(want)],
+                         gpu_model="H100", summary=f"{want} x H100")
+
+
+def run(body: Obj, pods: Sequence[Obj] = (), world: World | None = None,
+        reports: dict[str, Report] | None = None, policy: bool = True, now: float = NOW,
+        placer: FakePlacer | None = None) -> Any:
+    observed = Observed(job=body, pods=pods, world=world, reports=reports or {},
+                        policy=SchedulingPolicySpec() if policy else None, inventory=NODES)
+    return plan(observed, SETTINGS, now, placer or FakePlacer())
+
+
+def test_new_job_creates_all_workers_with_labels_env_and_owner() -> None:
+    result = run(job())
+    names = [p["metadata"]["name"] for p in result.create]
+    assert names == [f"tj-worker-{i}" for i in range(4)]
+    first = result.create[0]
+    assert first["metadata"]["ownerReferences"][0]["uid"] == "uid-tj"
+    assert first["spec"]["priorityClassName"] == "ringwright-worker"
+    env = {e["name"] for e in first["spec"]["containers"][0]["env"]}
+    assert {"RINGWRIGHT_JOB_NAME", "RINGWRIGHT_POD_IP", "RINGWRIGHT_WORLD_CONFIGMAP"} <= env
+    assert result.world is None
+    assert result.status["phase"] == "Pending"
+    assert result.status["observedGeneration"] == 3
+
+
+def test_all_ready_publishes_first_world_and_runs() -> None:
+    result = run(job(), pods=[pod(i) for i in range(4)])
+    assert result.world is not None and result.world.epoch == 1 and result.world.size == 4
+    assert result.status["phase"] == "Running"
+    assert result.status["world"]["size"] == 4
+    assert [e.reason for e in result.events] == ["WorldPublished", "Running"]
+
+
+def test_partial_membership_waits_for_settle_window_then_publishes_once() -> None:
+    pods = [pod(i) for i in range(3)] + [pod(3, phase="Pending")]
+    first = run(job(), pods=pods)
+    assert first.world is None
+    assert first.requeue_after == pytest.approx(2)
+    again = run(job(status=first.status), pods=pods, now=NOW + 1)
+    assert again.world is None
+    settled = run(job(status=again.status), pods=pods, now=NOW + 2.5)
+    assert settled.world is not None and settled.world.size == 3
+
+
+def test_deleted_member_counts_one_restart_and_is_replaced_after_backoff() -> None:
+    running = {"phase": "Running", "restarts": 0}
+    pods = [pod(i) for i in (0, 1, 3)]
+    lost = run(job(status=running), pods=pods, world=world_of([0, 1, 2, 3]))
+    assert lost.status["restarts"] == 1
+    assert any(e.reason == "MemberLost" for e in lost.events)
+    assert lost.create == []  # backoff: not yet
+    again = run(job(status=lost.status), pods=pods, world=world_of([0, 1, 2, 3]), now=NOW + 0.5)
+    assert again.status["restarts"] == 1  # counted once
+    later = run(job(status=lost.status), pods=pods, world=world_of([0, 1, 2, 3]), now=NOW + 2)
+    assert [p["metadata"]["name"] for p in later.create] == ["tj-worker-2"]
+
+
+def test_failed_pod_is_deleted_and_counted() -> None:
+    pods = [pod(0), pod(1, phase="Failed")]
+    result = run(job(replicas=2, minimum=1, status={"phase": "Running"}), pods=pods,
+                 world=world_of([0, 1]))
+    assert result.delete == ["tj-worker-1"]
+    assert result.status["restarts"] == 1
+
+
+def test_backoff_limit_exceeded_fails_the_job() -> None:
+    status = {"phase": "Running", "restarts": 6}
+    result = run(job(status=status), pods=[pod(i) for i in range(3)],
+                 world=world_of([0, 1, 2, 3]))
+    assert result.status["phase"] == "Failed"
+    assert any(c["reason"] == "BackoffLimitExceeded" for c in result.status["conditions"])
+
+
+def test_scale_down_marks_highest_ranks_leaving_and_publishes_without_them() -> None:
+    pods = [pod(i) for i in range(4)]
+    result = run(job(replicas=2, status={"phase": "Running"}), pods=pods,
+                 world=world_of([0, 1, 2, 3]))
+    assert sorted(result.mark_leaving) == ["tj-worker-2", "tj-worker-3"]
+    assert result.delete == []
+    assert result.world is not None
+    assert [m.pod for m in result.world.members] == ["tj-worker-0", "tj-worker-1"]
+
+
+def test_leaving_pod_is_deleted_once_it_exits_or_drain_expires() -> None:
+    status = {"phase": "Running"}
+    pods = [pod(0), pod(1), pod(2, phase="Succeeded", leaving=NOW - 1), pod(3, leaving=NOW - 5)]
+    result = run(job(replicas=2, status=status), pods=pods, world=world_of([0, 1], epoch=2))
+    assert result.delete == ["tj-worker-2"]
+    expired = run(job(replicas=2, status=status), pods=pods, world=world_of([0, 1], epoch=2),
+                  now=NOW + 40)
+    assert sorted(expired.delete) == ["tj-worker-2", "tj-worker-3"]
+
+
+def test_scale_up_adds_lowest_free_indices() -> None:
+    pods = [pod(0), pod(2)]
+    result = run(job(replicas=4, status={"phase": "Running"}), pods=pods, world=world_of([0, 2]))
+    assert [p["metadata"]["name"] for p in result.create] == ["tj-worker-1", "tj-worker-3"]
+
+
+def test_rank0_success_completes_and_cleans_running_pods() -> None:
+    pods = [pod(0, phase="Succeeded"), pod(1)]
+    result = run(job(replicas=2, minimum=1, status={"phase": "Running"}), pods=pods,
+                 world=world_of([0, 1]))
+    assert result.status["phase"] == "Succeeded"
+    assert result.delete == ["tj-worker-1"]
+
+
+def test_ttl_after_finished_deletes_the_job() -> None:
+    status = {"phase": "Succeeded", "completionTime": "1970-01-12T13:46:40Z"}
+    body = job(status=status, runPolicy={"ttlSecondsAfterFinished": 10})
+    assert not run(body, now=NOW + 5).delete_job
+    assert run(body, now=NOW + 10).delete_job
+
+
+def test_suspend_deletes_pods_and_resume_recreates() -> None:
+    pods = [pod(i) for i in range(4)]
+    suspended = run(job(status={"phase": "Running"}, runPolicy={"suspend": True}), pods=pods)
+    assert sorted(suspended.delete) == [f"tj-worker-{i}" for i in range(4)]
+    assert suspended.status["phase"] == "Suspended"
+    resumed = run(job(status={"phase": "Suspended"}))
+    assert resumed.status["phase"] == "Pending"
+    assert len(resumed.create) == 4
+
+
+def test_missing_policy_is_a_condition_not_a_crash() -> None:
+    result = run(job(), policy=False)
+    cond = next(c for c in result.status["conditions"] if c["type"] == "PolicyFound")
+    assert cond["status"] == "False" and cond["reason"] == "PolicyNotFound"
+    assert "default" in cond["message"]
+    assert result.create == []
+
+
+def test_gang_rule_creates_nothing_when_min_does_not_fit() -> None:
+    result = run(job(), placer=FakePlacer(reason="needs 4 x H100 within 1 rack; best has 2"))
+    assert result.create == []
+    cond = next(c for c in result.status["conditions"] if c["type"] == "Schedulable")
+    assert cond["status"] == "False" and "needs 4" in cond["message"]
+
+
+def test_deadline_exceeded_fails() -> None:
+    status = {"phase": "Running", "startTime": "1970-01-12T13:46:40Z"}
+    body = job(status=status, runPolicy={"activeDeadlineSeconds": 100})
+    result = run(body, pods=[pod(i) for i in range(4)], now=NOW + 100)
+    assert result.status["phase"] == "Failed"
+
+
+def test_below_min_too_long_fails_with_reason() -> None:
+    pods = [pod(0)]
+    first = run(job(status={"phase": "Running", "restarts": 0}), pods=pods,
+                world=world_of([0, 1, 2, 3]), placer=FakePlacer(room=0))
+    assert first.status["phase"] == "Restarting"
+    later = run(job(status=first.status), pods=pods, world=world_of([0, 1, 2, 3]),
+                now=NOW + 61, placer=FakePlacer(room=0))
+    assert later.status["phase"] == "Failed"
+
+
+def test_collective_failure_report_bumps_the_epoch_with_same_members() -> None:
+    pods = [pod(i) for i in range(4)]
+    report = Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=4, at=NOW)
+    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
+                 reports={"tj-worker-1": report})
+    assert result.world is not None and result.world.epoch == 5
+    assert result.world.size == 4
+    stale = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=5),
+                reports={"tj-worker-1": report})
+    assert stale.world is None
+
+
+def test_stalled_member_is_deleted_and_its_report_cleared() -> None:
+    pods = [pod(i) for i in range(4)]
+    report = Report(kind=ReportKind.STALLED, epoch=1, at=NOW)
+    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4)),
+                 reports={"tj-worker-2": report})
+    assert result.delete == ["tj-worker-2"]
+    assert result.clear_reports == ["tj-worker-2"]
+    assert result.world is None or "tj-worker-2" not in [m.pod for m in result.world.members]
+
+
+@pytest.mark.parametrize("current", list(JobPhase))
+@pytest.mark.parametrize("nxt", list(JobPhase))
+def test_phase_table(current: JobPhase, nxt: JobPhase) -> None:
+    if nxt == current or nxt in TRANSITIONS[current]:
+        assert check_transition(current, nxt) == nxt
+    else:
+        with pytest.raises(IllegalTransition):
+            check_transition(current, nxt)
+
+
+@pytest.mark.parametrize(("restarts", "expected"), [(0, 1), (1, 1), (2, 2), (3, 4), (10, 8)])
+def test_backoff_doubles_up_to_cap(restarts: int, expected: float) -> None:
+    assert backoff(restarts, 1, 8) == expected
