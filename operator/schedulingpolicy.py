@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field
+
 from ringwright.operator.apibase import (
     API_VERSION,
     DNS_SUBDOMAIN,

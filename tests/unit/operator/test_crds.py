@@ -158,7 +158,7 @@ def test_crds_on_disk_match_the_models() -> None:
     for name, text in crdgen.render().items():
         path = ROOT / "crds" / name
         assert path.is_file(), f"{path} missing: run python -m ringwright.operator.crdgen"
-        assert path.read_text() == text, f"{path} is stale: run python -m ringwright.operator.crdgen"
+        assert path.read_text() == text, f"{path} is stale: regenerate with crdgen"
 
 
 def test_check_mode_reports_stale_then_current(tmp_path: Path) -> None:
