@@ -300,7 +300,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """The manifest as JSON, with a checksum over its own canonical form."""
-        doc = {
+        doc: dict[str, Any] = {
             "formatVersion": FORMAT_VERSION,
             "shard": self.shard,
             "step": self.meta.step,

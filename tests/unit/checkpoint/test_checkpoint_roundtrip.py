@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from ringwright.runtime.checkpoint import (
+    Checkpointer,
     CheckpointError,
     CheckpointMeta,
-    Checkpointer,
     LocalStorage,
     UnsupportedPayload,
     ps_shard,
@@ -223,7 +223,7 @@ def test_empty_storage_restores_nothing(tmp_path: Path) -> None:
 
 
 def test_restore_of_a_missing_step_says_where_it_looked(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="no checkpoint at .*step-000000000004"):
+    with pytest.raises(CheckpointError, match=r"no checkpoint at .*step-000000000004"):
         Checkpointer(LocalStorage(tmp_path)).restore(4)
 
 
