@@ -30,13 +30,20 @@ $(VENV)/.ready: pyproject.toml
 	touch $@
 
 env: $(VENV)/.ready
-	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e . >/dev/null
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 	bash scripts/build_horovod.sh $(VENV)
 
 binaries: env
 	$(PY) -m ringwright.devcluster build
 
-lint: env
+# mypy cannot follow the folder -> package mapping (operator/ is ringwright.operator),
+# so it checks a tree of symlinks laid out the way the package installs.
+build/typecheck/ringwright: $(wildcard src/ringwright/*)
+	rm -rf build/typecheck && mkdir -p $@
+	for f in src/ringwright/*; do ln -sfn ../../../$$f $@/; done
+	for d in operator runtime devcluster; do ln -sfn ../../../$$d $@/$$d; done
+
+lint: env build/typecheck/ringwright
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 

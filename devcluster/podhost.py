@@ -1,0 +1,197 @@
+"""Real processes standing in for a job's pods on the local cluster.
+
+KWOK makes pods Running without a kubelet, so no container ever starts. The pod host
+plays the rest of the kubelet for one job: it starts the training command for every
+Running pod with that pod's environment (its 127.x pod IP included) and a token of
+the pod's own ServiceAccount, so the runtime talks to the API exactly as in a real
+pod. It kills the process when the pod is deleted, restarts it in place after a
+non-zero exit (restartPolicy OnFailure), marks the pod Succeeded after exit 0, and
+flips the pod's Ready condition from the runtime's health file, as a readiness probe
+would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from ringwright.kube import ApiError, KubeClient, Obj, api_path
+from ringwright.world import Env
+
+log = logging.getLogger("ringwright.devcluster.podhost")
+
+JOB_LABEL = "ringwright.dev/job"
+
+
+@dataclass
+class HostedPod:
+    """One pod and the process standing in for its training container."""
+
+    name: str
+    uid: str
+    ip: str
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    health_file: Path
+    started: float
+    restarts: int = 0
+    ready: bool = True
+    exit_codes: list[int] = field(default_factory=list)
+
+
+class PodHost:
+    """Keeps one process per Running pod of ``job``; call :meth:`sync` repeatedly."""
+
+    def __init__(self, kube: KubeClient, namespace: str, job: str, command: Sequence[str],
+                 workdir: Path, *, extra_env: dict[str, str] | None = None,
+                 readiness_grace: float = 30.0) -> None:
+        self.kube, self.namespace, self.job = kube, namespace, job
+        self.command = list(command)
+        self.workdir = workdir
+        self.extra_env = extra_env or {}
+        self.readiness_grace = readiness_grace
+        self.pods: dict[str, HostedPod] = {}
+        self.finished: dict[str, list[int]] = {}
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    # -- the loop --------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """One pass: start, stop, restart and report, from the pods as they are now."""
+        pods = {p["metadata"]["name"]: p for p in self.kube.list(
+            api_path("v1", "pods", self.namespace), labelSelector=f"{JOB_LABEL}={self.job}")}
+        for name, hosted in list(self.pods.items()):
+            pod = pods.get(name)
+            if pod is None or pod["metadata"]["uid"] != hosted.uid \
+                    or pod["metadata"].get("deletionTimestamp"):
+                log.info("pod %s deleted: killing its process", name)
+                self._stop(hosted, signal.SIGKILL)
+                continue
+            self._check(pod, hosted)
+        for name, pod in pods.items():
+            status = pod.get("status") or {}
+            if name in self.pods or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if status.get("phase") == "Running" and status.get("podIP"):
+                self.pods[name] = self._start(pod)
+
+    def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the process of ``pod`` (a crash, as the test or demo wants it)."""
+        self.pods[pod].proc.send_signal(sig)
+
+    def close(self) -> None:
+        for hosted in list(self.pods.values()):
+            self._stop(hosted, signal.SIGKILL)
+
+    # -- one pod ---------------------------------------------------------------------
+
+    def _start(self, pod: Obj, restarts: int = 0) -> HostedPod:
+        name = pod["metadata"]["name"]
+        health = self.workdir / name / "healthy"
+        health.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self._pod_env(pod), **self.extra_env,
+               Env.HEALTH_FILE: str(health), "PYTHONUNBUFFERED": "1",
+               "KUBECONFIG": str(self._token_kubeconfig(pod))}
+        env.pop(Env.WORLD_FILE, None)
+        out = (self.workdir / f"{name}.log").open("ab")
+        proc = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.info("pod %s: started pid %d at %s", name, proc.pid, pod["status"]["podIP"])
+        return HostedPod(name=name, uid=pod["metadata"]["uid"], ip=pod["status"]["podIP"],
+                         proc=proc, log=out, health_file=health, started=time.monotonic(),
+                         restarts=restarts)
+
+    def _stop(self, hosted: HostedPod, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(hosted.proc.pid, sig)
+        hosted.proc.wait()
+        hosted.log.close()
+        self.finished.setdefault(hosted.name, []).append(hosted.proc.returncode)
+        del self.pods[hosted.name]
+
+    def _check(self, pod: Obj, hosted: HostedPod) -> None:
+        code = hosted.proc.poll()
+        path = api_path("v1", "pods", self.namespace, hosted.name, "status")
+        if code == 0:
+            log.info("pod %s: process exited 0; pod Succeeded", hosted.name)
+            self._stop(hosted, signal.SIGKILL)
+            self._patch_status(path, {"phase": "Succeeded", "conditions": [
+                {"type": "Ready", "status": "False", "reason": "PodCompleted"}]})
+        elif code is not None:
+            # restartPolicy OnFailure: same pod, same IP, a fresh process without state.
+            log.info("pod %s: process exited %d; restarting it in place", hosted.name, code)
+            self._stop(hosted, signal.SIGKILL)
+            self.pods[hosted.name] = self._start(pod, hosted.restarts + 1)
+            self._patch_status(path, {"containerStatuses": [{
+                **(pod["status"].get("containerStatuses") or [{}])[0],
+                "restartCount": hosted.restarts + 1}]})
+        else:
+            self._probe(pod, hosted, path)
+
+    def _probe(self, pod: Obj, hosted: HostedPod, path: str) -> None:
+        if time.monotonic() - hosted.started < self.readiness_grace:
+            return
+        ready = hosted.health_file.exists()
+        if ready != hosted.ready:
+            log.info("pod %s: readiness %s", hosted.name, "passes" if ready else "fails")
+            hosted.ready = ready
+            conditions = [c for c in pod["status"].get("conditions") or []
+                          if c.get("type") != "Ready"]
+            conditions.append({"type": "Ready", "status": "True" if ready else "False"})
+            self._patch_status(path, {"conditions": conditions})
+
+    def _patch_status(self, path: str, status: Obj) -> None:
+        try:
+            self.kube.merge_patch(path, {"status": status})
+        except ApiError as err:
+            log.warning("could not update %s: %s", path, err)
+
+    # -- what a kubelet would provide ----------------------------------------------
+
+    def _pod_env(self, pod: Obj) -> dict[str, str]:
+        fields = {"metadata.name": pod["metadata"]["name"],
+                  "metadata.namespace": pod["metadata"]["namespace"],
+                  "status.podIP": pod["status"]["podIP"]}
+        env: dict[str, str] = {}
+        for var in pod["spec"]["containers"][0].get("env") or []:
+            if "value" in var:
+                env[var["name"]] = var["value"]
+            else:
+                ref = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+                if ref in fields:
+                    env[var["name"]] = fields[ref]
+        return env
+
+    def _token_kubeconfig(self, pod: Obj) -> Path:
+        """A kubeconfig carrying a token of the pod's ServiceAccount (TokenRequest API)."""
+        account = pod["spec"].get("serviceAccountName", "default")
+        request: dict[str, Any] = {"apiVersion": "authentication.k8s.io/v1",
+                                   "kind": "TokenRequest",
+                                   "spec": {"expirationSeconds": 3600}}
+        token = self.kube.create(
+            api_path("v1", "serviceaccounts", self.namespace, account, "token"),
+            request)["status"]["token"]
+        config = self.kube.config
+        doc = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+            "clusters": [{"name": "local", "cluster": {
+                "server": config.server, "certificate-authority": config.ca_file}}],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": "pod", "context": {
+                "cluster": "local", "user": account, "namespace": self.namespace}}],
+        }
+        path = self.workdir / pod["metadata"]["name"] / "kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+        return path

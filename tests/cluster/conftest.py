@@ -1,0 +1,123 @@
+"""Cluster fixtures: the CRDs, a default policy, and a real operator process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ringwright.devcluster.control_plane import Cluster
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.operator.apibase import API_VERSION
+from ringwright.operator.schedulingpolicy import SchedulingPolicy
+from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+# Short windows keep the tests quick; the logic under test is the same.
+FAST = {
+    "RINGWRIGHT_SETTLE_SECONDS": "0.5",
+    "RINGWRIGHT_DRAIN_SECONDS": "3",
+    "RINGWRIGHT_BACKOFF_BASE_SECONDS": "0.2",
+    "RINGWRIGHT_BACKOFF_CAP_SECONDS": "1",
+    "RINGWRIGHT_BELOW_MIN_GRACE_SECONDS": "20",
+    "RINGWRIGHT_RESYNC_SECONDS": "2",
+}
+
+
+def install_api(kube: KubeClient) -> None:
+    """Install the CRDs, PriorityClasses and a default SchedulingPolicy (idempotent)."""
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        kube.apply(api_path("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                            name=crd["metadata"]["name"]), crd)
+        wait_for(lambda name=crd["metadata"]["name"]: any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in kube.get(api_path("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                       name=name)).get("status", {}).get("conditions", [])),
+            f"CRD {crd['metadata']['name']} to be established")
+    policy = SchedulingPolicy(metadata={"name": "default"})
+    for name, value in ((policy.spec.priority_classes.ps, 1_000_000),
+                        (policy.spec.priority_classes.worker, 100_000)):
+        kube.apply(api_path("scheduling.k8s.io/v1", "priorityclasses", name=name), {
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value,
+            "description": "ringwright test priority class"})
+    kube.apply(api_path(API_VERSION, "schedulingpolicies", name="default"), policy.to_wire())
+
+
+class OperatorProcess:
+    """``python -m ringwright.operator`` as a child process, as a user would run it."""
+
+    def __init__(self, cluster: Cluster, log: Path) -> None:
+        self.cluster, self.log = cluster, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **FAST, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "ringwright.operator"],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def api(cluster: Cluster) -> None:
+    with cluster.client() as kube:
+        install_api(kube)
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, api: None, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator") / "operator.log")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def training_job(name: str, replicas: int = 4, minimum: int = 2, **spec: Any) -> dict[str, Any]:
+    """A small TrainingJob manifest (the container never runs: KWOK plays the kubelet)."""
+    return {
+        "apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": name},
+        "spec": {
+            "workers": {"min": minimum, "replicas": replicas, "max": 16, "template": {"spec": {
+                "containers": [{"name": "train", "image": "ringwright/training:dev"}]}}},
+            **spec,
+        },
+    }
+
+
+def tj_path(namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    return api_path(API_VERSION, "trainingjobs", namespace, name, sub)
+
+
+def get_status(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
+    try:
+        status: dict[str, Any] = kube.get(tj_path(namespace, name)).get("status") or {}
+    except ApiError:
+        return {}
+    return status

@@ -1,0 +1,194 @@
+"""The operator against the real API server and scheduler: lifecycle, elasticity, failures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+from ringwright.devcluster.control_plane import Cluster
+from ringwright.kube import KubeClient, api_path
+from ringwright.operator.manifests import JOB_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
+from ringwright.world import parse_world, world_configmap_name
+from tests.cluster.conftest import OperatorProcess, get_status, tj_path, training_job
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def pods_of(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
+    return kube.list(api_path("v1", "pods", ns),
+                     labelSelector=f"{JOB_LABEL}={name},{ROLE_LABEL}=worker")
+
+
+def world_of(kube: KubeClient, ns: str, name: str) -> Any:
+    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(name)))
+    text = ((cm or {}).get("data") or {}).get("world.json")
+    return parse_world(text) if text else None
+
+
+def wait_world(kube: KubeClient, ns: str, name: str, size: int, after: int = 0,
+               timeout: float = 60) -> Any:
+    return wait_for(lambda: (w := world_of(kube, ns, name)) is not None and w.size == size
+                    and w.epoch > after and w, f"world of size {size} after epoch {after}",
+                    timeout=timeout)
+
+
+def events_of(kube: KubeClient, ns: str, name: str) -> list[str]:
+    return [e["reason"] for e in kube.list(api_path("v1", "events", ns),
+                                          fieldSelector=f"involvedObject.name={name}")]
+
+
+def test_job_runs_with_world_status_and_events(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("basic"))
+
+    world = wait_world(kube, namespace, "basic", 4)
+    status = wait_for(lambda: (s := get_status(kube, namespace, "basic"))
+                      .get("phase") == "Running" and s, "phase Running")
+    assert status["world"]["epoch"] == world.epoch and status["world"]["size"] == 4
+    assert status["workers"]["ready"] == 4
+    assert status["observedGeneration"] >= 1
+    assert [m.rank for m in world.members] == [0, 1, 2, 3]
+    assert all(m.ip.startswith("127.") for m in world.members)
+    assert world.store.address == world.members[0].ip
+    racks = [m.rack for m in world.members]
+    assert len(set(racks)) == status["world"]["racks"]
+    assert {"WorldPublished", "Running"} <= set(events_of(kube, namespace, "basic"))
+    # The job's pods may read their world and patch reports: the scaffold is in place.
+    for path in (api_path("v1", "serviceaccounts", namespace, "basic-runtime"),
+                 api_path("rbac.authorization.k8s.io/v1", "roles", namespace, "basic-runtime"),
+                 api_path("v1", "services", namespace, "basic"),
+                 api_path("v1", "configmaps", namespace, "basic-reports")):
+        assert kube.get_or_none(path) is not None, path
+
+
+def test_scale_subresource_grows_and_shrinks_the_world(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, cluster: Cluster
+) -> None:
+    kube.create(tj_path(namespace), training_job("elastic", replicas=2, minimum=1))
+    first = wait_world(kube, namespace, "elastic", 2)
+
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        subprocess.run([kubectl, "--kubeconfig", str(cluster.kubeconfig), "-n", namespace,
+                        "scale", "tj/elastic", "--replicas=4"], check=True)
+    else:
+        kube.merge_patch(tj_path(namespace, "elastic", "scale"), {"spec": {"replicas": 4}})
+    grown = wait_world(kube, namespace, "elastic", 4, after=first.epoch)
+    survivors = [m.pod for m in grown.members if m.pod in {x.pod for x in first.members}]
+    assert survivors == [m.pod for m in first.members]  # relative order kept
+
+    kube.merge_patch(tj_path(namespace, "elastic", "scale"), {"spec": {"replicas": 2}})
+    shrunk = wait_world(kube, namespace, "elastic", 2, after=grown.epoch)
+    # Highest ranks leave first, and their pods go once the drain window passes.
+    assert [m.pod for m in shrunk.members] == [m.pod for m in grown.members[:2]]
+    wait_for(lambda: len(pods_of(kube, namespace, "elastic")) == 2, "leaving pods deleted")
+    scale = kube.get(tj_path(namespace, "elastic", "scale"))
+    assert scale["spec"]["replicas"] == 2
+
+
+def test_deleted_worker_is_replaced_and_the_epoch_moves_on(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("heal", replicas=3, minimum=2))
+    before = wait_world(kube, namespace, "heal", 3)
+    victim = before.members[1].pod
+    kube.delete(api_path("v1", "pods", namespace, victim), grace=0)
+
+    shrunk = wait_world(kube, namespace, "heal", 2, after=before.epoch)
+    assert victim not in [m.pod for m in shrunk.members]
+    healed = wait_world(kube, namespace, "heal", 3, after=shrunk.epoch)
+    assert victim in [m.pod for m in healed.members]  # same name, new pod
+    status = get_status(kube, namespace, "heal")
+    assert status["restarts"] == 1
+    assert "MemberLost" in events_of(kube, namespace, "heal")
+
+
+def test_missing_policy_is_reported_as_a_condition(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("lost", schedulingPolicyName="nope"))
+
+    def reported() -> dict[str, Any] | None:
+        conds = get_status(kube, namespace, "lost").get("conditions") or []
+        return next((c for c in conds if c["reason"] == "PolicyNotFound"), None)
+
+    cond = wait_for(reported, "a PolicyNotFound condition")
+    assert "'nope' does not exist" in cond["message"]
+    assert pods_of(kube, namespace, "lost") == []
+
+
+def test_job_that_cannot_fit_stays_pending_without_pods(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    job = training_job("huge", replicas=40, minimum=40, gpusPerWorker=8)
+    job["spec"]["workers"]["max"] = 40
+    kube.create(tj_path(namespace), job)
+
+    def unschedulable() -> dict[str, Any] | None:
+        conds = get_status(kube, namespace, "huge").get("conditions") or []
+        return next((c for c in conds if c["type"] == "Schedulable"
+                     and c["status"] == "False"), None)
+
+    cond = wait_for(unschedulable, "a Schedulable=False condition")
+    assert "40" in cond["message"]
+    assert get_status(kube, namespace, "huge")["phase"] == "Pending"
+    assert pods_of(kube, namespace, "huge") == []
+
+
+def test_suspend_removes_pods_and_resume_brings_them_back(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("nap", replicas=2, minimum=1))
+    wait_world(kube, namespace, "nap", 2)
+    kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": True}}})
+    wait_for(lambda: get_status(kube, namespace, "nap").get("phase") == "Suspended"
+             and not pods_of(kube, namespace, "nap"), "suspended without pods")
+    kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": False}}})
+    wait_for(lambda: get_status(kube, namespace, "nap").get("phase") == "Running",
+             "running again")
+    assert len(pods_of(kube, namespace, "nap")) == 2
+
+
+def test_rank0_success_completes_the_job_and_cleans_running_pods(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("done", replicas=2, minimum=1))
+    world = wait_world(kube, namespace, "done", 2)
+    rank0 = world.members[0].pod
+    kube.merge_patch(api_path("v1", "pods", namespace, rank0, "status"),
+                     {"status": {"phase": "Succeeded"}})
+    wait_for(lambda: get_status(kube, namespace, "done").get("phase") == "Succeeded",
+             "phase Succeeded")
+    wait_for(lambda: [p["metadata"]["name"] for p in pods_of(kube, namespace, "done")] == [rank0],
+             "the still-running worker deleted (cleanPodPolicy Running)")
+
+
+def test_operator_killed_mid_scale_up_converges_without_duplicates(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("crash", replicas=2, minimum=1))
+    first = wait_world(kube, namespace, "crash", 2)
+    restarts_before = get_status(kube, namespace, "crash").get("restarts", 0)
+
+    kube.merge_patch(tj_path(namespace, "crash", "scale"), {"spec": {"replicas": 8}})
+    wait_for(lambda: len(pods_of(kube, namespace, "crash")) > 2, "scale-up to begin",
+             interval=0.02)
+    operator.kill()
+    operator.start()
+
+    grown = wait_world(kube, namespace, "crash", 8, after=first.epoch)
+    pods = pods_of(kube, namespace, "crash")
+    names = [p["metadata"]["name"] for p in pods]
+    assert len(names) == len(set(names)) == 8
+    assert sorted(m.pod for m in grown.members) == sorted(names)
+    assert all(p["metadata"]["ownerReferences"][0]["name"] == "crash" for p in pods)
+    status = get_status(kube, namespace, "crash")
+    assert status.get("restarts", 0) == restarts_before
+    assert not any(LEAVING_ANNOTATION in (p["metadata"].get("annotations") or {}) for p in pods)
+    assert json.loads(json.dumps(status))["phase"] == "Running"
