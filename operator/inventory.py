@@ -51,13 +51,26 @@ class Inventory:
 
     nodes: tuple[NodeInfo, ...]
     _by_name: dict[str, NodeInfo] = field(init=False, repr=False, compare=False)
+    _by_rack: dict[str, tuple[NodeInfo, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        by_rack: dict[str, list[NodeInfo]] = defaultdict(list)
+        for n in self.nodes:
+            by_rack[n.rack].append(n)
         object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
+        object.__setattr__(self, "_by_rack", {r: tuple(ns) for r, ns in by_rack.items()})
 
     def node(self, name: str) -> NodeInfo | None:
         """The node called ``name``, or None when it is gone or not schedulable."""
         return self._by_name.get(name)
+
+    def racks(self) -> list[str]:
+        """Every rack value, sorted ("" for nodes without the rack label)."""
+        return sorted(self._by_rack)
+
+    def in_rack(self, rack: str) -> tuple[NodeInfo, ...]:
+        """The nodes of ``rack``, in inventory order."""
+        return self._by_rack.get(rack, ())
 
 
 def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
@@ -77,6 +90,8 @@ def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
 
 def admits(node: NodeInfo, tolerations: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a pod with ``tolerations`` may be scheduled onto ``node`` as far as taints go."""
+    if not node.taints:
+        return True
     return all(
         tolerates(tolerations, t) for t in node.taints if t.effect in _BLOCKING_EFFECTS
     )

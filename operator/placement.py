@@ -19,8 +19,8 @@ Rules, in order of importance:
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -193,11 +193,23 @@ def plan_placement(
 ) -> PlacementPlan | Unschedulable:
     """Plan where ``request``'s new pods go; pure and deterministic."""
     current = [n for n in map(inventory.node, request.current_worker_nodes) if n is not None]
-    models = _candidate_models(request, inventory, policy, current)
+    by_model: dict[str, list[NodeInfo]] = defaultdict(list)
+    for node in inventory.nodes:
+        if admits(node, request.worker_tolerations):
+            by_model[node.gpu_model].append(node)
+    present = sorted(m for m in by_model if m)
+    models = _candidate_models(request, present, policy, current)
     if isinstance(models, Unschedulable):
         return models
-    tolerated = [n for n in inventory.nodes if admits(n, request.worker_tolerations)]
-    outcomes = [_place_workers(request, tolerated, model, current) for model in models]
+    outcomes = [
+        _place_workers(
+            request,
+            by_model[model] if model else [n for ns in by_model.values() for n in ns],
+            model,
+            current,
+        )
+        for model in models
+    ]
     # Most workers placed, then fewest racks, then the admin's order, then tightest fit.
     best = min(
         enumerate(outcomes),
@@ -234,7 +246,7 @@ def plan_placement(
 
 def _candidate_models(
     request: PlacementRequest,
-    inventory: Inventory,
+    present: list[str],
     policy: SchedulingPolicySpec,
     current: Sequence[NodeInfo],
 ) -> list[str] | Unschedulable:
@@ -255,37 +267,33 @@ def _candidate_models(
         return running_on[:1]
     if allowed:
         return list(allowed)
-    present = sorted({n.gpu_model for n in inventory.nodes if n.gpu_model})
     if not present:
         return Unschedulable(
             "NoGPUNodes",
-            f"no schedulable node has the GPU model label {policy.node_labels.gpu_model}",
+            f"no schedulable node that admits the workers has the GPU model label "
+            f"{policy.node_labels.gpu_model}",
         )
     return present
 
 
 def _place_workers(
     request: PlacementRequest,
-    nodes: Iterable[NodeInfo],
+    nodes: Sequence[NodeInfo],
     model: str,
     current: Sequence[NodeInfo],
 ) -> _Outcome:
+    """Place the workers on ``nodes`` (those of ``model`` that admit them)."""
     each = request.worker_pod
-    tree: dict[str, dict[str, list[tuple[NodeInfo, int]]]] = defaultdict(lambda: defaultdict(list))
+    # One pass sums room per rack; only the chosen racks are then looked at node by node.
+    rack_room: dict[str, int] = {}
     for node in nodes:
-        if model and node.gpu_model != model:
-            continue
         slots = node.free.count_fitting(each)
         if slots > 0:
-            tree[node.rack][node.nvlink_domain].append((node, slots))
+            rack_room[node.rack] = rack_room.get(node.rack, 0) + slots
 
     cur_racks = {n.rack for n in current}
     cur_domains = {n.nvlink_domain for n in current}
     cur_nodes = {n.name for n in current}
-    rack_room = {
-        rack: sum(s for members in domains.values() for _, s in members)
-        for rack, domains in tree.items()
-    }
     extra = None
     if request.max_racks is not None:
         extra = max(0, request.max_racks - len(cur_racks))
@@ -293,13 +301,20 @@ def _place_workers(
         list(rack_room.items()), request.workers, preferred=cur_racks, extra_limit=extra
     )
     outcome = _Outcome(model, racks=frozenset(cur_racks | {r for r, _ in rack_picks}))
+    chosen = {r for r, _ in rack_picks}
+    domains: dict[str, dict[str, list[tuple[NodeInfo, int]]]] = {r: {} for r in chosen}
+    for node in nodes:
+        if node.rack in chosen:
+            slots = node.free.count_fitting(each)
+            if slots > 0:
+                domains[node.rack].setdefault(node.nvlink_domain, []).append((node, slots))
     for rack, rack_take in rack_picks:
         outcome.room += rack_room[rack]
-        domains = tree[rack]
-        domain_room = [(d, sum(s for _, s in members)) for d, members in domains.items()]
+        members = domains[rack]
+        domain_room = [(d, sum(s for _, s in ns)) for d, ns in members.items()]
         for domain, domain_take in fill(domain_room, rack_take, preferred=cur_domains):
-            by_name = {node.name: node for node, _ in domains[domain]}
-            node_room = [(node.name, s) for node, s in domains[domain]]
+            by_name = {node.name: node for node, _ in members[domain]}
+            node_room = [(node.name, s) for node, s in members[domain]]
             for name, take in fill(node_room, domain_take, preferred=cur_nodes):
                 outcome.picks.append((by_name[name], take))
                 outcome.placed += take
@@ -315,40 +330,42 @@ def _place_ps(
     if request.ps == 0:
         return ()
     current = [n for n in map(inventory.node, request.current_ps_nodes) if n is not None]
-    home = set(worker_racks) | {n.rack for n in current}
-    spines = {n.spine for n in inventory.nodes if n.rack in home and n.spine}
-
-    def tier(node: NodeInfo) -> int:
-        if node.rack in home:
-            return 0
-        return 1 if node.spine in spines else 2
-
-    candidates = [n for n in inventory.nodes if admits(n, request.ps_tolerations)]
+    home = sorted(set(worker_racks) | {n.rack for n in current})
+    spines = {n.spine for r in home for n in inventory.in_rack(r) if n.spine}
+    others = [r for r in inventory.racks() if r not in home]
+    near = [r for r in others if spines and any(n.spine in spines for n in inventory.in_rack(r))]
+    far = [r for r in others if r not in set(near)]
+    # Free room near the workers first, then room that lower-priority pods hold near
+    # them (the ps PriorityClass preempts those), and only then racks farther away:
+    # a ps pod's traffic goes to every worker, so distance costs every step.
+    passes = [
+        (home, False), (near, False), (home, True), (near, True), (far, False), (far, True)
+    ]
     placed: list[PodPlacement] = []
-    for preempt in (False, True):
+    per_node: Counter[str] = Counter()
+    for racks, preempt in passes:
         room = {}
-        for node in candidates:
-            free = node.free - taken.get(node.name, Resources())
-            if preempt:
-                free = free + node.preemptible
-            room[node.name] = free.count_fitting(request.ps_pod)
-        for node in candidates:  # what the first pass already placed is no longer free
-            room[node.name] -= sum(1 for p in placed if p.node == node.name)
-        by_tier: dict[int, list[NodeInfo]] = defaultdict(list)
-        for node in candidates:
-            if room[node.name] > 0:
-                by_tier[tier(node)].append(node)
-        for t in sorted(by_tier):
-            # Round-robin over the tier's nodes, roomiest first: ps pods are
-            # bandwidth-bound, so they should not share a NIC while another is idle.
-            ring = sorted(by_tier[t], key=lambda n: (-room[n.name], n.name))
-            while ring and len(placed) < request.ps:
-                for node in ring:
-                    if len(placed) == request.ps:
-                        break
-                    placed.append(PodPlacement(Role.PS, node.name, node.rack, "", preempt))
-                    room[node.name] -= 1
-                ring = [n for n in ring if room[n.name] > 0]
+        for rack in racks:
+            for node in inventory.in_rack(rack):
+                if not admits(node, request.ps_tolerations):
+                    continue
+                free = node.free
+                if node.name in taken:
+                    free = free - taken[node.name]
+                if preempt:
+                    free = free + node.preemptible
+                left = free.count_fitting(request.ps_pod) - per_node[node.name]
+                if left > 0:
+                    room[node] = left
+        # Round-robin over the nodes, roomiest first: ps pods are bandwidth-bound,
+        # so two should not share a NIC while another node has room.
+        ring = sorted(room, key=lambda n: (-room[n], n.name))
+        while ring and len(placed) < request.ps:
+            for node in ring[: request.ps - len(placed)]:
+                placed.append(PodPlacement(Role.PS, node.name, node.rack, "", preempt))
+                per_node[node.name] += 1
+                room[node] -= 1
+            ring = [n for n in ring if room[n] > 0]
         if len(placed) == request.ps:
             break
     return tuple(placed)

@@ -6,9 +6,10 @@ parsed once, exactly (``Decimal``), and rounded up: a pod never gets less than i
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -33,6 +34,12 @@ def parse_quantity(value: str | int | float) -> Decimal:
     """The exact value of a Kubernetes quantity such as ``"500m"``, ``"8Gi"`` or ``"1e3"``."""
     if isinstance(value, int | float):
         return Decimal(str(value))
+    return _parse(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(value: str) -> Decimal:
+    # A cluster repeats a handful of quantities across thousands of nodes and pods.
     match = _QUANTITY.match(value.strip())
     if match is None:
         raise ValueError(f"not a Kubernetes quantity: {value!r}")
@@ -44,12 +51,26 @@ def parse_quantity(value: str | int | float) -> Decimal:
 
 def millicores(value: str | int | float) -> int:
     """CPU quantity in millicores, rounded up."""
+    if isinstance(value, str):
+        return _millicores(value)
     return math.ceil(parse_quantity(value) * 1000)
 
 
 def whole(value: str | int | float) -> int:
     """A quantity (bytes, GPUs, pods) as an integer, rounded up."""
+    if isinstance(value, str):
+        return _whole(value)
     return math.ceil(parse_quantity(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _millicores(value: str) -> int:
+    return math.ceil(_parse(value) * 1000)
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(value: str) -> int:
+    return math.ceil(_parse(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,17 +114,17 @@ class Resources:
 
     def count_fitting(self, each: Resources) -> int:
         """How many pods needing ``each`` fit into this much free room (never negative)."""
-        n = self.pods // each.pods if each.pods else math.inf
-        for free, need in (
-            (self.cpu_milli, each.cpu_milli),
-            (self.memory, each.memory),
-            (self.gpus, each.gpus),
-        ):
-            if need:
-                n = min(n, free // need)
-        if n == math.inf:
+        # Plain comparisons, not min() over tuples: the planner calls this per node.
+        if each.pods <= 0:
             raise ValueError("a pod must request at least one pod slot")
-        return max(int(n), 0)
+        n = self.pods // each.pods
+        if each.cpu_milli and self.cpu_milli // each.cpu_milli < n:
+            n = self.cpu_milli // each.cpu_milli
+        if each.memory and self.memory // each.memory < n:
+            n = self.memory // each.memory
+        if each.gpus and self.gpus // each.gpus < n:
+            n = self.gpus // each.gpus
+        return n if n > 0 else 0
 
     def describe(self) -> str:
         """Short human form, e.g. ``2 GPU, 8 CPU, 64Gi``."""
@@ -140,24 +161,24 @@ def pod_requests(pod_spec: Mapping[str, Any], gpu_resource: str) -> Resources:
     before it; sidecars keep running with the containers. Plus the pod's declared
     overhead and one pod slot.
     """
-    sidecars = Resources()
-    init_peak = Resources()
-    for init in pod_spec.get("initContainers") or ():
-        need = container_requests(init, gpu_resource)
-        if init.get("restartPolicy") == "Always":
-            sidecars = sidecars + need
-            init_peak = init_peak.max(sidecars)
-        else:
-            init_peak = init_peak.max(sidecars + need)
-    running = sidecars + _total(
-        container_requests(c, gpu_resource) for c in pod_spec.get("containers", ())
-    )
-    overhead = from_resource_list(pod_spec.get("overhead") or {}, gpu_resource)
-    return running.max(init_peak) + overhead + Resources(pods=1)
-
-
-def _total(items: Iterable[Resources]) -> Resources:
-    out = Resources()
-    for item in items:
-        out = out + item
-    return out
+    cpu = memory = gpus = 0
+    for container in pod_spec.get("containers", ()):
+        need = container_requests(container, gpu_resource)
+        cpu, memory, gpus = cpu + need.cpu_milli, memory + need.memory, gpus + need.gpus
+    total = Resources(cpu, memory, gpus, 1)
+    inits = pod_spec.get("initContainers")
+    if inits:
+        sidecars = Resources()
+        init_peak = Resources()
+        for init in inits:
+            need = container_requests(init, gpu_resource)
+            if init.get("restartPolicy") == "Always":
+                sidecars = sidecars + need
+                init_peak = init_peak.max(sidecars)
+            else:
+                init_peak = init_peak.max(sidecars + need)
+        total = (total + sidecars).max(init_peak)
+    overhead = pod_spec.get("overhead")
+    if overhead:
+        total = total + from_resource_list(overhead, gpu_resource)
+    return total

@@ -43,8 +43,9 @@ def order_ring(slots: Iterable[RingSlot], previous_order: Sequence[str] = ()) ->
     order was itself sorted by key, the result is exactly the sorted order.
     """
     position = {pod: i for i, pod in enumerate(previous_order)}
-    survivors = sorted((s for s in slots if s.pod in position), key=lambda s: position[s.pod])
-    newcomers = sorted((s for s in slots if s.pod not in position), key=lambda s: s.key)
+    members = list(slots)
+    survivors = sorted((s for s in members if s.pod in position), key=lambda s: position[s.pod])
+    newcomers = sorted((s for s in members if s.pod not in position), key=lambda s: s.key)
     if not survivors:
         return newcomers
 
@@ -64,21 +65,21 @@ def order_ring(slots: Iterable[RingSlot], previous_order: Sequence[str] = ()) ->
     before: dict[int, list[RingSlot]] = defaultdict(list)
     after: dict[int, list[RingSlot]] = defaultdict(list)
     for new in newcomers:
-        members = next(
+        group = next(
             (groups[lv][new.key[:lv]] for lv in (3, 2, 1) if new.key[:lv] in groups[lv]), None
         )
-        if members is None:
+        if group is None:
             j = bisect_left(racks, new.rack)
             if j == 0:
                 before[0].append(new)
             else:
                 after[latest[j - 1]].append(new)
             continue
-        lower = [i for i in members if survivors[i].key < new.key]
+        lower = [i for i in group if survivors[i].key < new.key]
         if lower:
             after[max(lower)].append(new)
         else:
-            before[members[0]].append(new)
+            before[group[0]].append(new)
 
     ordered: list[RingSlot] = []
     for i, survivor in enumerate(survivors):

@@ -28,6 +28,12 @@ def test_fresh_ring_is_sorted_by_rack_domain_node_index() -> None:
     assert pods(order_ring(slots)) == ["w1", "w2", "w0", "w3"]
 
 
+def test_any_iterable_of_slots_will_do() -> None:
+    slots = [slot("b", "r2"), slot("a", "r1")]
+    assert pods(order_ring(iter(slots))) == ["a", "b"]
+    assert pods(order_ring(iter(slots), ["b"])) == ["a", "b"]
+
+
 @pytest.mark.parametrize(
     ("previous", "slots", "expected"),
     [
