@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
+
 from ringwright.operator.apibase import (
     API_VERSION,
     DNS_SUBDOMAIN,
@@ -21,7 +22,6 @@ from ringwright.operator.apibase import (
     immutable,
     validations,
 )
-
 from ringwright.world import Backend, LRRule, Mode
 
 MAX_WORKERS = 10_000
@@ -443,8 +443,8 @@ class TrainingJob(ApiModel):
         )
     )
 
-    api_version: str = Field(default=API_VERSION, description="ringwright.dev/v1alpha1")
-    kind: str = Field(default="TrainingJob", description="TrainingJob")
+    api_version: str = Field(default=API_VERSION, description="API group and version.")
+    kind: str = Field(default="TrainingJob", description="Object kind.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard metadata.")
     spec: TrainingJobSpec = Field(description="What to train and how.")
     status: TrainingJobStatus | None = Field(default=None, description="What the operator saw.")

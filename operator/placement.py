@@ -228,7 +228,7 @@ def plan_placement(
     if len(ps) < request.ps:
         return Unschedulable(
             "InsufficientCapacity",
-            f"needs {request.ps} ps pods ({request.ps_pod.describe()} each) near the workers; "
+            f"needs {request.ps} ps pods ({request.ps_pod.describe()} each); the cluster has "
             f"room for {len(ps)}, counting pods of lower priority they may preempt",
         )
     return PlacementPlan(

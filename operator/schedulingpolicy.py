@@ -165,8 +165,8 @@ class SchedulingPolicySpec(ApiModel):
 class SchedulingPolicy(ApiModel):
     """Cluster-wide placement rules for training jobs."""
 
-    api_version: str = Field(default=API_VERSION, description="ringwright.dev/v1alpha1")
-    kind: str = Field(default="SchedulingPolicy", description="SchedulingPolicy")
+    api_version: str = Field(default=API_VERSION, description="API group and version.")
+    kind: str = Field(default="SchedulingPolicy", description="Object kind.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Standard metadata.")
     spec: SchedulingPolicySpec = Field(
         default_factory=SchedulingPolicySpec, description="The placement rules."
