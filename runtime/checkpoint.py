@@ -178,13 +178,21 @@ class Checkpointer:
         step: int,
         payload: Mapping[str, Any],
         meta: CheckpointMeta | Mapping[str, Any] | None = None,
+        *,
+        copy: bool = True,
     ) -> None:
         """Snapshot ``payload`` into host memory and write it in the background.
 
         ``meta`` is a :class:`CheckpointMeta` or a mapping with ``epoch``,
         ``world_size`` and further JSON values (kept in ``extra``). Returns once the
-        snapshot is taken: the caller may change its tensors right away. Raises
-        :class:`UnsupportedPayload` for objects a checkpoint does not store, and
+        snapshot is taken: the caller may change its tensors right away.
+
+        ``copy=False`` skips copying CPU tensors and writes them from where they are:
+        for a payload that is already a private host copy which nothing changes until
+        the write is done (the next ``save()`` or ``flush()`` returns), such as a
+        State's committed snapshot. GPU tensors are copied either way.
+
+        Raises :class:`UnsupportedPayload` for objects a checkpoint does not store, and
         :class:`CheckpointError` if the previous write failed (reported once).
         """
         if self._closed:
@@ -201,7 +209,7 @@ class Checkpointer:
             self._writer = None
         self._raise_failed_write()
         started = time.perf_counter()
-        snapshot = take_snapshot(payload, self._buffer)
+        snapshot = take_snapshot(payload, self._buffer, copy=copy)
         stall = time.perf_counter() - started
         self._last_saved = step
         self._invalid.discard(step)

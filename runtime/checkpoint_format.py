@@ -26,6 +26,7 @@ import pickle
 import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -39,6 +40,8 @@ FORMAT_VERSION = 1
 ALIGNMENT = 64
 CHUNK_BYTES = 16 << 20
 """Write granularity: large enough for full-speed I/O, small enough to interleave hashing."""
+SMALL_PIECE_BYTES = 1 << 20
+"""Pieces smaller than this are gathered into writes of at least this size."""
 
 CHECKSUMS = ("crc32", "sha256")
 """Data checksums a checkpoint may use; both run at about 1 GB/s here (see the benchmark)."""
@@ -213,12 +216,20 @@ class HostBuffer:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A payload copied into host memory: tensor bytes in ``arena`` plus the structure."""
+    """A payload ready to write: the structure, and the bytes of each tensor.
 
-    arena: torch.Tensor
-    tensors_end: int
+    ``sources[i]`` is a flat uint8 CPU tensor with the bytes of ``entries[i]``: a view
+    into the host buffer, or the caller's own tensor when it was handed over uncopied.
+    """
+
     entries: tuple[TensorEntry, ...]
+    sources: tuple[torch.Tensor, ...]
     objects: bytes
+
+    @property
+    def tensors_end(self) -> int:
+        """Where the object section starts in the data file."""
+        return self.entries[-1].offset + self.entries[-1].nbytes if self.entries else 0
 
     @property
     def nbytes(self) -> int:
@@ -226,12 +237,29 @@ class Snapshot:
         return self.tensors_end + len(self.objects)
 
 
-def take_snapshot(payload: Mapping[str, Any], buffer: HostBuffer) -> Snapshot:
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+def _writable_as_is(tensor: torch.Tensor) -> bool:
+    # Bytes in memory equal the values only without lazy conjugate/negative bits.
+    return (
+        tensor.device.type == "cpu"
+        and tensor.is_contiguous()
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    )
+
+
+def take_snapshot(
+    payload: Mapping[str, Any], buffer: HostBuffer, *, copy: bool = True
+) -> Snapshot:
     """Copy ``payload`` into host memory, so that training may change it right after.
 
     CUDA tensors are copied into page-locked memory asynchronously and waited for once
-    at the end; CPU tensors are copied. Raises :class:`UnsupportedPayload` for objects a
-    checkpoint does not store.
+    at the end. CPU tensors are copied too, unless ``copy`` is False: then contiguous
+    CPU tensors are written from where they are, and must not change until the write
+    is done. Raises :class:`UnsupportedPayload` for objects a checkpoint does not store.
     """
     tensors: list[torch.Tensor] = []
     structure = io.BytesIO()
@@ -242,41 +270,71 @@ def take_snapshot(payload: Mapping[str, Any], buffer: HostBuffer) -> Snapshot:
     entries: list[TensorEntry] = []
     offset = 0
     for tensor in tensors:
-        offset = -(-offset // ALIGNMENT) * ALIGNMENT
+        offset = _aligned(offset)
         nbytes = tensor.numel() * tensor.element_size()
         entries.append(TensorEntry(tensor.dtype, tuple(tensor.shape), offset, nbytes))
         offset += nbytes
+    copied = [copy or not _writable_as_is(t) for t in tensors]
+    slots: list[int] = []  # each copied tensor's offset in the host buffer
+    arena_size = 0
+    for entry, needed in zip(entries, copied, strict=True):
+        if needed:
+            slots.append(arena_size)
+            arena_size = _aligned(arena_size + entry.nbytes)
     pinned = torch.cuda.is_available() and any(t.is_cuda for t in tensors)
-    arena = buffer.get(offset, pinned=pinned)
+    arena = buffer.get(arena_size, pinned=pinned)
 
+    sources: list[torch.Tensor] = []
     streams: set[torch.cuda.Stream] = set()
+    slot = iter(slots)
     with torch.no_grad():
-        previous_end = 0
-        for tensor, entry in zip(tensors, entries, strict=True):
-            # Zero the alignment padding so the file holds nothing of an older snapshot.
-            arena[previous_end : entry.offset].zero_()
-            previous_end = entry.offset + entry.nbytes
-            target = arena[entry.offset : previous_end].view(tensor.dtype).view(tensor.shape)
+        for tensor, entry, needed in zip(tensors, entries, copied, strict=True):
+            if not needed:
+                sources.append(tensor.detach().reshape(-1).view(torch.uint8))
+                continue
+            start = next(slot)
+            target = arena[start : start + entry.nbytes]
+            sources.append(target)
+            typed = target.view(tensor.dtype).view(tensor.shape)
             if tensor.is_cuda and pinned:
-                target.copy_(tensor, non_blocking=True)
+                typed.copy_(tensor, non_blocking=True)
                 streams.add(torch.cuda.current_stream(tensor.device))
             else:
-                target.copy_(tensor)
+                typed.copy_(tensor)
         for stream in streams:
             stream.synchronize()
-    return Snapshot(arena, offset, tuple(entries), structure.getvalue())
+    return Snapshot(tuple(entries), tuple(sources), structure.getvalue())
 
 
 def write_data(snapshot: Snapshot, out: StagedFile, algorithm: str) -> str:
     """Stream ``snapshot`` into ``out`` and return the data checksum as ``algo:hex``."""
     digest = new_digest(algorithm)
-    view = snapshot.arena[: snapshot.tensors_end].numpy().data
-    for start in range(0, snapshot.tensors_end, CHUNK_BYTES):
-        chunk = view[start : start + CHUNK_BYTES]
-        digest.update(chunk)
-        out.write(chunk)
-    digest.update(snapshot.objects)
-    out.write(snapshot.objects)
+    # Small pieces (biases, norms, padding) are gathered into one write: a model has
+    # thousands of them, and a system call each would cost more than their bytes.
+    gathered = bytearray()
+
+    def put(data: Bytes) -> None:
+        digest.update(data)
+        if len(data) < SMALL_PIECE_BYTES:
+            gathered.extend(data)
+            if len(gathered) < SMALL_PIECE_BYTES:
+                return
+            data = gathered
+        elif gathered:
+            out.write(gathered)
+        out.write(data)
+        gathered.clear()
+
+    position = 0
+    for entry, source in zip(snapshot.entries, snapshot.sources, strict=True):
+        if entry.offset > position:
+            put(bytes(entry.offset - position))
+        view = source.numpy().data
+        for start in range(0, entry.nbytes, CHUNK_BYTES):
+            put(view[start : start + CHUNK_BYTES])
+        position = entry.offset + entry.nbytes
+    put(snapshot.objects)
+    out.write(gathered)
     return f"{algorithm}:{digest.hexdigest()}"
 
 
@@ -445,21 +503,26 @@ def read_payload(stream: ReadStream, manifest: Manifest) -> dict[str, Any]:
     digest = new_digest(algorithm)
     tensors: list[torch.Tensor] = []
     position = 0
-    for entry in manifest.tensors:
-        if entry.offset > position:
-            padding = memoryview(bytearray(entry.offset - position))
-            _read_into(stream, padding)
-            digest.update(padding)
-        tensor = torch.empty(entry.shape, dtype=entry.dtype)
-        if entry.nbytes:
-            view = tensor.reshape(-1).view(torch.uint8).numpy().data
-            _read_into(stream, view)
-            digest.update(view)
-        tensors.append(tensor)
-        position = entry.offset + entry.nbytes
-    rest = memoryview(bytearray(manifest.data_size - position))
-    _read_into(stream, rest)
-    digest.update(rest)
+    # Checksumming runs beside the reads (both release the GIL), a chunk behind them; a
+    # single worker keeps the chunks in file order.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-verify") as hasher:
+
+        def read_hashed(target: memoryview) -> None:
+            for start in range(0, len(target), CHUNK_BYTES):
+                chunk = target[start : start + CHUNK_BYTES]
+                _read_into(stream, chunk)
+                hasher.submit(digest.update, chunk)
+
+        for entry in manifest.tensors:
+            if entry.offset > position:
+                read_hashed(memoryview(bytearray(entry.offset - position)))
+            tensor = torch.empty(entry.shape, dtype=entry.dtype)
+            if entry.nbytes:
+                read_hashed(tensor.reshape(-1).view(torch.uint8).numpy().data)
+            tensors.append(tensor)
+            position = entry.offset + entry.nbytes
+        rest = memoryview(bytearray(manifest.data_size - position))
+        read_hashed(rest)
     if digest.hexdigest() != expected:
         raise CorruptCheckpoint(
             f"data checksum {algorithm}:{digest.hexdigest()} does not match the manifest's"

@@ -87,14 +87,31 @@ def test_training_state_round_trips_exactly(tmp_path: Path) -> None:
         torch.empty(0, 7),
         torch.arange(12.0).reshape(3, 4).t(),  # not contiguous
         torch.arange(20, dtype=torch.int64)[3:17:2],  # a strided view into a larger storage
+        torch.complex(torch.arange(6.0), torch.ones(6)).conj(),  # lazy conjugate bit
+        torch.complex(torch.arange(6.0), torch.ones(6)).conj().imag,  # lazy negative bit
+        torch.nn.Parameter(torch.ones(3, 3)),  # as in state_dict(keep_vars=True)
     ],
-    ids=["f64-3d", "bf16-scalar", "bool", "complex", "int8", "f16", "empty", "transposed", "view"],
+    ids=[
+        "f64-3d", "bf16-scalar", "bool", "complex", "int8", "f16", "empty", "transposed",
+        "view", "conj", "neg", "parameter",
+    ],
 )
-def test_tensor_kinds_round_trip(tmp_path: Path, tensor: torch.Tensor) -> None:
+@pytest.mark.parametrize("copy", [True, False], ids=["copied", "handed-over"])
+def test_tensor_kinds_round_trip(tmp_path: Path, tensor: torch.Tensor, copy: bool) -> None:
     with Checkpointer(LocalStorage(tmp_path)) as ckpt:
-        ckpt.save(1, {"t": tensor})
+        ckpt.save(1, {"t": tensor, "after": torch.ones(5)}, copy=copy)
     restored = Checkpointer(LocalStorage(tmp_path)).restore(1)
-    _assert_same({"t": tensor}, restored.payload)
+    _assert_same({"t": tensor.detach().resolve_conj().resolve_neg(), "after": torch.ones(5)},
+                 restored.payload)
+
+
+def test_a_handed_over_payload_round_trips(tmp_path: Path) -> None:
+    state = _training_state(seed=2)
+    with Checkpointer(LocalStorage(tmp_path)) as ckpt:
+        ckpt.save(9, state, {"epoch": 1}, copy=False)
+    restored = Checkpointer(LocalStorage(tmp_path)).restore_latest()
+    assert restored is not None and restored.meta.step == 9
+    _assert_same(state, restored.payload)
 
 
 def test_plain_values_and_shared_tensors_round_trip(tmp_path: Path) -> None:
