@@ -190,7 +190,7 @@ class PodHost:
             "contexts": [{"name": "pod", "context": {
                 "cluster": "local", "user": account, "namespace": self.namespace}}],
         }
-        path = self.workdir / pod["metadata"]["name"] / "kubeconfig"
+        path: Path = self.workdir / str(pod["metadata"]["name"]) / "kubeconfig"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(doc))
         path.chmod(0o600)

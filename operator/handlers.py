@@ -1,8 +1,10 @@
 """kopf registration: one reconcile loop per job, woken by the events that matter.
 
-Every job gets a daemon thread that runs observe -> plan -> apply until the job is
-deleted. Pod and report changes only wake that loop, so a job is never reconciled
-twice at once and every round starts from fresh observations (level-triggered).
+Every job gets a thread that runs observe -> plan -> apply until the job is gone.
+Job, pod and report events only start or wake that loop, so a job is never
+reconciled twice at once and every round starts from fresh observations
+(level-triggered). Only watching handlers are used: they add no finalizers, so
+deleting a job (or its namespace) never waits for the operator to be up.
 """
 
 from __future__ import annotations
@@ -35,15 +37,42 @@ class OperatorContext:
     kube: KubeClient
     settings: OperatorSettings
     clock: Callable[[], float] = time.time
+    stopping: threading.Event = field(default_factory=threading.Event)
     wakers: dict[tuple[str, str], threading.Event] = field(default_factory=dict)
+    loops: dict[tuple[str, str], threading.Thread] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def waker(self, namespace: str, name: str) -> threading.Event:
-        with self.lock:
-            return self.wakers.setdefault((namespace, name), threading.Event())
-
     def wake(self, namespace: str, name: str) -> None:
-        self.waker(namespace, name).set()
+        """Wake the job's loop, starting it when there is none."""
+        key = (namespace, name)
+        with self.lock:
+            waker = self.wakers.setdefault(key, threading.Event())
+            loop = self.loops.get(key)
+            if loop is None or not loop.is_alive():
+                loop = threading.Thread(target=self._loop, args=key, daemon=True,
+                                        name=f"job {namespace}/{name}")
+                self.loops[key] = loop
+                loop.start()
+        waker.set()
+
+    def _loop(self, namespace: str, name: str) -> None:
+        waker = self.wakers[(namespace, name)]
+        while not self.stopping.is_set():
+            waker.clear()
+            try:
+                delay = reconcile_once(self, namespace, name)
+            except ApiError as err:
+                # Conflicts and transient API errors: observe again shortly.
+                log.warning("reconcile %s/%s: %s", namespace, name, err)
+                delay = 1.0
+            except Exception:
+                log.exception("reconcile %s/%s failed; retrying", namespace, name)
+                delay = 5.0
+            if delay is None:
+                break
+            waker.wait(timeout=delay)
+        with self.lock:
+            self.loops.pop((namespace, name), None)
 
 
 def reconcile_once(ctx: OperatorContext, namespace: str, name: str) -> float | None:
@@ -69,30 +98,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix="kopf.ringwright.dev")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="kopf.ringwright.dev")
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
 
-    @kopf.daemon(GROUP, VERSION, "trainingjobs", registry=registry, cancellation_timeout=10.0)
-    def job_loop(*, namespace: str | None, name: str, stopped: kopf.DaemonStopped, memo: Any,
-                 **_: Any) -> None:
-        assert namespace is not None  # TrainingJobs are namespaced
-        ctx: OperatorContext = memo["ctx"]
-        waker = ctx.waker(namespace, name)
-        while not stopped:
-            try:
-                delay = reconcile_once(ctx, namespace, name)
-            except ApiError as err:
-                # Conflicts and transient API errors: observe again shortly.
-                log.warning("reconcile %s/%s: %s", namespace, name, err)
-                delay = 1.0
-            if delay is None:
-                break
-            waker.wait(timeout=delay)
-            waker.clear()
+    @kopf.on.cleanup(registry=registry)
+    def stop(memo: Any, **_: Any) -> None:
+        memo["ctx"].stopping.set()
 
     @kopf.on.event(GROUP, VERSION, "trainingjobs", registry=registry)
     def job_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:

@@ -11,15 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.install import install_api
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.apibase import API_VERSION
-from ringwright.operator.schedulingpolicy import SchedulingPolicy
-from tests.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 # Short windows keep the tests quick; the logic under test is the same.
 FAST = {
     "RINGWRIGHT_SETTLE_SECONDS": "0.5",
@@ -29,27 +26,6 @@ FAST = {
     "RINGWRIGHT_BELOW_MIN_GRACE_SECONDS": "20",
     "RINGWRIGHT_RESYNC_SECONDS": "2",
 }
-
-
-def install_api(kube: KubeClient) -> None:
-    """Install the CRDs, PriorityClasses and a default SchedulingPolicy (idempotent)."""
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
-        kube.apply(api_path("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                            name=crd["metadata"]["name"]), crd)
-        wait_for(lambda name=crd["metadata"]["name"]: any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in kube.get(api_path("apiextensions.k8s.io/v1", "customresourcedefinitions",
-                                       name=name)).get("status", {}).get("conditions", [])),
-            f"CRD {crd['metadata']['name']} to be established")
-    policy = SchedulingPolicy(metadata={"name": "default"})
-    for name, value in ((policy.spec.priority_classes.ps, 1_000_000),
-                        (policy.spec.priority_classes.worker, 100_000)):
-        kube.apply(api_path("scheduling.k8s.io/v1", "priorityclasses", name=name), {
-            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-            "metadata": {"name": name}, "value": value,
-            "description": "ringwright test priority class"})
-    kube.apply(api_path(API_VERSION, "schedulingpolicies", name="default"), policy.to_wire())
 
 
 class OperatorProcess:
