@@ -12,9 +12,10 @@ Who writes
     default shard :data:`MODEL_SHARD` and calls ``save()``; any rank may restore. In
     parameter-server mode each PS writes its own shard, named by :func:`ps_shard`, and a
     restore picks a step every shard has (:meth:`Checkpointer.steps`,
-    :meth:`Checkpointer.restore`). Each attempt writes files under fresh random names
-    and commits by renaming its manifest, so even a stray second writer can at worst
-    get its own checkpoints pruned; it never alters bytes a committed manifest names.
+    :meth:`Checkpointer.restore`). Should a stray second writer appear anyway (say, an
+    old rank 0 finishing its last step), it cannot corrupt a committed checkpoint:
+    every attempt writes files under fresh random names and commits by renaming its
+    manifest, and pruning never touches a step newer than every committed one.
 
 On-disk layout (under the storage root, e.g. the mounted volume)::
 

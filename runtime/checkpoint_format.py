@@ -39,13 +39,17 @@ FORMAT_VERSION = 1
 """Bump when a reader of the previous version would misread a new checkpoint."""
 
 ALIGNMENT = 64
+"""Tensor offsets in the data file: a multiple of every element size (so a tensor can be
+viewed in place) and of a cache line."""
 CHUNK_BYTES = 16 << 20
 """Write granularity: large enough for full-speed I/O, small enough to interleave hashing."""
 SMALL_PIECE_BYTES = 1 << 20
 """Pieces smaller than this are gathered into writes of at least this size."""
 
 CHECKSUMS = ("crc32", "sha256")
-"""Data checksums a checkpoint may use; both run at about 1 GB/s here (see the benchmark)."""
+"""Data checksums a checkpoint may use. crc32 is the default: it is the faster of the two
+in the benchmark and catches what a checkpoint must survive (torn, truncated or bit-rotted
+files); sha256 is there for those who also want a cryptographic digest."""
 
 
 class CheckpointError(Exception):
@@ -185,17 +189,21 @@ class _SnapshotPickler(pickle.Pickler):
 class HostBuffer:
     """Host memory reused from one snapshot to the next.
 
-    Fresh host memory costs page faults on first touch (about as much as the copy
-    itself) and pinned memory costs a slow registration, so the buffer is kept and
-    grown only when the state grows. It holds one copy of the state between checkpoints.
+    Fresh host memory costs page faults on first touch (several times the copy itself,
+    see the benchmark) and pinned memory costs a slow registration, so the buffer is
+    kept and grown only when the state grows: one copy of the state, held between
+    checkpoints. Its owner must not take a snapshot while the previous one is still
+    being written (the Checkpointer waits for that write first).
     """
 
     def __init__(self) -> None:
         self._arena: torch.Tensor | None = None
         self._pinned = False
+        self._pinning_failed = False
 
     def get(self, nbytes: int, *, pinned: bool) -> torch.Tensor:
         """A uint8 tensor of at least ``nbytes``, page-locked when ``pinned`` is asked."""
+        pinned = pinned and not self._pinning_failed
         arena = self._arena
         if arena is not None and arena.numel() >= nbytes and (self._pinned or not pinned):
             return arena
@@ -204,7 +212,9 @@ class HostBuffer:
             arena = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         except RuntimeError:
             # Page-locked memory is limited (memlock, driver); pageable still works, with
-            # a synchronous and slower device-to-host copy.
+            # a synchronous and slower device-to-host copy. Not retried: each attempt
+            # would cost a failed registration on every checkpoint.
+            self._pinning_failed = True
             pinned = False
             arena = torch.empty(nbytes, dtype=torch.uint8)
         self._arena, self._pinned = arena, pinned
@@ -500,6 +510,11 @@ def _read_into(stream: ReadStream, target: memoryview) -> None:
         filled += got
 
 
+def _update_all(digest: _Digest, pieces: list[memoryview]) -> None:
+    for piece in pieces:
+        digest.update(piece)
+
+
 def read_payload(stream: ReadStream, manifest: Manifest) -> dict[str, Any]:
     """Read a data file into new CPU tensors, verifying it against ``manifest``.
 
@@ -510,15 +525,28 @@ def read_payload(stream: ReadStream, manifest: Manifest) -> dict[str, Any]:
     digest = new_digest(algorithm)
     tensors: list[torch.Tensor] = []
     position = 0
-    # Checksumming runs beside the reads (both release the GIL), a chunk behind them; a
-    # single worker keeps the chunks in file order.
+    # Checksumming runs beside the reads (both release the GIL), a batch behind them; a
+    # single worker keeps the batches in file order, and batching keeps the hand-over
+    # cost of thousands of small tensors low.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-verify") as hasher:
+        batch: list[memoryview] = []
+        batch_bytes = 0
+
+        def hash_batch() -> None:
+            nonlocal batch_bytes
+            hasher.submit(_update_all, digest, batch.copy())
+            batch.clear()
+            batch_bytes = 0
 
         def read_hashed(target: memoryview) -> None:
+            nonlocal batch_bytes
             for start in range(0, len(target), CHUNK_BYTES):
                 chunk = target[start : start + CHUNK_BYTES]
                 _read_into(stream, chunk)
-                hasher.submit(digest.update, chunk)
+                batch.append(chunk)
+                batch_bytes += len(chunk)
+                if batch_bytes >= SMALL_PIECE_BYTES:
+                    hash_batch()
 
         for entry in manifest.tensors:
             if entry.offset > position:
@@ -530,6 +558,7 @@ def read_payload(stream: ReadStream, manifest: Manifest) -> dict[str, Any]:
             position = entry.offset + entry.nbytes
         rest = memoryview(bytearray(manifest.data_size - position))
         read_hashed(rest)
+        hash_batch()
     if digest.hexdigest() != expected:
         raise CorruptCheckpoint(
             f"data checksum {algorithm}:{digest.hexdigest()} does not match the manifest's"

@@ -162,6 +162,10 @@ class LocalStorage:
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
+        if not os.fspath(root):
+            # Path("") is the working directory: checkpoints would land wherever the
+            # process happened to start.
+            raise ValueError("checkpoint storage needs a directory (the job's checkpoint path)")
         self.root = Path(root)
 
     def _path(self, name: str) -> Path:

@@ -57,5 +57,10 @@ def test_names_must_stay_under_the_root(tmp_path: Path, name: str) -> None:
         LocalStorage(tmp_path).create(name)
 
 
+def test_an_empty_root_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs a directory"):
+        LocalStorage("")
+
+
 def test_describe_gives_the_path(tmp_path: Path) -> None:
     assert LocalStorage(tmp_path).describe("m/f") == str(tmp_path / "m" / "f")
