@@ -66,10 +66,11 @@ class UnsupportedPayload(CheckpointError, TypeError):
 
 @dataclass(frozen=True)
 class CheckpointMeta:
-    """What a checkpoint says about itself, besides its payload.
+    """What a checkpoint says about itself, besides its payload; stored in the manifest.
 
-    ``extra`` holds JSON values the caller wants to read back without loading the
-    payload (e.g. the LR rule); it is stored in the manifest.
+    ``epoch`` is the caller's to define (the State records its data epoch);
+    ``world_size`` is the number of members that trained up to ``step``; ``extra``
+    holds JSON values to read back without loading the payload (e.g. the LR rule).
     """
 
     step: int
