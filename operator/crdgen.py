@@ -13,6 +13,7 @@ the API server fills in their fields' defaults.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
+
 from ringwright.operator.apibase import GROUP, VALIDATIONS, VERSION
 from ringwright.operator.models import TrainingJob
 from ringwright.operator.schedulingpolicy import SchedulingPolicy
@@ -32,7 +34,6 @@ HEADER = (
 )
 _DROPPED_KEYS = frozenset({"title"})
 _UNSUPPORTED_KEYS = frozenset({"exclusiveMinimum", "exclusiveMaximum", "const", "oneOf", "not"})
-_EMPTY: dict[str, Callable[[], Any]] = {"object": dict, "array": list}
 _SIBLING_KEYS = ("description", "default", VALIDATIONS, "x-kubernetes-list-type")
 
 
@@ -88,13 +89,26 @@ def _convert_properties(node: Schema, defs: dict[str, Schema], where: str) -> Sc
     for name, sub in node["properties"].items():
         converted = _convert(sub, defs, f"{where}.{name}")
         nullable = "anyOf" in sub
-        empty = _EMPTY.get(converted.get("type", ""))
-        if name not in required and not nullable and "default" not in converted and empty:
-            # The model's default_factory (absent from pydantic's schema). For objects
-            # this also lets the API server apply the defaults of the fields inside.
-            converted["default"] = empty()
+        kind = converted.get("type")
+        if name not in required and not nullable and "default" not in converted:
+            # The model's default_factory, which pydantic's schema leaves out. An object
+            # defaults to its fields' defaults spelled out: the API server checks a default
+            # against the CEL rules as written, without filling in nested defaults first.
+            if kind == "object":
+                converted["default"] = _filled(converted)
+            elif kind == "array":
+                converted["default"] = []
         props[name] = converted
     return props
+
+
+def _filled(schema: Schema) -> Schema:
+    """The value an absent object takes once every nested default is applied."""
+    return {
+        name: copy.deepcopy(sub["default"])
+        for name, sub in schema.get("properties", {}).items()
+        if "default" in sub
+    }
 
 
 def _overlay(base: Schema, siblings: Schema) -> Schema:
