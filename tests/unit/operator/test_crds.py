@@ -194,6 +194,15 @@ def test_cel_rules_sit_outside_lists() -> None:
                 assert VALIDATIONS not in node, path
 
 
+@pytest.mark.parametrize("kind", ["TrainingJob", "SchedulingPolicy"])
+def test_every_default_passes_its_own_rules_as_written(kind: str) -> None:
+    # The API server validates a default against the schema and CEL rules without
+    # filling in nested defaults first; a bare {} default would break rules there.
+    for path, node in _nodes(_schema(kind)):
+        if "default" in node:
+            assert cel_errors(node, node["default"]) == [], path
+
+
 def test_subresources_and_columns_point_at_real_fields() -> None:
     crd = crdgen.trainingjob_crd()
     version = crd["spec"]["versions"][0]
