@@ -1,0 +1,89 @@
+"""The collective operations the runtime needs, behind one interface.
+
+The group manager and the training state only ever call these; the torch.distributed
+backend implements them with a process group per world epoch, and a Horovod backend
+can implement the same protocol. Every failure of a peer (death, hang past the
+collective timeout, lost connection) must surface as :class:`CollectiveError` so that
+the elastic loop can roll back and rebuild, whatever library runs the collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
+
+import torch
+
+from ringwright.world import World
+
+T = TypeVar("T")
+
+
+class CollectiveError(RuntimeError):
+    """A collective, or forming a group, failed because of a peer or the network."""
+
+
+class RankTaken(CollectiveError):
+    """Another process already joined this world with this rank (a stale duplicate)."""
+
+
+class Superseded(Exception):
+    """A newer world was published while this one was being formed; join that one."""
+
+
+class CollectiveBackend(Protocol):
+    """One group of workers per world epoch, and the collectives run within it."""
+
+    @property
+    def name(self) -> str:
+        """Short name for logs (``gloo``, ``nccl``, ``horovod``)."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where tensors handed to the collectives live."""
+        ...
+
+    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+        """Form the group of ``world`` as ``rank``; blocks until every member has arrived.
+
+        Raises :class:`Superseded` when ``superseded()`` turns true while waiting,
+        :class:`CollectiveError` when the group cannot be formed.
+        """
+        ...
+
+    def shutdown(self) -> None:
+        """Leave the current group (if any); safe after a failure and when not joined."""
+        ...
+
+    def close(self) -> None:
+        """Leave for good: the group and anything kept across epochs (a store server)."""
+        ...
+
+    def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
+        """Overwrite ``tensors`` in place with ``src``'s values."""
+        ...
+
+    def broadcast_object(self, obj: T, src: int) -> T:
+        """``src``'s ``obj`` on every rank (pickled; for small, irregular state)."""
+        ...
+
+    def allgather_object(self, obj: T) -> list[T]:
+        """Every rank's ``obj``, indexed by rank."""
+        ...
+
+    def allreduce_gradients(self, params: Iterable[torch.Tensor], *, average: bool) -> None:
+        """Sum (or average) the ``.grad`` of ``params`` across ranks, in place.
+
+        A parameter without a gradient on this rank contributes zeros, so ranks whose
+        batch was empty still take part.
+        """
+        ...
+
+    def allreduce_max(self, value: int) -> int:
+        """The largest ``value`` over all ranks."""
+        ...
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+        ...

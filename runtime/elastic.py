@@ -1,0 +1,252 @@
+"""The user API: make a training function elastic with a few lines.
+
+::
+
+    state = State(model, optimizer, ElasticSampler(len(data), batch_size=32))
+
+    def train(state: State) -> None:
+        while state.sampler.epoch < epochs:
+            ...forward and backward on state.sampler.batch()...
+            state.allreduce_gradients()
+            optimizer.step()
+            state.advance()
+            if state.step % 10 == 0:
+                state.commit()
+
+    ringwright.runtime.run(train, state)
+
+``run`` joins the job's world, syncs the state, and calls ``train``. When a peer
+fails, the collective raises, the state rolls back to its last commit, the runtime
+waits for the next world, rebuilds the group, syncs and calls ``train`` again, in the
+same process. When a new world is published for a planned change, every rank
+notices at the same commit and switches without rolling back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+
+from ringwright.kube import KubeClient, KubeConfig, in_cluster_config, load_kubeconfig
+from ringwright.world import (
+    Backend,
+    Env,
+    ReportKind,
+    World,
+    reports_configmap_name,
+    world_configmap_name,
+)
+
+from .backend import CollectiveBackend, CollectiveError
+from .file_source import FileMembershipSource
+from .group import GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
+from .health import HealthFile, ReadinessServer, StallWatchdog
+from .kube_source import KubeMembershipSource
+from .kvlog import log_event, runtime_logger
+from .membership import MembershipSource
+from .reporter import KubeReporter, LogReporter, Reporter
+from .settings import RuntimeSettings
+from .state import State
+from .torch_backend import TorchDistributedBackend
+
+_log = runtime_logger("elastic")
+
+R = TypeVar("R")
+
+BackendFactory = Callable[[Backend, torch.device, RuntimeSettings], CollectiveBackend]
+"""Builds the collective backend for a backend kind and the state's device."""
+
+
+def default_backend(kind: Backend, device: torch.device,
+                    settings: RuntimeSettings) -> CollectiveBackend:
+    """torch.distributed; other kinds must be passed in as a ``backend_factory``."""
+    if kind is Backend.TORCH:
+        return TorchDistributedBackend(device, settings)
+    raise ValueError(
+        f"backend {kind.value!r} is not built in: pass backend_factory= to ElasticRuntime"
+    )
+
+
+class ElasticRuntime:
+    """Runs a training function elastically in one member of a job's world."""
+
+    def __init__(
+        self,
+        source: MembershipSource,
+        pod: str,
+        *,
+        settings: RuntimeSettings | None = None,
+        reporter: Reporter | None = None,
+        backend_kind: Backend = Backend.TORCH,
+        backend_factory: BackendFactory = default_backend,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self.pod = pod
+        self.settings = settings or RuntimeSettings()
+        self.reporter = reporter or LogReporter(pod)
+        self._backend_kind = backend_kind
+        self._backend_factory = backend_factory
+        self._clock = clock
+        self.watchdog = StallWatchdog(self.settings.stall_timeout_s, clock=clock)
+        self._readiness: ReadinessServer | None = None
+        self._backend: CollectiveBackend | None = None
+        self._started = False
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 **setting_overrides: Any) -> ElasticRuntime:
+        """Configure from the variables the operator (or a local launcher) sets.
+
+        ``RINGWRIGHT_WORLD_FILE`` selects the local file source; otherwise the world
+        ConfigMap is watched with ``$KUBECONFIG`` or the pod's ServiceAccount.
+        """
+        env = os.environ if environ is None else environ
+        pod = env.get(Env.POD_NAME, "")
+        if not pod:
+            raise ValueError(f"{Env.POD_NAME} is not set: the runtime needs its pod's name")
+        settings = RuntimeSettings.from_env(env, **setting_overrides)
+        kind = Backend(env.get(Env.BACKEND) or Backend.TORCH.value)
+        world_file = env.get(Env.WORLD_FILE, "")
+        if world_file:
+            source: MembershipSource = FileMembershipSource(
+                Path(world_file), poll_interval=settings.file_poll_interval_s)
+            return cls(source, pod, settings=settings, backend_kind=kind)
+        job = env.get(Env.JOB_NAME, "")
+        if not job:
+            raise ValueError(f"set {Env.JOB_NAME} (in a pod) or {Env.WORLD_FILE} (locally)")
+        config = _kube_config(env)
+        namespace = env.get(Env.NAMESPACE) or config.namespace
+
+        def client() -> KubeClient:
+            # Re-read the credentials on every reconnect: projected tokens rotate.
+            return KubeClient(_kube_config(env))
+
+        source = KubeMembershipSource(
+            client, namespace, env.get(Env.WORLD_CONFIGMAP) or world_configmap_name(job))
+        reporter = KubeReporter(
+            client, namespace, env.get(Env.REPORTS_CONFIGMAP) or reports_configmap_name(job),
+            pod)
+        return cls(source, pod, settings=settings, reporter=reporter, backend_kind=kind)
+
+    def run(self, train_fn: Callable[[State], R], state: State) -> R:
+        """Call ``train_fn(state)`` until it returns, across any number of world changes.
+
+        Raises :class:`~ringwright.runtime.group.LeftWorld` (exit status 0) when this
+        pod is dropped from the world.
+        """
+        if self._backend is None:
+            self._backend = self._backend_factory(self._backend_kind, state.device,
+                                                  self.settings)
+        manager = GroupManager(self.source, self._backend, self.pod, self.settings,
+                               self.reporter, self.watchdog, clock=self._clock)
+        state.bind(manager)
+        self._start_health(manager)
+        after = manager.epoch
+        try:
+            while True:
+                with self.watchdog.paused():
+                    self._form(manager, state, after)
+                try:
+                    return train_fn(state)
+                except WorldChanged:
+                    pass
+                except CollectiveError as err:
+                    manager.report(ReportKind.COLLECTIVE_FAILED, str(err))
+                    state.restore()
+                    log_event(_log, logging.WARNING, "rolled_back", epoch=manager.epoch,
+                              step=state.step, error=err)
+                after = manager.epoch
+        except LeftWorld as left:
+            log_event(_log, logging.INFO, "left_world", pod=self.pod, message=left.message)
+            self.reporter.report(ReportKind.LEFT, max(manager.epoch, 0), left.message)
+            raise
+
+    def close(self) -> None:
+        """Leave the group, stop health reporting and watching, flush reports."""
+        if self._backend is not None:
+            self._backend.close()
+        self.watchdog.stop()
+        if self._readiness is not None:
+            self._readiness.stop()
+        self.source.close()
+        self.reporter.close()
+
+    def __enter__(self) -> ElasticRuntime:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _form(self, manager: GroupManager, state: State, after: int) -> World:
+        """Join the next world and bring every member to one state."""
+        backend = manager.backend
+        while True:
+            world = manager.join(after)
+            after = world.epoch
+            try:
+                infos = backend.allgather_object(
+                    MemberInfo(self.pod, state.synced_epoch, state.synced_rank, state.step))
+                src = choose_source(infos)
+                restored = False
+                if src is None:
+                    # A fresh start: rank 0 resumes from the newest checkpoint, if any,
+                    # and everyone adopts rank 0's state (its initial weights otherwise).
+                    restored = manager.rank == 0 and state.restore_checkpoint()
+                    src = 0
+                state.sync(src)
+            except CollectiveError as err:
+                manager.report(ReportKind.COLLECTIVE_FAILED, f"syncing state: {err}")
+                log_event(_log, logging.WARNING, "sync_failed", epoch=world.epoch, error=err)
+                if state.synced_epoch >= 0:
+                    state.restore()
+                continue
+            state.follow_world(world, manager.rank)
+            log_event(_log, logging.INFO, "world_ready", epoch=world.epoch, size=world.size,
+                      rank=manager.rank, source_rank=src, source_pod=infos[src].pod,
+                      from_checkpoint=restored, step=state.step,
+                      lr=state.optimizer.param_groups[0]["lr"])
+            return world
+
+    def _start_health(self, manager: GroupManager) -> None:
+        if self._started:
+            return
+        self._started = True
+        s = self.settings
+        if s.health_file:
+            self.watchdog.add_listener(HealthFile(Path(s.health_file)))
+        if s.readiness_port:
+            self._readiness = ReadinessServer(self.watchdog, s.readiness_port)
+            self._readiness.start()
+
+        def report_stall(ready: bool, idle_s: float) -> None:
+            if not ready:
+                manager.report(ReportKind.STALLED, f"no progress for {idle_s:.0f}s")
+
+        self.watchdog.add_listener(report_stall)
+        self.watchdog.start()
+
+
+def run(train_fn: Callable[[State], R], state: State,
+        runtime: ElasticRuntime | None = None) -> R:
+    """Run ``train_fn`` elastically, with a runtime configured from the environment
+    unless one is given (a given runtime stays open for the caller to close)."""
+    if runtime is not None:
+        return runtime.run(train_fn, state)
+    with ElasticRuntime.from_env() as rt:
+        return rt.run(train_fn, state)
+
+
+def _kube_config(env: Mapping[str, str]) -> KubeConfig:
+    kubeconfig = env.get("KUBECONFIG", "")
+    if kubeconfig:
+        return load_kubeconfig(kubeconfig.split(os.pathsep)[0])
+    return in_cluster_config()

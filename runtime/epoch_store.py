@@ -1,0 +1,141 @@
+"""The rendezvous store of one world epoch, hosted by that epoch's rank 0.
+
+Rank 0 serves a TCPStore on the world's store address. The listening socket is
+bound by us to that address only (not to every interface), so several pods that
+share a machine, as local stand-ins on loopback addresses do, can each host a store
+on the same port. A pod that stays rank 0 at the same address keeps its server
+across epochs; every key lives under an epoch prefix, so members of an old epoch can
+never read or write the keys of a new one.
+
+Before the process group is created every member passes :func:`join_barrier`,
+which is abortable: while waiting it keeps asking whether a newer world has replaced
+this one, so a member that died before arriving costs one epoch bump rather than a
+full timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.distributed as dist
+
+# torch.distributed re-exports these without declaring them, so type checkers only
+# see them in the extension module that defines them.
+from torch._C._distributed_c10d import Store, TCPStore
+
+from ringwright.world import World
+
+from .backend import CollectiveError, RankTaken, Superseded
+
+WAIT_SLICE_S = 0.2
+"""Longest single store wait; bounds how late a newer world is noticed while joining."""
+
+
+def epoch_prefix(world: World) -> str:
+    """Key prefix of ``world``'s epoch (job-qualified, in case stores are ever shared)."""
+    return f"ringwright/{world.job.namespace}/{world.job.name}/epoch-{world.epoch}/"
+
+
+class StoreHost:
+    """This pod's store server, kept while the pod stays rank 0 at the same address."""
+
+    def __init__(self) -> None:
+        self._address: tuple[str, int] | None = None
+        self._store: TCPStore | None = None
+
+    def serve(self, address: str, port: int, timeout_s: float) -> TCPStore:
+        """The server store at ``address:port``, started if not already running there."""
+        if self._store is not None and self._address == (address, port):
+            return self._store
+        self.close()
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # A store of a previous epoch at this address may leave TIME_WAIT sockets.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(1024)
+        except OSError as err:
+            sock.close()
+            raise CollectiveError(f"cannot host the store on {address}:{port}: {err}") from err
+        # The store owns the descriptor from here on and closes it when destroyed.
+        fd = sock.detach()
+        self._store = TCPStore(
+            address, port, None, True, timedelta(seconds=timeout_s),
+            wait_for_workers=False, master_listen_fd=fd,
+        )
+        self._address = (address, port)
+        return self._store
+
+    def close(self) -> None:
+        """Stop serving (members still connected see their next request fail)."""
+        self._store = None
+        self._address = None
+
+
+def connect_client(
+    address: str,
+    port: int,
+    *,
+    timeout_s: float,
+    attempt_s: float,
+    deadline: float,
+    superseded: Callable[[], bool],
+    clock: Callable[[], float] = time.monotonic,
+) -> TCPStore:
+    """Connect to rank 0's store, retrying in short attempts until ``deadline``."""
+    while True:
+        try:
+            store = TCPStore(address, port, None, False, timedelta(seconds=attempt_s),
+                                  wait_for_workers=False)
+        except dist.DistError as err:
+            if superseded():
+                raise Superseded from err
+            if clock() >= deadline:
+                raise CollectiveError(
+                    f"store {address}:{port} of rank 0 unreachable until the deadline: {err}"
+                ) from err
+            continue
+        store.set_timeout(timedelta(seconds=timeout_s))
+        return store
+
+
+def join_barrier(
+    store: Store,
+    rank: int,
+    size: int,
+    *,
+    deadline: float,
+    superseded: Callable[[], bool],
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Claim ``rank`` in this epoch and wait until all ``size`` ranks have claimed theirs.
+
+    Raises :class:`RankTaken` when another process claimed the rank first (a restarted
+    container whose previous incarnation already joined this epoch).
+    """
+    try:
+        if store.add(f"claim/{rank}", 1) != 1:
+            raise RankTaken(f"rank {rank} was already claimed in this epoch by another process")
+        if store.add("arrived", 1) == size:
+            store.set("complete", "1")
+    except dist.DistError as err:
+        raise CollectiveError(f"store failed while joining: {err}") from err
+    while True:
+        try:
+            store.wait(["complete"], timedelta(seconds=WAIT_SLICE_S))
+            return
+        except dist.DistNetworkError as err:
+            raise CollectiveError(f"lost the store while joining: {err}") from err
+        except dist.DistStoreError:
+            # Not everyone has arrived yet; keep waiting unless the world moved on.
+            if superseded():
+                raise Superseded from None
+            if clock() >= deadline:
+                arrived = store.add("arrived", 0)
+                raise CollectiveError(
+                    f"only {arrived} of {size} members arrived before the rendezvous deadline"
+                ) from None

@@ -1,0 +1,319 @@
+"""A local stand-in for the operator: real worker processes on loopback addresses.
+
+:class:`LocalJob` starts one process per "pod", each with its own 127.0.0.x address,
+and publishes the job's world to a file that the workers follow with the file
+membership source. Like the operator it bumps the epoch when a worker dies (after a
+short settle window, so a burst of deaths yields one epoch), adds newcomers on a
+scale-up once they are ready (their health file exists: imports done, waiting to
+join), so the running members never wait for a process that is still starting, and
+on a scale-down first publishes the smaller world and lets the leavers exit on their
+own.
+
+Run a script elastically on this machine::
+
+    python -m ringwright.runtime.local_launcher --workers 4 -- python examples/train_elastic.py
+
+``kill -9`` a worker to see the others recover; send the launcher SIGUSR1 to add a
+worker and SIGUSR2 to remove one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from ringwright.world import (
+    CheckpointSettings,
+    Env,
+    JobRef,
+    LRRule,
+    LRScaling,
+    Member,
+    StoreAddress,
+    World,
+)
+
+from .file_source import write_world_file
+from .kvlog import log_event, runtime_logger
+
+_log = runtime_logger("local_launcher")
+
+FIRST_HOST = 10
+"""Pod ``i`` gets 127.0.0.(FIRST_HOST + i); lower addresses are left to the machine."""
+
+
+@dataclass
+class LocalPod:
+    """One worker process standing in for a pod."""
+
+    name: str
+    ip: str
+    process: subprocess.Popen[bytes]
+    leaving: bool = False
+    """Dropped by a planned scale-down: its exit is expected and not a failure."""
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalJob:
+    """Runs ``command`` as an elastic job of local processes and keeps its world."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        workdir: Path,
+        *,
+        job: str = "local",
+        lr: LRScaling | None = None,
+        checkpoint: CheckpointSettings | None = None,
+        env: Mapping[str, str] | None = None,
+        capture_logs: bool = True,
+        settle_s: float = 0.3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.command = list(command)
+        self.workdir = workdir
+        self.world_file = workdir / "world.json"
+        self.job = JobRef(namespace="local", name=job)
+        self.lr = lr or LRScaling()
+        self.checkpoint = checkpoint or CheckpointSettings()
+        self.env = dict(env or {})
+        self.capture_logs = capture_logs
+        self.settle_s = settle_s
+        self.store_port = free_port()
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._pods: dict[str, LocalPod] = {}
+        self._members: list[str] = []
+        self._joining: list[str] = []
+        self._next_index = 0
+        self._epoch = -1
+        self._world: World | None = None
+        self._failed: dict[str, int] = {}
+        self._finished: dict[str, int] = {}
+        self._pending_since: float | None = None
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, name="local-job", daemon=True)
+
+    @property
+    def world(self) -> World:
+        """The world published last."""
+        with self._lock:
+            if self._world is None:
+                raise RuntimeError("no world published yet")
+            return self._world
+
+    def pod(self, name: str) -> LocalPod:
+        """The process standing in for pod ``name``."""
+        with self._lock:
+            return self._pods[name]
+
+    def log_path(self, pod: str) -> Path:
+        """Where pod ``pod``'s output goes when logs are captured."""
+        return self.workdir / "logs" / f"{pod}.log"
+
+    def health_path(self, pod: str) -> Path:
+        """Pod ``pod``'s readiness file (present while ready)."""
+        return self.workdir / "health" / pod
+
+    def start(self, workers: int) -> World:
+        """Start ``workers`` processes, publish the first world, begin watching them."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            for _ in range(workers):
+                self._members.append(self._spawn().name)
+            world = self._publish("start")
+        self._monitor.start()
+        return world
+
+    def scale(self, workers: int) -> None:
+        """A planned resize. Leavers (the last members) are dropped from the world at
+        once; newcomers are started now and appended to the world once all are ready."""
+        with self._lock:
+            while len(self._members) + len(self._joining) < workers:
+                self._joining.append(self._spawn().name)
+            while self._joining and len(self._members) + len(self._joining) > workers:
+                self._pods[self._joining.pop()].process.kill()
+            if len(self._members) > workers:
+                while len(self._members) > workers:
+                    self._pods[self._members.pop()].leaving = True
+                self._publish(f"scale to {workers}")
+
+    def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a worker (SIGKILL: a crash the runtime did not see coming)."""
+        with self._lock:
+            self._pods[pod].process.send_signal(sig)
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        """Wait until every member has exited; their exit codes by pod."""
+        deadline = self._clock() + timeout
+        while self._clock() < deadline:
+            with self._lock:
+                if all(p.process.poll() is not None for p in self._pods.values()) \
+                        and self._pending_since is None:
+                    return {name: p.process.returncode for name, p in self._pods.items()
+                            if p.process.returncode is not None}
+            time.sleep(0.05)
+        raise TimeoutError(f"job still running after {timeout:.0f}s; world {self.world.epoch}")
+
+    def exit_codes(self) -> dict[str, int | None]:
+        """Exit code of every pod ever started (None while running)."""
+        with self._lock:
+            return {name: p.process.poll() for name, p in self._pods.items()}
+
+    def close(self) -> None:
+        """Stop watching and kill whatever still runs."""
+        self._stop.set()
+        if self._monitor.is_alive():
+            self._monitor.join(timeout=5)
+        with self._lock:
+            for p in self._pods.values():
+                if p.process.poll() is None:
+                    p.process.kill()
+            for p in self._pods.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.process.wait(timeout=10)
+
+    def __enter__(self) -> LocalJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self) -> LocalPod:
+        index = self._next_index
+        self._next_index += 1
+        name = f"{self.job.name}-worker-{index}"
+        ip = f"127.0.0.{FIRST_HOST + index}"
+        env = {
+            **os.environ,
+            **self.env,
+            Env.POD_NAME: name,
+            Env.POD_IP: ip,
+            Env.JOB_NAME: self.job.name,
+            Env.NAMESPACE: self.job.namespace,
+            Env.WORLD_FILE: str(self.world_file),
+            Env.HEALTH_FILE: str(self.health_path(name)),
+        }
+        out: IO[bytes] | None = None
+        if self.capture_logs:
+            self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path(name), "ab")  # noqa: SIM115 - owned by the child
+        try:
+            proc = subprocess.Popen(self.command, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT if out else None)
+        finally:
+            if out is not None:
+                out.close()
+        pod = LocalPod(name=name, ip=ip, process=proc)
+        self._pods[name] = pod
+        log_event(_log, logging.INFO, "pod_started", pod=name, ip=ip, pid=proc.pid)
+        return pod
+
+    def _publish(self, why: str) -> World:
+        self._epoch += 1
+        members = tuple(
+            Member(rank=i, pod=name, ip=self._pods[name].ip, node="localhost")
+            for i, name in enumerate(self._members)
+        )
+        address = members[0].ip if members else "127.0.0.1"
+        world = World(job=self.job, epoch=self._epoch, members=members, lr=self.lr,
+                      store=StoreAddress(address=address, port=self.store_port),
+                      checkpoint=self.checkpoint)
+        write_world_file(self.world_file, world)
+        self._world = world
+        log_event(_log, logging.INFO, "world_published", epoch=world.epoch, size=world.size,
+                  members=",".join(self._members), why=why)
+        return world
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02):
+            with self._lock:
+                self._check()
+
+    def _check(self) -> None:
+        if self._joining and all(self.health_path(p).exists() for p in self._joining):
+            self._members += self._joining
+            joined, self._joining = ",".join(self._joining), []
+            self._publish(f"ready {joined}")
+        for name in list(self._members):
+            code = self._pods[name].process.poll()
+            if code is None or name in self._failed or name in self._finished:
+                continue
+            if code == 0:
+                # A member that finished training; its peers finish at the same step.
+                # Processes still starting up would wait for a world that never forms.
+                self._finished[name] = code
+                for late in self._joining:
+                    self._pods[late].process.terminate()
+                self._joining = []
+                continue
+            self._failed[name] = code
+            self._pending_since = self._pending_since or self._clock()
+            log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
+        if self._pending_since is not None and \
+                self._clock() - self._pending_since >= self.settle_s:
+            gone = [m for m in self._members if m in self._failed]
+            self._members = [m for m in self._members if m not in self._failed]
+            self._pending_since = None
+            self._publish(f"lost {','.join(gone)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: run a script as a local elastic job until it finishes."""
+    parser = argparse.ArgumentParser(
+        description="Run a training script as an elastic job of local processes.")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--job", default="local")
+    parser.add_argument("--workdir", type=Path, default=Path(".ringwright-local"))
+    parser.add_argument("--lr-rule", choices=[r.value for r in LRRule], default="linear")
+    parser.add_argument("--base-world-size", type=int, default=1)
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the worker command, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the worker command after --")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(message)s")
+    lr = LRScaling(rule=LRRule(args.lr_rule), base_world_size=args.base_world_size,
+                   warmup_steps=args.warmup_steps)
+    with LocalJob(command, args.workdir, job=args.job, lr=lr, capture_logs=False) as job:
+        def resize(delta: int) -> Callable[[int, FrameType | None], None]:
+            def handler(signum: int, frame: FrameType | None) -> None:
+                # Off the signal handler: scaling takes the job's lock.
+                threading.Thread(target=job.scale,
+                                 args=(max(job.world.size + delta, 1),)).start()
+            return handler
+
+        signal.signal(signal.SIGUSR1, resize(+1))
+        signal.signal(signal.SIGUSR2, resize(-1))
+        job.start(args.workers)
+        codes = job.wait(args.timeout)
+        finished = all(codes.get(m.pod) == 0 for m in job.world.members)
+    log_event(_log, logging.INFO, "job_done", succeeded=finished,
+              exit_codes=",".join(f"{pod}:{code}" for pod, code in codes.items()))
+    return 0 if finished else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

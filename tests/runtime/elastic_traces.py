@@ -1,0 +1,112 @@
+"""Reading and auditing the traces written by ``elastic_worker.py``.
+
+A step can be trained more than once: a failure rolls it back and a later world
+trains it again. The attempt that counts is the one from the latest world epoch
+(within one world epoch a step is trained once, because any failure ends the epoch),
+and it counts for every rank of that world.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Traces:
+    """Every record of every pod, in the order each pod wrote them."""
+
+    by_pod: dict[str, list[Record]]
+
+    @classmethod
+    def load(cls, trace_dir: Path) -> Traces:
+        """Read ``<pod>.jsonl`` files (a torn last line, from SIGKILL, is skipped)."""
+        by_pod: dict[str, list[Record]] = {}
+        for path in sorted(trace_dir.glob("*.jsonl")):
+            records = []
+            for line in path.read_text().splitlines():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+            by_pod[path.stem] = records
+        return cls(by_pod)
+
+    def events(self, ev: str) -> list[tuple[str, Record]]:
+        """``(pod, record)`` for every record of kind ``ev``."""
+        return [(pod, r) for pod, rs in self.by_pod.items() for r in rs if r["ev"] == ev]
+
+    def max_step(self) -> int:
+        """Highest step any pod has recorded."""
+        return max((r["step"] for _, r in self.events("step")), default=0)
+
+    def starts(self, wepoch: int) -> dict[str, Record]:
+        """The ``start`` record of each pod that trained in world epoch ``wepoch``."""
+        return {pod: r for pod, r in self.events("start") if r["wepoch"] == wepoch}
+
+    def world_epochs(self) -> list[int]:
+        """World epochs in which training started."""
+        return sorted({r["wepoch"] for _, r in self.events("start")})
+
+    def counted_steps(self) -> dict[int, list[Record]]:
+        """For each step, the records of its attempt in the latest world epoch."""
+        attempts: dict[int, dict[int, list[Record]]] = defaultdict(lambda: defaultdict(list))
+        for _, r in self.events("step"):
+            attempts[r["step"]][r["wepoch"]].append(r)
+        return {step: by_epoch[max(by_epoch)] for step, by_epoch in sorted(attempts.items())}
+
+    def commits(self, wepoch: int, pods: set[str]) -> list[int]:
+        """Steps committed in world epoch ``wepoch`` by any of ``pods``."""
+        return [r["step"] for pod, r in self.events("commit")
+                if r["wepoch"] == wepoch and pod in pods]
+
+
+def assert_every_sample_once(traces: Traces, samples: int, epochs: int) -> None:
+    """Counting the surviving attempt of every step, each data epoch covers each sample
+    exactly once, and each counted step was trained by every rank of its world."""
+    per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
+    for step, records in traces.counted_steps().items():
+        sizes = {r["size"] for r in records}
+        assert len(sizes) == 1, f"step {step}: records from worlds of sizes {sizes}"
+        ranks = sorted(r["rank"] for r in records)
+        assert ranks == list(range(sizes.pop())), f"step {step}: ranks {ranks} trained it"
+        for r in records:
+            per_epoch[r["data_epoch"]].update(r["indices"])
+    assert sorted(per_epoch) == list(range(epochs)), f"data epochs {sorted(per_epoch)}"
+    for data_epoch, counts in per_epoch.items():
+        missing = set(range(samples)) - set(counts)
+        repeated = {i: n for i, n in counts.items() if n > 1}
+        assert not missing, f"data epoch {data_epoch}: samples never trained: {sorted(missing)}"
+        assert not repeated, f"data epoch {data_epoch}: samples trained twice: {repeated}"
+
+
+def assert_params_identical(traces: Traces) -> None:
+    """Parameters are bit-identical across ranks at every world start, every commit and
+    at the end."""
+    for ev in ("start", "commit"):
+        groups: dict[tuple[int, int], set[str]] = defaultdict(set)
+        for _, r in traces.events(ev):
+            groups[(r["wepoch"], r["step"])].add(r["hash"])
+        for (wepoch, step), hashes in groups.items():
+            assert len(hashes) == 1, f"{ev} at world {wepoch} step {step}: hashes {hashes}"
+    done = {r["hash"] for _, r in traces.events("done")}
+    assert len(done) == 1, f"final parameters differ between ranks: {done}"
+
+
+def assert_resumed_from_commit(traces: Traces, before: int, after: int) -> None:
+    """Training in world ``after`` starts at the last step committed in world ``before``
+    by the members that carried on into ``after``."""
+    starts = traces.starts(after)
+    assert starts, f"nobody trained in world epoch {after}"
+    committed = traces.commits(before, set(starts))
+    assert committed, f"no commit in world epoch {before} by {sorted(starts)}"
+    start_steps = {r["step"] for r in starts.values()}
+    assert start_steps == {max(committed)}, (
+        f"world {after} started at steps {start_steps}; last commit in {before} was "
+        f"{max(committed)}"
+    )

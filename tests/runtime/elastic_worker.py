@@ -1,0 +1,118 @@
+"""A real training worker for the local multi-process tests and the recovery benchmark.
+
+It trains a small regression model with the elastic runtime, following the world file
+given by the launcher, and appends one JSON line per event to
+``$TRACE_DIR/<pod>.jsonl``: every step (with the sample indices this rank trained on),
+every commit and the start of every world (with a hash of the parameters), so the
+tests can audit sample accounting and parameter equality afterwards.
+
+Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP. With GATE_FILE
+and GATE_STEP set, a worker that completes step GATE_STEP waits while GATE_FILE exists,
+so a test can make a change happen at a known point of training without racing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ringwright.runtime.elastic import ElasticRuntime
+from ringwright.runtime.sampler import ElasticSampler
+from ringwright.runtime.state import State
+from ringwright.world import Env
+
+FEATURES = 8
+
+
+def param_hash(model: torch.nn.Module) -> str:
+    """Digest of every parameter's bytes: equal on two ranks only if bit-identical."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class Trace:
+    """Append-only JSON lines; one write per line so a SIGKILL never tears a line."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, **record: Any) -> None:
+        record["t"] = time.time()
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+
+
+def main() -> int:
+    pod = os.environ[Env.POD_NAME]
+    epochs = int(os.environ.get("EPOCHS", "3"))
+    samples = int(os.environ.get("SAMPLES", "192"))
+    batch = int(os.environ.get("BATCH", "4"))
+    commit_every = int(os.environ.get("COMMIT_EVERY", "4"))
+    step_sleep = float(os.environ.get("STEP_SLEEP", "0.03"))
+    gate = Path(os.environ.get("GATE_FILE", "/nonexistent"))
+    gate_step = int(os.environ.get("GATE_STEP", "-1"))
+    trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}.jsonl")
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format=f"%(asctime)s {pod} %(name)s %(message)s")
+
+    data = torch.Generator().manual_seed(1234)
+    xs = torch.randn(samples, FEATURES, generator=data)
+    ys = xs @ torch.randn(FEATURES, 1, generator=data) + 0.1
+
+    # Different initial weights on every pod: only the state broadcast makes them agree.
+    torch.manual_seed(int(hashlib.sha256(pod.encode()).hexdigest()[:8], 16))
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    state = State(model, optimizer, ElasticSampler(samples, batch, seed=7))
+
+    def train(state: State) -> None:
+        world = state.binding.world
+        trace.write(ev="start", wepoch=world.epoch, size=world.size, rank=state.binding.rank,
+                    step=state.step, hash=param_hash(model), lr=optimizer.param_groups[0]["lr"])
+        while state.sampler.epoch < epochs:
+            data_epoch = state.sampler.epoch
+            global_batch = len(state.sampler.global_positions())
+            indices = state.sampler.batch()
+            optimizer.zero_grad()
+            if indices:
+                pred = model(xs[indices])
+                # Normalised by the global batch, so summed gradients are the global mean.
+                loss = ((pred - ys[indices]) ** 2).sum() / global_batch
+                loss.backward()
+            # Written before the allreduce: if any rank finished this step, every rank
+            # of the world has recorded it.
+            trace.write(ev="step", wepoch=world.epoch, rank=state.binding.rank,
+                        size=world.size, step=state.step + 1, data_epoch=data_epoch,
+                        indices=indices)
+            state.allreduce_gradients(average=False)
+            optimizer.step()
+            state.advance()
+            time.sleep(step_sleep)
+            while state.step == gate_step and gate.exists():
+                time.sleep(0.02)
+            if state.step % commit_every == 0 or state.sampler.epoch != data_epoch:
+                try:
+                    state.commit()
+                finally:
+                    trace.write(ev="commit", wepoch=world.epoch, rank=state.binding.rank,
+                                step=state.step, hash=param_hash(model))
+
+    with ElasticRuntime.from_env() as runtime:
+        runtime.run(train, state)
+    trace.write(ev="done", step=state.step, hash=param_hash(model))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

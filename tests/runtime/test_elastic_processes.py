@@ -1,0 +1,177 @@
+"""Real worker processes training with gloo on loopback while the world changes.
+
+The test plays the operator through :class:`LocalJob` (a world file), kills workers
+with SIGKILL or resizes the job, and then audits the workers' traces: every sample
+of every data epoch trained exactly once counting from the commits, parameters
+bit-identical across ranks, training resumed from the last commit. No assertion
+depends on how long anything took; waits are on observed progress.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ringwright.runtime.local_launcher import LocalJob
+from tests.runtime.elastic_traces import (
+    Traces,
+    assert_every_sample_once,
+    assert_params_identical,
+    assert_resumed_from_commit,
+)
+
+WORKER = Path(__file__).with_name("elastic_worker.py")
+SAMPLES = 192
+EPOCHS = 2
+DEADLINE_S = 240.0
+"""Generous: a loaded two-core machine needs tens of seconds just to import torch."""
+
+GATE_STEP = 6
+"""Workers hold after this step while the gate file exists (planned changes only)."""
+
+pytestmark = pytest.mark.timeout(420)
+
+
+@pytest.fixture()
+def job(tmp_path: Path) -> Iterator[LocalJob]:
+    env = {
+        "TRACE_DIR": str(tmp_path / "trace"),
+        "EPOCHS": str(EPOCHS),
+        "SAMPLES": str(SAMPLES),
+        "BATCH": "4",
+        "COMMIT_EVERY": "4",
+        "STEP_SLEEP": "0.03",
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+        "OMP_NUM_THREADS": "1",
+        "GATE_FILE": str(tmp_path / "gate"),
+        "GATE_STEP": str(GATE_STEP),
+    }
+    with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env) as local_job:
+        yield local_job
+
+
+def traces(job: LocalJob) -> Traces:
+    return Traces.load(job.workdir / "trace")
+
+
+def log_tails(job: LocalJob) -> str:
+    return "\n".join(
+        f"--- {name}\n{job.log_path(name).read_text()[-1500:]}"
+        for name in job.exit_codes() if job.log_path(name).exists()
+    )
+
+
+def wait_until(job: LocalJob, what: str, probe: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{log_tails(job)}")
+        time.sleep(0.05)
+
+
+def wait_for_step(job: LocalJob, step: int) -> None:
+    wait_until(job, f"training to reach step {step}", lambda: traces(job).max_step() >= step)
+
+
+def audit(job: LocalJob) -> Traces:
+    t = traces(job)
+    assert_every_sample_once(t, SAMPLES, EPOCHS)
+    assert_params_identical(t)
+    return t
+
+
+def finish(job: LocalJob) -> dict[str, int]:
+    codes = job.wait(DEADLINE_S)
+    failed = {m.pod: codes[m.pod] for m in job.world.members if codes[m.pod] != 0}
+    assert not failed, f"members failed: {failed}\n{log_tails(job)}"
+    return codes
+
+
+def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
+    job.start(4)
+    wait_for_step(job, 6)
+    victim = job.world.members[2].pod
+    job.kill(victim, signal.SIGKILL)
+    codes = finish(job)
+
+    assert codes[victim] == -signal.SIGKILL
+    assert job.world.size == 3 and job.world.epoch == 1
+    t = audit(job)
+    assert {r["size"] for r in t.starts(1).values()} == {3}
+    assert_resumed_from_commit(t, before=0, after=1)
+
+
+def hold_at_gate(job: LocalJob) -> Path:
+    gate = job.workdir / "gate"
+    gate.touch()
+    return gate
+
+
+def test_scale_two_to_four_newcomers_get_state_by_broadcast(job: LocalJob) -> None:
+    gate = hold_at_gate(job)
+    job.start(2)
+    wait_for_step(job, GATE_STEP)
+    job.scale(4)
+    wait_until(job, "the newcomers to be ready and added", lambda: job.world.size == 4)
+    gate.unlink()
+    finish(job)
+
+    assert job.world.size == 4
+    t = audit(job)
+    newcomers = set(t.starts(1)) - set(t.starts(0))
+    assert len(newcomers) == 2
+    # A planned change: no rollback, the new world starts where the old one committed.
+    assert_resumed_from_commit(t, before=0, after=1)
+
+
+def test_planned_scale_down_leaver_exits_zero_without_rollback(job: LocalJob) -> None:
+    gate = hold_at_gate(job)
+    job.start(4)
+    wait_for_step(job, GATE_STEP)
+    leaver = job.world.members[-1].pod
+    job.scale(3)
+    gate.unlink()
+    codes = finish(job)
+
+    assert codes[leaver] == 0
+    assert "leaving the job cleanly" in job.log_path(leaver).read_text()
+    t = audit(job)
+    assert_resumed_from_commit(t, before=0, after=1)
+    rolled_back = [pod for pod in t.by_pod if "rolled_back" in job.log_path(pod).read_text()]
+    assert rolled_back == []
+
+
+def test_kill_rank_zero_the_store_host(job: LocalJob) -> None:
+    job.start(4)
+    wait_for_step(job, 6)
+    store_host = job.world.members[0]
+    assert job.world.store.address == store_host.ip
+    job.kill(store_host.pod, signal.SIGKILL)
+    finish(job)
+
+    assert job.world.size == 3
+    assert job.world.store.address != store_host.ip
+    t = audit(job)
+    assert_resumed_from_commit(t, before=0, after=1)
+
+
+def test_two_kills_in_a_row_while_rebuilding(job: LocalJob) -> None:
+    job.start(4)
+    wait_for_step(job, 6)
+    job.kill(job.world.members[1].pod, signal.SIGKILL)
+    wait_until(job, "the operator's next world", lambda: job.world.epoch == 1)
+    # The new world's store host dies, most likely while that world is still forming.
+    job.kill(job.world.members[0].pod, signal.SIGKILL)
+    finish(job)
+
+    assert job.world.size == 2 and job.world.epoch == 2
+    t = audit(job)
+    last = t.world_epochs()[-1]
+    assert last == 2
+    before = max(e for e in t.world_epochs() if e < last)
+    assert_resumed_from_commit(t, before=before, after=last)
