@@ -24,7 +24,8 @@ On-disk layout (under the storage root, e.g. the mounted volume)::
     <shard>/step-000000000130.*.partial-*       an interrupted write; removed by the
                                                 next commit of this shard
 
-See :mod:`ringwright.runtime.checkpoint_format` for the file contents,
+See :mod:`ringwright.runtime.checkpoint_snapshot` for how a save stalls training,
+:mod:`ringwright.runtime.checkpoint_format` for the file contents,
 :mod:`ringwright.runtime.checkpoint_storage` for the storage interface and
 :mod:`ringwright.runtime.checkpoint_policy` for when to checkpoint (intervals, SIGTERM).
 """
@@ -48,15 +49,12 @@ from .checkpoint_format import (
     CheckpointError,
     CheckpointMeta,
     CorruptCheckpoint,
-    HostBuffer,
     Manifest,
-    Snapshot,
     UnsupportedPayload,
     read_payload,
-    take_snapshot,
-    write_data,
 )
 from .checkpoint_policy import CheckpointPolicy, TerminationSignal
+from .checkpoint_snapshot import HostBuffer, Snapshot, take_snapshot, write_data
 from .checkpoint_storage import CheckpointStorage, LocalStorage
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The bytes of one checkpoint: host snapshot, data file, manifest, verified read-back.
+"""The bytes of one checkpoint on disk: data file, manifest, and verified read-back.
 
 A checkpoint of one shard at one step is two files:
 
@@ -15,6 +15,7 @@ The structure is pickled with a closed vocabulary (dicts, lists, tuples, sets, s
 bytes, numbers, bool, None, OrderedDict, tensors, dtypes, devices, sizes): saving
 anything else fails at once with a message, and loading refuses every other global, so a
 checkpoint on a shared volume can never run code in the process that restores it.
+:mod:`ringwright.runtime.checkpoint_snapshot` produces the data file.
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy
 import torch
 
-from .checkpoint_storage import Bytes, ReadStream, StagedFile
+from .checkpoint_storage import Bytes, ReadStream
 
 FORMAT_VERSION = 1
 """Bump when a reader of the previous version would misread a new checkpoint."""
@@ -41,10 +41,10 @@ FORMAT_VERSION = 1
 ALIGNMENT = 64
 """Tensor offsets in the data file: a multiple of every element size (so a tensor can be
 viewed in place) and of a cache line."""
-CHUNK_BYTES = 16 << 20
-"""Write granularity: large enough for full-speed I/O, small enough to interleave hashing."""
-SMALL_PIECE_BYTES = 1 << 20
-"""Pieces smaller than this are gathered into writes of at least this size."""
+# Restore reads a tensor in pieces of up to _READ_CHUNK_BYTES and hands them to the
+# verifying thread in batches of at least _VERIFY_BATCH_BYTES.
+_READ_CHUNK_BYTES = 16 << 20
+_VERIFY_BATCH_BYTES = 1 << 20
 
 CHECKSUMS = ("crc32", "sha256")
 """Data checksums a checkpoint may use. crc32 is the default: it is the faster of the two
@@ -79,7 +79,9 @@ class CheckpointMeta:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-class _Digest(Protocol):
+class Digest(Protocol):
+    """A running checksum (the subset of hashlib's interface the format uses)."""
+
     def update(self, data: Bytes, /) -> None: ...
 
     def hexdigest(self) -> str: ...
@@ -96,7 +98,7 @@ class _Crc32:
         return f"{self._value:08x}"
 
 
-def new_digest(algorithm: str) -> _Digest:
+def new_digest(algorithm: str) -> Digest:
     """A running checksum by name (one of :data:`CHECKSUMS`)."""
     if algorithm == "crc32":
         return _Crc32()
@@ -105,10 +107,10 @@ def new_digest(algorithm: str) -> _Digest:
     raise ValueError(f"unknown checksum {algorithm!r}; use one of {', '.join(CHECKSUMS)}")
 
 
-# --- snapshot -------------------------------------------------------------------------
+# --- the vocabulary of the pickled structure --------------------------------------------
 
-_PLAIN_TYPES: tuple[type, ...] = (OrderedDict, complex, range, slice)
-"""Types pickled by reduction whose reconstruction the loader allows (see _SafeUnpickler)."""
+PLAIN_TYPES: tuple[type, ...] = (OrderedDict, complex, range, slice)
+"""Types pickled by reduction whose reconstruction the loader allows (_SAFE_GLOBALS)."""
 
 _SAFE_GLOBALS = {
     ("collections", "OrderedDict"),
@@ -128,232 +130,17 @@ class TensorEntry:
     nbytes: int
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """``float32`` for torch.float32: how dtypes are named in manifests and structures."""
     return str(dtype).removeprefix("torch.")
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
+def dtype_from_name(name: str) -> torch.dtype:
+    """The dtype :func:`dtype_name` named; raises :class:`CorruptCheckpoint` otherwise."""
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise CorruptCheckpoint(f"unknown tensor dtype {name!r}")
     return dtype
-
-
-class _SnapshotPickler(pickle.Pickler):
-    """Pickles the payload's structure; tensors and torch values become references."""
-
-    def __init__(self, out: io.BytesIO, tensors: list[torch.Tensor]) -> None:
-        super().__init__(out, protocol=5)
-        self._tensors = tensors
-        # The same tensor object twice (e.g. tied weights) is stored once and restored
-        # as one object, as torch.save does.
-        self._index: dict[int, int] = {}
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return ("tensor", self._tensor_index(obj))
-        if isinstance(obj, torch.dtype):
-            return ("dtype", _dtype_name(obj))
-        if isinstance(obj, torch.device):
-            return ("device", str(obj))
-        if isinstance(obj, torch.Size):
-            return ("size", tuple(obj))
-        return None
-
-    def _tensor_index(self, tensor: torch.Tensor) -> int:
-        known = self._index.get(id(tensor))
-        if known is not None:
-            return known
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
-            raise UnsupportedPayload(
-                f"cannot checkpoint a {tensor.layout} tensor{' (quantized)' * tensor.is_quantized}"
-                f" on {tensor.device} of shape {tuple(tensor.shape)}; store a dense tensor"
-                " with real data instead (e.g. .to_dense() or .dequantize())"
-            )
-        self._index[id(tensor)] = len(self._tensors)
-        self._tensors.append(tensor)
-        return len(self._tensors) - 1
-
-    def reducer_override(self, obj: Any) -> Any:
-        # Called for every object outside pickle's fast paths: exactly the ones that
-        # would otherwise be saved as "call this global", which the loader refuses.
-        if isinstance(obj, _PLAIN_TYPES) or any(obj is t for t in _PLAIN_TYPES):
-            return NotImplemented
-        kind = type(obj)
-        raise UnsupportedPayload(
-            f"checkpoint payload holds a {kind.__module__}.{kind.__qualname__} ({obj!r:.80});"
-            " a checkpoint stores tensors, dicts, lists, tuples, sets, str, bytes, int, float,"
-            " bool and None: convert it first (e.g. int(x), x.tolist(), or a state_dict())"
-        )
-
-
-class HostBuffer:
-    """Host memory reused from one snapshot to the next.
-
-    Fresh host memory costs page faults on first touch (several times the copy itself,
-    see the benchmark) and pinned memory costs a slow registration, so the buffer is
-    kept and grown only when the state grows: one copy of the state, held between
-    checkpoints. Its owner must not take a snapshot while the previous one is still
-    being written (the Checkpointer waits for that write first).
-    """
-
-    def __init__(self) -> None:
-        self._arena: torch.Tensor | None = None
-        self._pinned = False
-        self._pinning_failed = False
-
-    def get(self, nbytes: int, *, pinned: bool) -> torch.Tensor:
-        """A uint8 tensor of at least ``nbytes``, page-locked when ``pinned`` is asked."""
-        pinned = pinned and not self._pinning_failed
-        arena = self._arena
-        if arena is not None and arena.numel() >= nbytes and (self._pinned or not pinned):
-            return arena
-        self._arena = None  # free the old buffer before allocating its replacement
-        try:
-            arena = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        except RuntimeError:
-            # Page-locked memory is limited (memlock, driver); pageable still works, with
-            # a synchronous and slower device-to-host copy. Not retried: each attempt
-            # would cost a failed registration on every checkpoint.
-            self._pinning_failed = True
-            pinned = False
-            arena = torch.empty(nbytes, dtype=torch.uint8)
-        self._arena, self._pinned = arena, pinned
-        return arena
-
-    def release(self) -> None:
-        """Drop the buffer; a write still using it keeps it alive until it finishes."""
-        self._arena = None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A payload ready to write: the structure, and the bytes of each tensor.
-
-    ``sources[i]`` is a flat uint8 CPU tensor with the bytes of ``entries[i]``: a view
-    into the host buffer, or the caller's own tensor when it was handed over uncopied.
-    """
-
-    entries: tuple[TensorEntry, ...]
-    sources: tuple[torch.Tensor, ...]
-    objects: bytes
-
-    @property
-    def tensors_end(self) -> int:
-        """Where the object section starts in the data file."""
-        return self.entries[-1].offset + self.entries[-1].nbytes if self.entries else 0
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the data file this snapshot becomes."""
-        return self.tensors_end + len(self.objects)
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // ALIGNMENT) * ALIGNMENT
-
-
-def _writable_as_is(tensor: torch.Tensor) -> bool:
-    # Bytes in memory equal the values only without lazy conjugate/negative bits.
-    return (
-        tensor.device.type == "cpu"
-        and tensor.is_contiguous()
-        and not tensor.is_conj()
-        and not tensor.is_neg()
-    )
-
-
-def take_snapshot(
-    payload: Mapping[str, Any], buffer: HostBuffer, *, copy: bool = True
-) -> Snapshot:
-    """Copy ``payload`` into host memory, so that training may change it right after.
-
-    CUDA tensors are copied into page-locked memory asynchronously and waited for once
-    at the end. CPU tensors are copied too, unless ``copy`` is False: then contiguous
-    CPU tensors are written from where they are, and must not change until the write
-    is done. Raises :class:`UnsupportedPayload` for objects a checkpoint does not store.
-    """
-    tensors: list[torch.Tensor] = []
-    structure = io.BytesIO()
-    _SnapshotPickler(structure, tensors).dump(
-        payload if isinstance(payload, dict) else dict(payload)
-    )
-
-    entries: list[TensorEntry] = []
-    offset = 0
-    for tensor in tensors:
-        offset = _aligned(offset)
-        nbytes = tensor.numel() * tensor.element_size()
-        entries.append(TensorEntry(tensor.dtype, tuple(tensor.shape), offset, nbytes))
-        offset += nbytes
-    copied = [copy or not _writable_as_is(t) for t in tensors]
-    slots: list[int] = []  # each copied tensor's offset in the host buffer
-    arena_size = 0
-    for entry, needed in zip(entries, copied, strict=True):
-        if needed:
-            slots.append(arena_size)
-            arena_size = _aligned(arena_size + entry.nbytes)
-    pinned = torch.cuda.is_available() and any(t.is_cuda for t in tensors)
-    arena = buffer.get(arena_size, pinned=pinned)
-
-    sources: list[torch.Tensor] = []
-    streams: set[torch.cuda.Stream] = set()
-    slot = iter(slots)
-    with torch.no_grad():
-        for tensor, entry, needed in zip(tensors, entries, copied, strict=True):
-            if not needed:
-                sources.append(tensor.detach().reshape(-1).view(torch.uint8))
-                continue
-            start = next(slot)
-            target = arena[start : start + entry.nbytes]
-            sources.append(target)
-            if _writable_as_is(tensor):
-                # A plain memcpy (without the GIL): on host memory it beats torch's
-                # threaded copy, whose thread pool stalls when cores are oversubscribed.
-                flat = tensor.detach().reshape(-1).view(torch.uint8)
-                numpy.copyto(target.numpy(), flat.numpy())
-                continue
-            typed = target.view(tensor.dtype).view(tensor.shape)
-            if tensor.is_cuda and pinned:
-                typed.copy_(tensor, non_blocking=True)
-                streams.add(torch.cuda.current_stream(tensor.device))
-            else:
-                typed.copy_(tensor)
-        for stream in streams:
-            stream.synchronize()
-    return Snapshot(tuple(entries), tuple(sources), structure.getvalue())
-
-
-def write_data(snapshot: Snapshot, out: StagedFile, algorithm: str) -> str:
-    """Stream ``snapshot`` into ``out`` and return the data checksum as ``algo:hex``."""
-    digest = new_digest(algorithm)
-    # Small pieces (biases, norms, padding) are gathered into one write: a model has
-    # thousands of them, and a system call each would cost more than their bytes.
-    gathered = bytearray()
-
-    def put(data: Bytes) -> None:
-        digest.update(data)
-        if len(data) < SMALL_PIECE_BYTES:
-            gathered.extend(data)
-            if len(gathered) < SMALL_PIECE_BYTES:
-                return
-            data = gathered
-        elif gathered:
-            out.write(gathered)
-        out.write(data)
-        gathered.clear()
-
-    position = 0
-    for entry, source in zip(snapshot.entries, snapshot.sources, strict=True):
-        if entry.offset > position:
-            put(bytes(entry.offset - position))
-        view = source.numpy().data
-        for start in range(0, entry.nbytes, CHUNK_BYTES):
-            put(view[start : start + CHUNK_BYTES])
-        position = entry.offset + entry.nbytes
-    put(snapshot.objects)
-    out.write(gathered)
-    return f"{algorithm}:{digest.hexdigest()}"
 
 
 # --- manifest -------------------------------------------------------------------------
@@ -388,7 +175,7 @@ class Manifest:
             "data": {"file": self.data_file, "size": self.data_size, "checksum": self.checksum},
             "objects": {"offset": self.objects_offset, "length": self.objects_length},
             "tensors": [
-                [_dtype_name(t.dtype), list(t.shape), t.offset, t.nbytes] for t in self.tensors
+                [dtype_name(t.dtype), list(t.shape), t.offset, t.nbytes] for t in self.tensors
             ],
         }
         doc["manifestChecksum"] = _manifest_digest(doc)
@@ -426,7 +213,7 @@ class Manifest:
     @classmethod
     def _from_doc(cls, doc: dict[str, Any]) -> Manifest:
         tensors = tuple(
-            TensorEntry(_dtype_from_name(str(d)), tuple(int(n) for n in s), int(o), int(b))
+            TensorEntry(dtype_from_name(str(d)), tuple(int(n) for n in s), int(o), int(b))
             for d, s, o, b in doc["tensors"]
         )
         meta = CheckpointMeta(
@@ -486,7 +273,7 @@ class _SafeUnpickler(pickle.Unpickler):
         if kind == "tensor":
             return self._tensors[value]
         if kind == "dtype":
-            return _dtype_from_name(value)
+            return dtype_from_name(value)
         if kind == "device":
             return torch.device(value)
         if kind == "size":
@@ -511,7 +298,7 @@ def _read_into(stream: ReadStream, target: memoryview) -> None:
         filled += got
 
 
-def _update_all(digest: _Digest, pieces: list[memoryview]) -> None:
+def _update_all(digest: Digest, pieces: list[memoryview]) -> None:
     for piece in pieces:
         digest.update(piece)
 
@@ -541,12 +328,12 @@ def read_payload(stream: ReadStream, manifest: Manifest) -> dict[str, Any]:
 
         def read_hashed(target: memoryview) -> None:
             nonlocal batch_bytes
-            for start in range(0, len(target), CHUNK_BYTES):
-                chunk = target[start : start + CHUNK_BYTES]
+            for start in range(0, len(target), _READ_CHUNK_BYTES):
+                chunk = target[start : start + _READ_CHUNK_BYTES]
                 _read_into(stream, chunk)
                 batch.append(chunk)
                 batch_bytes += len(chunk)
-                if batch_bytes >= SMALL_PIECE_BYTES:
+                if batch_bytes >= _VERIFY_BATCH_BYTES:
                     hash_batch()
 
         for entry in manifest.tensors:

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from ringwright.runtime import checkpoint_format
+from ringwright.runtime import checkpoint_snapshot
 from ringwright.runtime.checkpoint import (
     Checkpointer,
     CheckpointPolicy,
@@ -111,7 +111,7 @@ class _DyingStorage(LocalStorage):
 def writer(root: str, events: str, saves: int, die_before: int = -1) -> None:
     """Restore the newest checkpoint, then save ``saves`` further steps (-1: forever)."""
     # Small chunks, so that a kill can land between two writes of one data file.
-    checkpoint_format.CHUNK_BYTES = 256 << 10
+    checkpoint_snapshot.CHUNK_BYTES = 256 << 10
     storage = LocalStorage(root) if die_before < 0 else _DyingStorage(root, events, die_before)
     ckpt = Checkpointer(storage, keep=KEEP)
     restored = ckpt.restore_latest()
