@@ -27,7 +27,7 @@ from .checkpoint_format import (
 from .checkpoint_storage import Bytes, StagedFile
 
 CHUNK_BYTES = 16 << 20
-"""Write granularity: large enough for full-speed I/O, small enough to interleave hashing."""
+"""Largest single write: big enough for full-speed I/O; large tensors go out in pieces."""
 SMALL_PIECE_BYTES = 1 << 20
 """Pieces smaller than this are gathered into writes of at least this size."""
 
