@@ -297,12 +297,15 @@ def render() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """Write (or with ``--check``, compare) the CRD files; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m ringwright.operator.crdgen")
-    parser.add_argument("--out", type=Path, default=Path("crds"), help="target folder")
+    parser.add_argument("--out", type=Path, action="append", default=None,
+                        help="target folder (repeatable); default: crds/ and the chart's crds/")
     parser.add_argument("--check", action="store_true", help="exit 1 when files are stale")
     args = parser.parse_args(argv)
+    # The chart ships its own copy (Helm installs CRDs only from the chart's crds/).
+    outs = args.out or [Path("crds"), Path("charts/ringwright/crds")]
     stale = []
-    for name, text in render().items():
-        path = args.out / name
+    for (name, text), out in ((item, out) for item in render().items() for out in outs):
+        path = out / name
         current = path.read_text() if path.is_file() else None
         if current == text:
             continue

@@ -397,6 +397,13 @@ class CheckpointStatus(ApiModel):
     )
 
 
+class PendingMembership(ApiModel):
+    """A membership the operator saw but has not published yet (the settle window)."""
+
+    digest: str = Field(max_length=64, description="Identity of the membership.")
+    since: float = Field(description="When it was first seen (seconds since the Unix epoch).")
+
+
 class TrainingJobStatus(ApiModel):
     """What the operator observed; written by the operator only."""
 
@@ -422,6 +429,24 @@ class TrainingJobStatus(ApiModel):
     )
     completion_time: str | None = Field(
         default=None, json_schema_extra={"format": "date-time"}, description="When it finished."
+    )
+    last_failure_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When a pod was last lost; replacements back off from here.",
+    )
+    below_min_since: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="Since when fewer than spec.workers.min workers are ready.",
+    )
+    lost_pods: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_WORKERS,
+        description="Lost pods (name/uid) already counted in restarts, so each counts once.",
+    )
+    candidate: PendingMembership | None = Field(
+        default=None, description="A membership waiting out the settle window."
     )
 
 
