@@ -175,6 +175,9 @@ class Cluster:
             # Endpoints may not hold loopback addresses; nothing here needs the
             # `kubernetes` Service's endpoints, so skip reconciling them.
             "--endpoint-reconciler-type=none",
+            # Nodes would be created with a not-ready taint that only the (disabled)
+            # node lifecycle controller removes; KWOK nodes are ready from the start.
+            "--disable-admission-plugins=TaintNodesByCondition",
             "--allow-privileged=true", "--profiling=false",
             f"--cert-dir={self.dir / 'pki'}",
         ]
