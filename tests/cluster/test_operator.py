@@ -97,13 +97,14 @@ def test_deleted_worker_is_replaced_and_the_epoch_moves_on(
 ) -> None:
     kube.create(tj_path(namespace), training_job("heal", replicas=3, minimum=2))
     before = wait_world(kube, namespace, "heal", 3)
-    victim = before.members[1].pod
-    kube.delete(api_path("v1", "pods", namespace, victim), grace=0)
+    victim = before.members[1]
+    kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0)
 
-    shrunk = wait_world(kube, namespace, "heal", 2, after=before.epoch)
-    assert victim not in [m.pod for m in shrunk.members]
-    healed = wait_world(kube, namespace, "heal", 3, after=shrunk.epoch)
-    assert victim in [m.pod for m in healed.members]  # same name, new pod
+    # The replacement may be ready within the settle window: then one epoch covers
+    # both the loss and the rejoin, otherwise a smaller world comes first.
+    healed = wait_world(kube, namespace, "heal", 3, after=before.epoch)
+    replacement = next(m for m in healed.members if m.pod == victim.pod)  # same name
+    assert replacement.pod_uid != victim.pod_uid  # new pod
     status = get_status(kube, namespace, "heal")
     assert status["restarts"] == 1
     assert "MemberLost" in events_of(kube, namespace, "heal")
