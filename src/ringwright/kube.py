@@ -215,6 +215,10 @@ class KubeClient:
         """POST a new object into the collection at ``path``."""
         return self._call("POST", path, body=body)
 
+    def replace(self, path: str, body: Obj) -> Obj:
+        """PUT a whole object (its resourceVersion guards against lost updates)."""
+        return self._call("PUT", path, body=body)
+
     def apply(self, path: str, body: Obj, *, force: bool = True) -> Obj:
         """Server-side apply of ``body`` at the object path, as ringwright's field manager."""
         return self._call(
