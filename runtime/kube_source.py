@@ -75,12 +75,14 @@ class KubeMembershipSource:
         return self._box.wait_newer(after_epoch, timeout)
 
     def close(self) -> None:
-        """Stop the watch thread (closing its client breaks a blocked read)."""
+        """Stop watching. A read blocked on a quiet watch stream cannot be interrupted
+        from another thread, so the (daemon) thread is not waited for long: it ends at
+        the stream's next event or server-side timeout."""
         self._stop.set()
         with self._lock:
             if self._client is not None:
                 self._client.close()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=0.5)
 
     def _run(self) -> None:
         backoff = self._initial_backoff

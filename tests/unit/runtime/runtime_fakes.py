@@ -1,0 +1,111 @@
+"""Fakes for the runtime's interfaces, keeping their semantics (one rank, in memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+import torch
+
+from ringwright.runtime.backend import CollectiveError
+from ringwright.runtime.membership import WorldBox
+from ringwright.world import JobRef, Member, ReportKind, StoreAddress, World
+
+T = TypeVar("T")
+
+
+def make_world(epoch: int, pods: Sequence[str]) -> World:
+    members = tuple(Member(rank=i, pod=p, ip=f"127.0.0.{10 + i}") for i, p in enumerate(pods))
+    return World(job=JobRef(namespace="local", name="j"), epoch=epoch, members=members,
+                 store=StoreAddress(address="127.0.0.10", port=29400))
+
+
+class FakeSource:
+    """An in-memory membership source: tests publish, the runtime waits."""
+
+    def __init__(self) -> None:
+        self.box = WorldBox()
+
+    def publish(self, world: World) -> None:
+        self.box.offer(world, "test")
+
+    def latest(self) -> World | None:
+        return self.box.latest()
+
+    def wait_for_world(self, after_epoch: int, timeout: float) -> World:
+        return self.box.wait_newer(after_epoch, timeout)
+
+    def close(self) -> None:
+        return
+
+
+class FakeBackend:
+    """A one-member group; ``fail_*`` inject the failures a dead peer would cause."""
+
+    def __init__(self) -> None:
+        self.inits: list[tuple[int, int]] = []
+        self.shutdowns = 0
+        self.closed = False
+        self.gradient_calls = 0
+        self.fail_gradients_at: set[int] = set()
+        """Calls of allreduce_gradients (1-based) that raise CollectiveError."""
+        self.fail_init: dict[int, Exception] = {}
+        """Epochs whose init raises the given exception."""
+        self.max_seen = -1
+        """What other ranks report to allreduce_max."""
+
+    @property
+    def name(self) -> str:
+        return "fake"
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+        self.inits.append((world.epoch, rank))
+        if world.epoch in self.fail_init:
+            raise self.fail_init[world.epoch]
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+    def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
+        assert src == 0
+
+    def broadcast_object(self, obj: T, src: int) -> T:
+        assert src == 0
+        return obj
+
+    def allgather_object(self, obj: T) -> list[T]:
+        return [obj]
+
+    def allreduce_gradients(self, params: Iterable[torch.Tensor], *, average: bool) -> None:
+        self.gradient_calls += 1
+        if self.gradient_calls in self.fail_gradients_at:
+            raise CollectiveError("peer vanished")
+
+    def allreduce_max(self, value: int) -> int:
+        return max(value, self.max_seen)
+
+    def barrier(self) -> None:
+        return
+
+
+class FakeReporter:
+    """Records reports; ``on_report`` lets a test play the operator's reaction."""
+
+    def __init__(self, on_report: Callable[[ReportKind, int], None] | None = None) -> None:
+        self.reports: list[tuple[ReportKind, int, str]] = []
+        self._on_report = on_report
+
+    def report(self, kind: ReportKind, epoch: int, detail: str = "") -> None:
+        self.reports.append((kind, epoch, detail))
+        if self._on_report is not None:
+            self._on_report(kind, epoch)
+
+    def close(self) -> None:
+        return

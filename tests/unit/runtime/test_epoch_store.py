@@ -1,0 +1,128 @@
+"""The per-epoch store and the torch.distributed backend, in one process on loopback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from ringwright.runtime.backend import CollectiveError, RankTaken, Superseded
+from ringwright.runtime.epoch_store import StoreHost, connect_client, epoch_prefix, join_barrier
+from ringwright.runtime.local_launcher import free_port
+from ringwright.runtime.settings import RuntimeSettings
+from ringwright.runtime.torch_backend import TorchDistributedBackend
+from ringwright.world import JobRef, Member, StoreAddress, World
+
+ADDRESS = "127.0.0.77"
+
+
+def world(epoch: int, size: int = 1, port: int = 0) -> World:
+    members = tuple(Member(rank=i, pod=f"w-{i}", ip=ADDRESS) for i in range(size))
+    return World(job=JobRef(namespace="ns", name="job"), epoch=epoch, members=members,
+                 store=StoreAddress(address=ADDRESS, port=port or free_port()))
+
+
+@pytest.fixture()
+def host() -> Iterator[StoreHost]:
+    h = StoreHost()
+    yield h
+    h.close()
+
+
+def never() -> bool:
+    return False
+
+
+def test_the_store_listens_on_the_pod_address_only_and_is_kept_across_epochs(
+        host: StoreHost) -> None:
+    port = free_port()
+    first = host.serve(ADDRESS, port, 5)
+    assert host.serve(ADDRESS, port, 5) is first
+    # Another pod on the same machine can host its own store on the same port.
+    other = StoreHost()
+    try:
+        other.serve("127.0.0.78", port, 5)
+    finally:
+        other.close()
+    with pytest.raises(CollectiveError, match="cannot host the store"):
+        StoreHost().serve(ADDRESS, port, 5)
+
+
+def test_keys_of_different_epochs_never_mix(host: StoreHost) -> None:
+    raw = host.serve(ADDRESS, free_port(), 5)
+    old, new = PrefixStore(epoch_prefix(world(1)), raw), PrefixStore(epoch_prefix(world(2)), raw)
+    old.set("complete", "1")
+    assert not new.check(["complete"])
+
+
+def test_a_rank_can_be_claimed_once_per_epoch(host: StoreHost) -> None:
+    store = PrefixStore("e/", host.serve(ADDRESS, free_port(), 5))
+    join_barrier(store, 0, 1, deadline=time.monotonic() + 5, superseded=never)
+    with pytest.raises(RankTaken):
+        join_barrier(store, 0, 1, deadline=time.monotonic() + 5, superseded=never)
+
+
+def test_waiting_for_peers_stops_when_a_newer_world_appears(host: StoreHost) -> None:
+    store = PrefixStore("e/", host.serve(ADDRESS, free_port(), 5))
+    polls: list[float] = []
+
+    def superseded() -> bool:
+        polls.append(time.monotonic())
+        return len(polls) >= 2
+
+    with pytest.raises(Superseded):
+        join_barrier(store, 0, 2, deadline=time.monotonic() + 60, superseded=superseded)
+
+
+def test_waiting_for_peers_has_a_deadline(host: StoreHost) -> None:
+    store = PrefixStore("e/", host.serve(ADDRESS, free_port(), 5))
+    with pytest.raises(CollectiveError, match="only 1 of 3 members arrived"):
+        join_barrier(store, 1, 3, deadline=time.monotonic() + 0.3, superseded=never)
+
+
+def test_an_unreachable_store_host_gives_way_to_a_newer_world() -> None:
+    calls = iter([False, True])
+    with pytest.raises(Superseded):
+        connect_client("127.0.0.79", free_port(), timeout_s=5, attempt_s=0.2,
+                       deadline=time.monotonic() + 60, superseded=lambda: next(calls))
+    with pytest.raises(CollectiveError, match="unreachable"):
+        connect_client("127.0.0.79", free_port(), timeout_s=5, attempt_s=0.2,
+                       deadline=time.monotonic(), superseded=never)
+
+
+def test_a_client_reaches_the_store_of_its_epoch(host: StoreHost) -> None:
+    port = free_port()
+    server = host.serve(ADDRESS, port, 5)
+    client = connect_client(ADDRESS, port, timeout_s=5, attempt_s=1,
+                            deadline=time.monotonic() + 10, superseded=never)
+    client.set("k", "v")
+    assert server.get("k") == b"v"
+    assert isinstance(client, TCPStore)
+
+
+def test_the_torch_backend_rebuilds_its_group_for_each_epoch() -> None:
+    backend = TorchDistributedBackend(torch.device("cpu"), RuntimeSettings(collective_timeout_s=5))
+    assert backend.name == "gloo"
+    port = free_port()
+    try:
+        for epoch in range(3):
+            backend.init(world(epoch, port=port), 0, never)
+            assert backend.allreduce_max(epoch) == epoch
+            assert backend.broadcast_object({"epoch": epoch}, 0) == {"epoch": epoch}
+            assert backend.allgather_object(epoch) == [epoch]
+            backend.barrier()
+            backend.shutdown()
+        backend.init(world(3, port=port), 0, never)
+        model = torch.nn.Linear(3, 2)
+        model.weight.grad = torch.ones_like(model.weight)
+        backend.allreduce_gradients(model.parameters(), average=True)
+        assert torch.equal(model.weight.grad, torch.ones_like(model.weight))
+        assert model.bias.grad is not None and torch.equal(model.bias.grad, torch.zeros(2))
+        before = [p.detach().clone() for p in model.parameters()]
+        backend.broadcast_tensors(list(model.parameters()), 0)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    finally:
+        backend.close()

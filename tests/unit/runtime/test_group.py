@@ -1,0 +1,126 @@
+"""The group manager: which worlds it joins, when it leaves, whose state wins."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ringwright.runtime.backend import CollectiveError, RankTaken, Superseded
+from ringwright.runtime.group import (
+    GroupManager,
+    LeftWorld,
+    MemberInfo,
+    WorldChanged,
+    choose_source,
+)
+from ringwright.runtime.health import StallWatchdog
+from ringwright.runtime.membership import WorldTimeout
+from ringwright.runtime.settings import RuntimeSettings
+from ringwright.world import ReportKind
+from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world
+
+ME = "w-1"
+
+
+def info(pod: str, state_epoch: int, state_rank: int, step: int = 0) -> MemberInfo:
+    return MemberInfo(pod, state_epoch, state_rank, step)
+
+
+@pytest.mark.parametrize(
+    ("infos", "expected"),
+    [
+        ([info("a", -1, -1), info("b", -1, -1)], None),
+        ([info("new", -1, -1), info("s2", 4, 2), info("s1", 4, 1)], 2),
+        # A member whose state is from an older world loses to the survivors of the newest.
+        ([info("old", 2, 0), info("s3", 4, 3), info("s1", 4, 1)], 2),
+        ([info("only", 0, 5)], 0),
+    ],
+    ids=["fresh-job", "lowest-survivor", "stale-member", "single"],
+)
+def test_choose_source(infos: list[MemberInfo], expected: int | None) -> None:
+    assert choose_source(infos) == expected
+
+
+def manager(source: FakeSource, backend: FakeBackend,
+            reporter: FakeReporter | None = None) -> GroupManager:
+    settings = RuntimeSettings(world_wait_timeout_s=5)
+    return GroupManager(source, backend, ME, settings, reporter or FakeReporter(),
+                        StallWatchdog(0))
+
+
+def test_joins_with_its_rank_from_the_world() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(3, ["w-0", ME]))
+    m = manager(source, backend)
+    assert m.join(-1).epoch == 3
+    assert (m.rank, backend.inits) == (1, [(3, 1)])
+
+
+def test_before_joining_once_it_waits_for_a_world_that_includes_it() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(0, ["w-0"]))
+    m = manager(source, backend)
+    later = threading.Timer(0.1, source.publish, args=(make_world(1, ["w-0", ME]),))
+    later.start()
+    assert m.join(-1).epoch == 1
+    assert backend.inits == [(1, 1)]
+
+
+def test_once_joined_a_world_without_it_means_leave_cleanly() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(0, ["w-0", ME]))
+    m = manager(source, backend)
+    m.join(-1)
+    source.publish(make_world(1, ["w-0"]))
+    with pytest.raises(LeftWorld) as left:
+        m.join(0)
+    assert left.value.code == 0
+    assert "not a member of world epoch 1" in str(left.value)
+    assert backend.shutdowns >= 1
+
+
+def test_a_superseded_world_is_skipped_for_the_newer_one() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(0, ["w-0", ME]))
+    backend.fail_init[0] = Superseded()
+    threading.Timer(0.05, source.publish, args=(make_world(1, [ME]),)).start()
+    m = manager(source, backend)
+    assert m.join(-1).epoch == 1
+    assert backend.inits == [(0, 1), (1, 0)]
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [(CollectiveError("peer gone"), ReportKind.COLLECTIVE_FAILED),
+     (RankTaken("rank 1 claimed"), ReportKind.NO_STATE)],
+)
+def test_a_failed_join_is_reported_and_the_next_world_awaited(
+        error: CollectiveError, kind: ReportKind) -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(0, ["w-0", ME]))
+    backend.fail_init[0] = error
+    reporter = FakeReporter(on_report=lambda k, e: source.publish(make_world(e + 1, [ME])))
+    m = manager(source, backend, reporter)
+    assert m.join(-1).epoch == 1
+    assert [(k, e) for k, e, _ in reporter.reports] == [(kind, 0)]
+
+
+def test_no_world_in_time_is_an_error() -> None:
+    source = FakeSource()
+    m = GroupManager(source, FakeBackend(), ME, RuntimeSettings(world_wait_timeout_s=0.05),
+                     FakeReporter(), StallWatchdog(0))
+    with pytest.raises(WorldTimeout):
+        m.join(-1)
+
+
+def test_check_world_raises_on_every_rank_when_any_rank_saw_a_newer_epoch() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(2, [ME]))
+    m = manager(source, backend)
+    m.join(-1)
+    m.check_world()
+    backend.max_seen = 3  # another rank has seen epoch 3 already, this one not yet
+    with pytest.raises(WorldChanged) as changed:
+        m.check_world()
+    assert changed.value.epoch == 3

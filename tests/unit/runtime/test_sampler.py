@@ -1,0 +1,160 @@
+"""The elastic sampler: no sample lost or repeated within an epoch, counting from the
+commits, whatever sequence of steps, commits, resizes and rollbacks happens."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ringwright.runtime.sampler import ElasticSampler
+
+
+@dataclass
+class Job:
+    """Every rank's sampler plus the bookkeeping of what was trained and committed."""
+
+    samples: int
+    batch: int
+    ranks: list[ElasticSampler]
+    snapshot: dict[str, object]
+    pending: list[tuple[int, list[int]]] = field(default_factory=list)
+    committed: dict[int, Counter[int]] = field(default_factory=lambda: defaultdict(Counter))
+
+    @classmethod
+    def start(cls, samples: int, batch: int, size: int) -> Job:
+        first = ElasticSampler(samples, batch, seed=3)
+        job = cls(samples, batch, [], first.state_dict())
+        job.rebuild(size)
+        return job
+
+    def rebuild(self, size: int) -> None:
+        """A new world: every member adopts the committed state, as after a sync."""
+        self.ranks = []
+        for rank in range(size):
+            s = ElasticSampler(self.samples, self.batch, seed=99)
+            s.load_state_dict(dict(self.snapshot))
+            s.set_world(rank, size)
+            self.ranks.append(s)
+
+    def step(self) -> None:
+        epoch = self.ranks[0].epoch
+        shares = [s.batch() for s in self.ranks]
+        flat = [i for share in shares for i in share]
+        assert len(flat) == len(set(flat)), f"ranks overlap within a step: {shares}"
+        positions = self.ranks[0].global_positions()
+        order = self.ranks[0].order()
+        assert flat == [order[p] for p in positions], "a step covers its positions in order"
+        for s in self.ranks:
+            s.advance()
+        assert len({str(s.state_dict()) for s in self.ranks}) == 1, "ranks diverged"
+        self.pending.append((epoch, flat))
+
+    def commit(self) -> None:
+        for epoch, indices in self.pending:
+            self.committed[epoch].update(indices)
+            repeated = [i for i, n in self.committed[epoch].items() if n > 1]
+            assert not repeated, f"epoch {epoch}: committed twice: {repeated}"
+        self.pending = []
+        self.snapshot = self.ranks[0].state_dict()
+
+    def rollback(self) -> None:
+        self.pending = []
+        self.rebuild(len(self.ranks))
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("step"), st.integers(1, 5)),
+        st.tuples(st.just("commit"), st.just(0)),
+        st.tuples(st.just("rollback"), st.just(0)),
+        st.tuples(st.just("failure_resize"), st.integers(1, 6)),
+        st.tuples(st.just("planned_resize"), st.integers(1, 6)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples=st.integers(1, 60), batch=st.integers(1, 6), size=st.integers(1, 6),
+       ops=OPS, epochs=st.integers(1, 3))
+def test_each_epoch_trains_every_sample_exactly_once_from_the_commits(
+        samples: int, batch: int, size: int, ops: list[tuple[str, int]], epochs: int) -> None:
+    job = Job.start(samples, batch, size)
+    for op, arg in ops:
+        if op == "step":
+            for _ in range(arg):
+                job.step()
+        elif op == "commit":
+            job.commit()
+        elif op == "rollback":
+            job.rollback()
+        elif op == "failure_resize":
+            # A peer died: roll back to the last commit, continue in a new world.
+            job.pending = []
+            job.rebuild(arg)
+        else:
+            # A planned resize happens at a commit: nothing is rolled back.
+            job.commit()
+            job.rebuild(arg)
+    while job.ranks[0].epoch < epochs:
+        job.step()
+    job.commit()
+    finished = [e for e in job.committed if e < job.ranks[0].epoch]
+    assert finished, "at least one epoch completed"
+    for epoch in finished:
+        assert job.committed[epoch] == Counter(range(samples)), f"epoch {epoch} incomplete"
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch", "size", "shares"),
+    [
+        (16, 2, 4, [2, 2, 2, 2]),
+        (7, 2, 4, [2, 2, 2, 1]),  # the epoch's last global batch is short
+        (3, 2, 4, [1, 1, 1, 0]),  # a rank may get nothing and still take part
+        (10, 4, 1, [4]),
+    ],
+)
+def test_a_global_batch_is_split_as_evenly_as_possible(
+        samples: int, batch: int, size: int, shares: list[int]) -> None:
+    ranks = [ElasticSampler(samples, batch, shuffle=False) for _ in range(size)]
+    for rank, s in enumerate(ranks):
+        s.set_world(rank, size)
+    assert [len(s.batch()) for s in ranks] == shares
+
+
+def test_the_order_is_the_same_on_every_rank_and_changes_per_epoch() -> None:
+    a, b = ElasticSampler(50, 5, seed=1), ElasticSampler(50, 5, seed=1)
+    b.set_world(3, 4)
+    assert a.order() == b.order()
+    first = list(a.order())
+    a.epoch = 1
+    assert a.order() != first
+    assert sorted(a.order()) == list(range(50))
+
+
+def test_epoch_rolls_over_after_its_last_batch() -> None:
+    s = ElasticSampler(10, 4)
+    s.set_world(0, 2)
+    s.advance()
+    assert (s.epoch, s.offset, s.remaining) == (0, 8, 2)
+    s.advance()
+    assert (s.epoch, s.offset) == (1, 0)
+
+
+def test_state_for_another_dataset_is_refused() -> None:
+    state = ElasticSampler(10, 2).state_dict()
+    with pytest.raises(ValueError, match="10 samples"):
+        ElasticSampler(11, 2).load_state_dict(state)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError):
+        ElasticSampler(0, 1)
+    with pytest.raises(ValueError):
+        ElasticSampler(1, 0)
+    with pytest.raises(ValueError):
+        ElasticSampler(5, 1).set_world(2, 2)
