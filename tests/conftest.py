@@ -13,7 +13,9 @@ import pytest
 
 from ringwright.devcluster.build import OVERRIDE_VARS
 from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.install import install_api
 from ringwright.kube import KubeClient, api_path
+from tests.jobs import OperatorProcess
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -54,3 +56,20 @@ def namespace(kube: KubeClient) -> Iterator[str]:
     kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
     yield name
     kube.delete(api_path("v1", "namespaces", name=name))
+
+
+@pytest.fixture(scope="session")
+def api(cluster: Cluster) -> None:
+    """CRDs, PriorityClasses and the default SchedulingPolicy, installed once."""
+    with cluster.client() as kube:
+        install_api(kube)
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, api: None, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[OperatorProcess]:
+    """The operator as a real process (shared; a test may kill and restart it)."""
+    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator") / "operator.log")
+    proc.start()
+    yield proc
+    proc.stop()

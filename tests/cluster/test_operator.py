@@ -13,7 +13,7 @@ from ringwright.devcluster.control_plane import Cluster
 from ringwright.kube import KubeClient, api_path
 from ringwright.operator.manifests import JOB_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
 from ringwright.world import parse_world, world_configmap_name
-from tests.cluster.conftest import OperatorProcess, get_status, tj_path, training_job
+from tests.jobs import OperatorProcess, get_status, tj_path, training_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

@@ -1,4 +1,4 @@
-"""Cluster fixtures: the CRDs, a default policy, and a real operator process."""
+"""Helpers for tests that run jobs on the local cluster: an operator process and manifests."""
 
 from __future__ import annotations
 
@@ -6,14 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ringwright.devcluster.control_plane import Cluster
-from ringwright.devcluster.install import install_api
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.apibase import API_VERSION
 
@@ -58,21 +54,6 @@ class OperatorProcess:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-@pytest.fixture(scope="session")
-def api(cluster: Cluster) -> None:
-    with cluster.client() as kube:
-        install_api(kube)
-
-
-@pytest.fixture(scope="session")
-def operator(cluster: Cluster, api: None, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator") / "operator.log")
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def training_job(name: str, replicas: int = 4, minimum: int = 2, **spec: Any) -> dict[str, Any]:
