@@ -1,0 +1,62 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "ringwright.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's full name; object names derive from it (63: a label value's limit). */}}
+{{- define "ringwright.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ringwright.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ringwright.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ringwright.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "ringwright.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ringwright
+{{- end }}
+
+{{- define "ringwright.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ringwright.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "ringwright.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+Cross-field checks the values schema cannot express. Every template includes
+this, so `helm template`, `helm lint` and `helm install` all refuse bad values.
+*/}}
+{{- define "ringwright.validate" -}}
+{{- $pc := .Values.priorityClasses }}
+{{- if le (int64 $pc.ps.value) (int64 $pc.worker.value) }}
+{{- fail (printf "priorityClasses.ps.value (%v) must be greater than priorityClasses.worker.value (%v): parameter servers must outrank workers" $pc.ps.value $pc.worker.value) }}
+{{- end }}
+{{- if eq $pc.ps.name $pc.worker.name }}
+{{- fail (printf "priorityClasses.ps.name and priorityClasses.worker.name must differ (both are %q)" $pc.ps.name) }}
+{{- end }}
+{{- $labels := .Values.schedulingPolicy.nodeLabels }}
+{{- if or (eq $labels.rack $labels.nvlinkDomain) (eq $labels.rack $labels.gpuModel) (eq $labels.nvlinkDomain $labels.gpuModel) }}
+{{- fail "schedulingPolicy.nodeLabels.rack, .nvlinkDomain and .gpuModel must be three different label keys" }}
+{{- end }}
+{{- end }}
