@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-           "RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15"}
+           "RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15",
+           # Replace a lost pod only after the smaller world is out, so the demo shows
+           # both steps: the ring shrinking and the replacement joining.
+           "RINGWRIGHT_BACKOFF_BASE_SECONDS": "4"}
     operator_log = (work / "operator.log").open("ab")
     operator = subprocess.Popen([sys.executable, "-m", "ringwright.operator"], env=env,
                                 stdout=operator_log, stderr=subprocess.STDOUT)
@@ -160,8 +163,10 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path) -> int:
         shrunk = wait(lambda: (w := current_world(kube, name)) is not None
                       and w.epoch > world.epoch and w, "the next epoch", host)
         show_world(shrunk, kube.get(job_path)["status"]["world"]["crossRackEdges"])
+        wait(lambda: grep_logs(host, rf" world_ready .*epoch={shrunk.epoch}\b"),
+             "survivors to rebuild the ring", host)
         healed = wait(lambda: (w := current_world(kube, name)) is not None
-                      and w.size == world.size and w.epoch > shrunk.epoch and w,
+                      and w.size == world.size and w.epoch >= shrunk.epoch and w,
                       "the replacement to join", host)
         say("the replacement joined; the ring is whole again")
         show_world(healed, kube.get(job_path)["status"]["world"]["crossRackEdges"])
