@@ -24,15 +24,15 @@ def _cases(file: str) -> list[dict[str, Any]]:
 def _refused(kube: KubeClient, collection: str, case: dict[str, Any]) -> str:
     manifest = case["manifest"]
     name = manifest["metadata"]["name"]
-    if "old" in case:
-        created = kube.create(collection, case["old"])
-        manifest = {**manifest, "metadata": {
-            **manifest["metadata"], "resourceVersion": created["metadata"]["resourceVersion"]}}
-        call = lambda: kube.replace(f"{collection}/{name}", manifest)  # noqa: E731
-    else:
-        call = lambda: kube.create(collection, manifest)  # noqa: E731
     with pytest.raises(ApiError) as refused:
-        call()
+        if "old" in case:
+            created = kube.create(collection, case["old"])
+            version = created["metadata"]["resourceVersion"]
+            update = {**manifest, "metadata": {**manifest["metadata"],
+                                               "resourceVersion": version}}
+            kube.replace(f"{collection}/{name}", update)
+        else:
+            kube.create(collection, manifest)
     assert refused.value.status == 422, refused.value
     return refused.value.message
 

@@ -74,6 +74,15 @@ def world(kube: KubeClient, ns: str) -> World | None:
     return parse_world(text) if text else None
 
 
+def world_where(kube: KubeClient, ns: str, size: int | None = None, after: int = 0
+                ) -> World | None:
+    """The current world when it has ``size`` members and an epoch above ``after``."""
+    current = world(kube, ns)
+    if current is None or current.epoch <= after or size not in (None, current.size):
+        return None
+    return current
+
+
 def trained_at(runner: HostThread, epoch: int, pods: list[str]) -> bool:
     """Every pod in ``pods`` formed its group in world ``epoch`` and stepped on."""
     ready = runner.log_lines(rf" world_ready .*epoch={epoch}\b")
@@ -84,8 +93,7 @@ def test_deleted_pod_survivors_rebuild_and_scale_up_joins(
     kube: KubeClient, job: tuple[str, HostThread]
 ) -> None:
     ns, runner = job
-    first: World = wait_for(lambda: (w := world(kube, ns)) is not None and w.size == 3 and w,
-                            "the first world", timeout=120)
+    first = wait_for(lambda: world_where(kube, ns, 3), "the first world", timeout=120)
     wait_for(lambda: trained_at(runner, first.epoch, [m.pod for m in first.members]),
              "every member to join epoch 1", timeout=180)
     wait_for(lambda: runner.log_lines(r" epoch_done "), "a finished data epoch",
@@ -93,8 +101,8 @@ def test_deleted_pod_survivors_rebuild_and_scale_up_joins(
 
     victim = first.members[-1].pod
     kube.delete(api_path("v1", "pods", ns, victim), grace=0)
-    after: World = wait_for(lambda: (w := world(kube, ns)) is not None
-                            and w.epoch > first.epoch and w, "a new epoch", timeout=60)
+    after = wait_for(lambda: world_where(kube, ns, after=first.epoch), "a new epoch",
+                     timeout=60)
     survivors = [m.pod for m in first.members if m.pod != victim]
     wait_for(lambda: trained_at(runner, after.epoch, survivors),
              "survivors to rebuild the ring in the new epoch", timeout=180)
@@ -104,8 +112,7 @@ def test_deleted_pod_survivors_rebuild_and_scale_up_joins(
         assert log.count(" joined ") >= 2, pod
 
     kube.merge_patch(tj_path(ns, "elastic", "scale"), {"spec": {"replicas": 4}})
-    grown: World = wait_for(lambda: (w := world(kube, ns)) is not None and w.size == 4 and w,
-                            "a world of four", timeout=120)
+    grown = wait_for(lambda: world_where(kube, ns, 4), "a world of four", timeout=120)
     wait_for(lambda: trained_at(runner, grown.epoch, [m.pod for m in grown.members]),
              "the newcomer to join and everyone to rebuild", timeout=180)
     assert runner.log_lines(r" lr_rescale ")
