@@ -2,6 +2,10 @@
 
 ::
 
+    from ringwright.runtime.elastic import run
+    from ringwright.runtime.sampler import ElasticSampler
+    from ringwright.runtime.state import State
+
     state = State(model, optimizer, ElasticSampler(len(data), batch_size=32))
 
     def train(state: State) -> None:
@@ -13,7 +17,7 @@
             if state.step % 10 == 0:
                 state.commit()
 
-    ringwright.runtime.run(train, state)
+    run(train, state)
 
 ``run`` joins the job's world, syncs the state, and calls ``train``. When a peer
 fails, the collective raises, the state rolls back to its last commit, the runtime

@@ -250,6 +250,11 @@ class LocalJob:
                 self._check()
 
     def _check(self) -> None:
+        for name in [p for p in self._joining if self._pods[p].process.poll() is not None]:
+            # Died while starting: it never joined, so there is nothing to republish.
+            self._joining.remove(name)
+            log_event(_log, logging.WARNING, "pod_failed_starting", pod=name,
+                      exit_code=self._pods[name].process.returncode)
         if self._joining and all(self.health_path(p).exists() for p in self._joining):
             self._members += self._joining
             joined, self._joining = ",".join(self._joining), []

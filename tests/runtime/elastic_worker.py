@@ -2,9 +2,10 @@
 
 It trains a small regression model with the elastic runtime, following the world file
 given by the launcher, and appends one JSON line per event to
-``$TRACE_DIR/<pod>.jsonl``: every step (with the sample indices this rank trained on),
-every commit and the start of every world (with a hash of the parameters), so the
-tests can audit sample accounting and parameter equality afterwards.
+``$TRACE_DIR/<pod>.jsonl``: every step (with the sample indices this rank trained on,
+and again once the step completed), every commit and the start of every world (with a
+hash of the parameters), so the tests can audit sample accounting and parameter
+equality afterwards and the benchmark can time recoveries.
 
 Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP. With GATE_FILE
 and GATE_STEP set, a worker that completes step GATE_STEP waits while GATE_FILE exists,
@@ -79,7 +80,8 @@ def main() -> int:
     def train(state: State) -> None:
         world = state.binding.world
         trace.write(ev="start", wepoch=world.epoch, size=world.size, rank=state.binding.rank,
-                    step=state.step, hash=param_hash(model), lr=optimizer.param_groups[0]["lr"])
+                    step=state.step, hash=param_hash(model), lr=optimizer.param_groups[0]["lr"],
+                    pid=os.getpid())
         while state.sampler.epoch < epochs:
             data_epoch = state.sampler.epoch
             global_batch = len(state.sampler.global_positions())
@@ -98,6 +100,7 @@ def main() -> int:
             state.allreduce_gradients(average=False)
             optimizer.step()
             state.advance()
+            trace.write(ev="stepped", wepoch=world.epoch, size=world.size, step=state.step)
             time.sleep(step_sleep)
             while state.step == gate_step and gate.exists():
                 time.sleep(0.02)
