@@ -58,9 +58,18 @@ def observe(kube: KubeClient, namespace: str, name: str) -> Observed | None:
     cluster_pods = (kube.list(api_path("v1", "pods"),
                               fieldSelector="status.phase!=Succeeded,status.phase!=Failed")
                     if len(alive) < wanted else [])
-    inventory = inventory_from_objects(nodes, cluster_pods, labels, gpu)
+    ps_priority = (_priority_value(kube, (policy or SchedulingPolicySpec()).priority_classes.ps)
+                   if cluster_pods and spec.ps else None)
+    inventory = inventory_from_objects(nodes, cluster_pods, labels, gpu,
+                                       preemptible_below=ps_priority)
     return Observed(job=job, pods=pods, world=world, reports=reports, policy=policy,
                     inventory=inventory)
+
+
+def _priority_value(kube: KubeClient, name: str) -> int | None:
+    """The value of PriorityClass ``name``; None when it does not exist (no preemption)."""
+    obj = kube.get_or_none(api_path("scheduling.k8s.io/v1", "priorityclasses", name=name))
+    return None if obj is None else int(obj.get("value") or 0)
 
 
 def _world(kube: KubeClient, namespace: str, name: str) -> World | None:
