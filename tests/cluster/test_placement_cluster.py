@@ -13,7 +13,7 @@ import subprocess
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,6 +151,21 @@ def wait_quiet(kube: KubeClient, namespace: str) -> None:
 def pods_of(kube: KubeClient, ns: str, name: str, role: str = "worker") -> list[dict[str, Any]]:
     return kube.list(api_path("v1", "pods", ns), labelSelector=f"{JOB_LABEL}={name},"
                      f"{ROLE_LABEL}={role}")
+
+
+def pods_when(kube: KubeClient, ns: str, name: str, count: int,
+              ready: Callable[[dict[str, Any]], bool], role: str = "worker") -> list[dict[str, Any]] | None:
+    """The job's ``role`` pods once there are ``count`` and each satisfies ``ready``."""
+    pods = pods_of(kube, ns, name, role)
+    return pods if len(pods) == count and all(ready(p) for p in pods) else None
+
+
+def running(pod: dict[str, Any]) -> bool:
+    return bool(pod["status"].get("phase") == "Running")
+
+
+def bound(pod: dict[str, Any]) -> bool:
+    return bool(pod["spec"].get("nodeName"))
 
 
 def all_pods_of(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
@@ -489,8 +504,7 @@ def test_ps_pods_are_high_priority_guaranteed_and_near_the_workers(
     _, worker_racks = check_placement(kube, namespace, "sharded", 8, facts, models_in(facts), 1)
 
     classes = SchedulingPolicySpec().priority_classes
-    ps = wait_for(lambda: (ps := pods_of(kube, namespace, "sharded", "ps")) and len(ps) == 2
-                  and all(p["status"].get("phase") == "Running" for p in ps) and ps,
+    ps = wait_for(lambda: pods_when(kube, namespace, "sharded", 2, running, "ps"),
                   "two Running ps pods", timeout=SLOW)
     workers = pods_of(kube, namespace, "sharded")
     ps_priority = _priority_value(kube, classes.ps)
@@ -545,12 +559,10 @@ def test_ps_pod_preempts_a_low_priority_filler_when_the_cluster_is_full(
     assert all(n.free_cpu_milli == 0 for n in cluster_facts(kube).values())
 
     kube.create(tj_path(namespace), _ps_job("pushy", 2, 1))
-    ps = wait_for(lambda: (ps := pods_of(kube, namespace, "pushy", "ps"))
-                  and ps[0]["status"].get("phase") == "Running" and ps[0],
-                  "the ps pod Running after preempting a filler", timeout=SLOW)
+    (ps,) = wait_for(lambda: pods_when(kube, namespace, "pushy", 1, running, "ps"),
+                     "the ps pod Running after preempting a filler", timeout=SLOW)
     node = ps["spec"]["nodeName"]
-    workers = wait_for(lambda: (w := pods_of(kube, namespace, "pushy")) and len(w) == 2
-                       and all(p["spec"].get("nodeName") for p in w) and w,
+    workers = wait_for(lambda: pods_when(kube, namespace, "pushy", 2, bound),
                        "both workers bound", timeout=SLOW)
     assert facts[node].rack in {facts[w["spec"]["nodeName"]].rack for w in workers}
 

@@ -187,6 +187,8 @@ _CLUSTER = {
     ("", r, v) for r in ("nodes", "pods") for v in ("get", "list", "watch")
 } | {
     ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
+} | {
+    ("scheduling.k8s.io", "priorityclasses", "get")
 }
 _MANAGE = ("get", "list", "watch", "create", "patch", "update", "delete")
 _JOBS = (
