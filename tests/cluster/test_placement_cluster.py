@@ -154,7 +154,8 @@ def pods_of(kube: KubeClient, ns: str, name: str, role: str = "worker") -> list[
 
 
 def pods_when(kube: KubeClient, ns: str, name: str, count: int,
-              ready: Callable[[dict[str, Any]], bool], role: str = "worker") -> list[dict[str, Any]] | None:
+              ready: Callable[[dict[str, Any]], bool],
+              role: str = "worker") -> list[dict[str, Any]] | None:
     """The job's ``role`` pods once there are ``count`` and each satisfies ``ready``."""
     pods = pods_of(kube, ns, name, role)
     return pods if len(pods) == count and all(ready(p) for p in pods) else None
