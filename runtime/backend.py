@@ -9,7 +9,8 @@ the elastic loop can roll back and rebuild, whatever library runs the collective
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol, TypeVar
 
 import torch
@@ -25,6 +26,20 @@ class CollectiveError(RuntimeError):
 
 class RankTaken(CollectiveError):
     """Another process already joined this world with this rank (a stale duplicate)."""
+
+
+@contextlib.contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Translate a library failure inside a collective into :class:`CollectiveError`."""
+    try:
+        yield
+    except CollectiveError:
+        raise
+    except RuntimeError as err:
+        # Gloo reports a dead peer as a plain RuntimeError, NCCL and the store as
+        # DistError subclasses, Horovod as HorovodInternalError: all RuntimeErrors,
+        # and all mean the group is unusable.
+        raise CollectiveError(f"{what} failed: {err}") from err
 
 
 class Superseded(Exception):

@@ -70,12 +70,12 @@ BackendFactory = Callable[[Backend, torch.device, RuntimeSettings], CollectiveBa
 
 def default_backend(kind: Backend, device: torch.device,
                     settings: RuntimeSettings) -> CollectiveBackend:
-    """torch.distributed; other kinds must be passed in as a ``backend_factory``."""
-    if kind is Backend.TORCH:
-        return TorchDistributedBackend(device, settings)
-    raise ValueError(
-        f"backend {kind.value!r} is not built in: pass backend_factory= to ElasticRuntime"
-    )
+    """torch.distributed or Horovod (imported only when asked for: it is optional)."""
+    if kind is Backend.HOROVOD:
+        from .horovod_backend import HorovodBackend
+
+        return HorovodBackend(device, settings)
+    return TorchDistributedBackend(device, settings)
 
 
 class ElasticRuntime:

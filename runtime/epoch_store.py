@@ -24,11 +24,12 @@ import torch.distributed as dist
 
 # torch.distributed re-exports these without declaring them, so type checkers only
 # see them in the extension module that defines them.
-from torch._C._distributed_c10d import Store, TCPStore
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from ringwright.world import World
 
 from .backend import CollectiveError, RankTaken, Superseded
+from .settings import RuntimeSettings
 
 WAIT_SLICE_S = 0.2
 """Longest single store wait; bounds how late a newer world is noticed while joining."""
@@ -139,3 +140,33 @@ def join_barrier(
                 raise CollectiveError(
                     f"only {arrived} of {size} members arrived before the rendezvous deadline"
                 ) from None
+
+
+def meet(
+    host: StoreHost,
+    world: World,
+    rank: int,
+    settings: RuntimeSettings,
+    *,
+    superseded: Callable[[], bool],
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Store, Store]:
+    """Reach ``world``'s store (hosting it as rank 0) and pass the join barrier.
+
+    Returns the connection and a view of it under the epoch's prefix; keep both alive
+    for the epoch. Every backend forms its group only after this, so a member that
+    never arrives costs an epoch bump, not a library timeout.
+    """
+    deadline = clock() + settings.rendezvous_timeout_s
+    at = world.store
+    if rank == 0:
+        raw: Store = host.serve(at.address, at.port, settings.collective_timeout_s)
+    else:
+        # This pod no longer hosts the store: release its port and stale keys.
+        host.close()
+        raw = connect_client(at.address, at.port, timeout_s=settings.collective_timeout_s,
+                             attempt_s=settings.connect_retry_s, deadline=deadline,
+                             superseded=superseded, clock=clock)
+    store = PrefixStore(epoch_prefix(world), raw)
+    join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded, clock=clock)
+    return raw, store

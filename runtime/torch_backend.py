@@ -9,11 +9,10 @@ which library raised them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import TypeVar
 
@@ -23,8 +22,9 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from ringwright.world import World
 
-from .backend import CollectiveError
-from .epoch_store import StoreHost, connect_client, epoch_prefix, join_barrier
+from .backend import collective
+from .epoch_store import StoreHost, meet
+from .flat import by_dtype, flatten, gradients, unflatten_into
 from .kvlog import log_event, runtime_logger
 from .settings import RuntimeSettings
 
@@ -40,19 +40,6 @@ NCCL_ERROR_ENV = {
     # Make a timed-out collective raise where it is waited on.
     "TORCH_NCCL_BLOCKING_WAIT": "1",
 }
-
-
-@contextlib.contextmanager
-def _collective(what: str) -> Iterator[None]:
-    """Translate a library failure inside a collective into :class:`CollectiveError`."""
-    try:
-        yield
-    except CollectiveError:
-        raise
-    except RuntimeError as err:
-        # Gloo reports a dead peer as a plain RuntimeError, NCCL and the store as
-        # DistError subclasses; both mean the group is unusable.
-        raise CollectiveError(f"{what} failed: {err}") from err
 
 
 class TorchDistributedBackend:
@@ -89,23 +76,10 @@ class TorchDistributedBackend:
         """Rendezvous on rank 0's store for ``world``, then create the process group."""
         self.shutdown()
         s = self._settings
-        deadline = self._clock() + s.rendezvous_timeout_s
-        store_at = world.store
-        if rank == 0:
-            raw: Store = self._host.serve(store_at.address, store_at.port,
-                                               s.collective_timeout_s)
-        else:
-            # This pod no longer hosts the store: release its port and stale keys.
-            self._host.close()
-            raw = connect_client(store_at.address, store_at.port,
-                                 timeout_s=s.collective_timeout_s, attempt_s=s.connect_retry_s,
-                                 deadline=deadline, superseded=superseded, clock=self._clock)
-        store = PrefixStore(epoch_prefix(world), raw)
+        raw, store = meet(self._host, world, rank, s, superseded=superseded, clock=self._clock)
         self._stores = [raw, store]
-        join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded,
-                     clock=self._clock)
         started = self._clock()
-        with _collective(f"creating the {self.name} group of epoch {world.epoch}"):
+        with collective(f"creating the {self.name} group of epoch {world.epoch}"):
             if self._device.type == "cuda":
                 torch.cuda.set_device(self._device)
             dist.init_process_group(
@@ -139,16 +113,16 @@ class TorchDistributedBackend:
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
         """Broadcast in one flat buffer per dtype, then copy back into ``tensors``."""
-        with _collective("broadcast"):
-            for group in _by_dtype(tensors):
-                flat = torch.cat([t.detach().reshape(-1) for t in group]).to(self._device)
+        with collective("broadcast"):
+            for group in by_dtype(tensors):
+                flat = flatten(group, self._device)
                 dist.broadcast(flat, src)
-                _unflatten_into(flat, group)
+                unflatten_into(flat, group)
 
     def broadcast_object(self, obj: T, src: int) -> T:
         """Pickle ``src``'s object to every rank."""
         box: list[object] = [obj]
-        with _collective("object broadcast"):
+        with collective("object broadcast"):
             dist.broadcast_object_list(box, src, device=self._device)
         result: T = box[0]  # type: ignore[assignment]
         return result
@@ -156,51 +130,30 @@ class TorchDistributedBackend:
     def allgather_object(self, obj: T) -> list[T]:
         """Every rank's pickled object."""
         out: list[object] = [None] * dist.get_world_size()
-        with _collective("object allgather"):
+        with collective("object allgather"):
             dist.all_gather_object(out, obj)
         return out  # type: ignore[return-value]
 
     def allreduce_gradients(self, params: Iterable[torch.Tensor], *, average: bool) -> None:
         """One allreduce per dtype over all gradients; missing gradients count as zero."""
-        grads: list[torch.Tensor] = []
-        for p in params:
-            if not p.requires_grad:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        with _collective("gradient allreduce"):
-            for group in _by_dtype(grads):
-                flat = torch.cat([g.reshape(-1) for g in group])
+        grads = gradients(params)
+        with collective("gradient allreduce"):
+            for group in by_dtype(grads):
+                flat = flatten(group, group[0].device)
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
                 if average:
                     flat /= dist.get_world_size()
-                _unflatten_into(flat, group)
+                unflatten_into(flat, group)
 
     def allreduce_max(self, value: int) -> int:
         """Largest ``value`` over the group."""
         t = torch.tensor([value], dtype=torch.int64, device=self._device)
-        with _collective("max allreduce"):
+        with collective("max allreduce"):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
     def barrier(self) -> None:
         """Wait for every rank."""
-        with _collective("barrier"):
+        with collective("barrier"):
             dist.barrier()
 
-
-def _by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
-    groups: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault(t.dtype, []).append(t)
-    return list(groups.values())
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n

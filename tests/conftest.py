@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -25,6 +26,18 @@ def _cannot_build_reason() -> str | None:
         return None
     return ("the local cluster needs the Go toolchain to build its binaries once "
             "(install Go 1.24+), or RINGWRIGHT_BIN_DIR pointing at prebuilt binaries")
+
+
+@pytest.fixture(autouse=True)
+def _horovod_present(request: pytest.FixtureRequest) -> None:
+    """Tests marked ``horovod`` need it installed: a skip locally, a failure in CI."""
+    if request.node.get_closest_marker("horovod") is None:
+        return
+    if importlib.util.find_spec("horovod") is None:
+        msg = "horovod is not installed here: `make env` builds it (scripts/build_horovod.sh)"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
 
 
 @pytest.fixture(scope="session")

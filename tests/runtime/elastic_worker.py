@@ -53,6 +53,17 @@ class Trace:
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
 
+def library_view() -> dict[str, int]:
+    """Rank and size as the collective library itself reports them (user code's view)."""
+    if os.environ.get(Env.BACKEND) == "horovod":
+        import horovod.torch as hvd  # type: ignore[import-untyped]
+
+        return {"lib_rank": int(hvd.rank()), "lib_size": int(hvd.size())}
+    import torch.distributed as dist
+
+    return {"lib_rank": dist.get_rank(), "lib_size": dist.get_world_size()}
+
+
 def main() -> int:
     pod = os.environ[Env.POD_NAME]
     epochs = int(os.environ.get("EPOCHS", "3"))
@@ -81,7 +92,7 @@ def main() -> int:
         world = state.binding.world
         trace.write(ev="start", wepoch=world.epoch, size=world.size, rank=state.binding.rank,
                     step=state.step, hash=param_hash(model), lr=optimizer.param_groups[0]["lr"],
-                    pid=os.getpid())
+                    pid=os.getpid(), **library_view())
         while state.sampler.epoch < epochs:
             data_epoch = state.sampler.epoch
             global_batch = len(state.sampler.global_positions())

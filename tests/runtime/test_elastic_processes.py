@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ringwright.runtime.local_launcher import LocalJob
+from ringwright.world import Env
 from tests.runtime.elastic_traces import (
     Traces,
     assert_every_sample_once,
@@ -37,9 +38,16 @@ GATE_STEP = 6
 pytestmark = pytest.mark.timeout(420)
 
 
+BOTH_BACKENDS = pytest.mark.parametrize(
+    "job", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)], indirect=True)
+"""Run a test with the torch.distributed backend and again with Horovod."""
+
+
 @pytest.fixture()
-def job(tmp_path: Path) -> Iterator[LocalJob]:
+def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
+    backend = getattr(request, "param", "torch")
     env = {
+        Env.BACKEND: backend,
         "TRACE_DIR": str(tmp_path / "trace"),
         "EPOCHS": str(EPOCHS),
         "SAMPLES": str(SAMPLES),
@@ -82,6 +90,10 @@ def audit(job: LocalJob) -> Traces:
     t = traces(job)
     assert_every_sample_once(t, SAMPLES, EPOCHS)
     assert_params_identical(t)
+    # The library the user's code talks to agrees with the world on every start.
+    for starts in (t.starts(e) for e in t.world_epochs()):
+        assert all((r["lib_rank"], r["lib_size"]) == (r["rank"], r["size"])
+                   for r in starts.values())
     return t
 
 
@@ -92,6 +104,7 @@ def finish(job: LocalJob) -> dict[str, int]:
     return codes
 
 
+@BOTH_BACKENDS
 def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
     job.start(4)
     wait_for_step(job, 6)
@@ -112,6 +125,7 @@ def hold_at_gate(job: LocalJob) -> Path:
     return gate
 
 
+@BOTH_BACKENDS
 def test_scale_two_to_four_newcomers_get_state_by_broadcast(job: LocalJob) -> None:
     gate = hold_at_gate(job)
     job.start(2)
@@ -146,6 +160,7 @@ def test_planned_scale_down_leaver_exits_zero_without_rollback(job: LocalJob) ->
     assert rolled_back == []
 
 
+@BOTH_BACKENDS
 def test_kill_rank_zero_the_store_host(job: LocalJob) -> None:
     job.start(4)
     wait_for_step(job, 6)

@@ -142,6 +142,7 @@ def test_a_runtime_from_the_environment_needs_its_pod_name() -> None:
         ElasticRuntime.from_env({"RINGWRIGHT_POD_NAME": "p"})
 
 
-def test_other_backends_must_be_passed_in() -> None:
-    with pytest.raises(ValueError, match="backend_factory"):
-        default_backend(Backend.HOROVOD, torch.device("cpu"), RuntimeSettings())
+def test_default_backends_by_kind() -> None:
+    assert default_backend(Backend.TORCH, torch.device("cpu"), RuntimeSettings()).name == "gloo"
+    assert default_backend(Backend.HOROVOD, torch.device("cpu"),
+                           RuntimeSettings()).name == "horovod"

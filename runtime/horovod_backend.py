@@ -1,0 +1,214 @@
+"""The Horovod backend: ``horovod.torch`` over gloo, re-initialized for every world epoch.
+
+Horovod is driven from our world, not by ``horovodrun``: for each epoch every member
+first passes our own join barrier on the epoch's store (abortable, so a member that
+never arrives costs an epoch bump); rank 0 then starts a fresh Horovod rendezvous
+store and publishes its port on the epoch's store; every member sets the variables
+Horovod's gloo controller reads and calls ``hvd.init()``. The next epoch calls
+``hvd.shutdown()`` and does it all again in the same process.
+
+Horovod cannot report a failure *during* ``hvd.init()`` to Python: its background
+thread aborts the process. The barrier before it keeps that window to the
+rendezvous itself; a process lost there restarts like any crashed container and
+rejoins a later epoch. Failures in collectives surface as ``HorovodInternalError``
+and take the usual rollback path (see docs/horovod-gloo-notes.md for what was
+verified about Horovod 0.28.1).
+
+Every collective is named: Horovod matches tensors across ranks by name, and its
+automatic names count calls per process, which differ between a survivor and a
+newcomer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from typing import Any, TypeVar, cast
+
+import torch
+from torch._C._distributed_c10d import Store
+
+from ringwright.world import World
+
+from .backend import CollectiveError, collective
+from .epoch_store import StoreHost, meet
+from .flat import by_dtype, flatten, gradients, unflatten_into
+from .horovod_store import RendezvousStore
+from .kvlog import log_event, runtime_logger
+from .settings import RuntimeSettings
+
+_log = runtime_logger("horovod_backend")
+
+T = TypeVar("T")
+
+RENDEZVOUS_KEY = "horovod/rendezvous"
+"""Key on the epoch's store under which rank 0 publishes ``<address>:<port>``."""
+
+
+def import_horovod() -> Any:
+    """``horovod.torch``, or an error that says how to get it."""
+    try:
+        import horovod.torch as hvd  # type: ignore[import-untyped]
+    except ImportError as err:
+        raise RuntimeError(
+            "backend 'horovod' needs Horovod built against this torch: install "
+            "ringwright[horovod] in the training image, or run scripts/build_horovod.sh "
+            f"<venv> ({err})"
+        ) from err
+    return hvd
+
+
+def horovod_env(world: World, rank: int, store_address: str, store_port: int,
+                timeout_s: float) -> dict[str, str]:
+    """What Horovod's gloo controller reads at ``hvd.init()`` for ``rank`` of ``world``.
+
+    One training process per pod: each pod is its own host (local size 1), so the
+    cross ranks are the global ones.
+    """
+    member = world.members[rank]
+    env = {
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": store_address,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(store_port),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, round(timeout_s))),
+        "HOROVOD_RANK": str(rank),
+        "HOROVOD_SIZE": str(world.size),
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": str(rank),
+        "HOROVOD_CROSS_SIZE": str(world.size),
+        # Names the local scope on the store; pod names are unique and URL-safe.
+        "HOROVOD_HOSTNAME": member.pod,
+    }
+    if ipaddress.ip_address(member.ip).is_loopback:
+        # Pods standing in as loopback addresses: gloo must listen on lo, not on
+        # whatever the machine's hostname resolves to.
+        env["HOROVOD_GLOO_IFACE"] = "lo"
+    return env
+
+
+class HorovodBackend:
+    """``horovod.torch`` with gloo, one ``hvd.init()`` per world epoch."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        settings: RuntimeSettings,
+        *,
+        hvd: Any = None,
+        environ: MutableMapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._hvd = hvd if hvd is not None else import_horovod()
+        self._device = device
+        # Horovod built without NCCL reduces CUDA tensors through host memory.
+        self._comm_device = (device if device.type == "cpu" or self._hvd.nccl_built()
+                             else torch.device("cpu"))
+        self._settings = settings
+        self._environ = os.environ if environ is None else environ
+        self._clock = clock
+        self._host = StoreHost()
+        self._stores: list[Store] = []
+        self._rendezvous: RendezvousStore | None = None
+        self._joined = False
+
+    @property
+    def name(self) -> str:
+        """Always ``horovod``."""
+        return "horovod"
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the training state's tensors."""
+        return self._device
+
+    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+        """Meet on the epoch's store, then ``hvd.init()`` on a fresh rendezvous store."""
+        self.shutdown()
+        s = self._settings
+        raw, store = meet(self._host, world, rank, s, superseded=superseded, clock=self._clock)
+        self._stores = [raw, store]
+        started = self._clock()
+        if rank == 0:
+            self._rendezvous = RendezvousStore(world.store.address)
+            at = f"{self._rendezvous.address}:{self._rendezvous.port}"
+            with collective("publishing the Horovod rendezvous store"):
+                store.set(RENDEZVOUS_KEY, at)
+        else:
+            with collective("reading the Horovod rendezvous store's address"):
+                at = store.get(RENDEZVOUS_KEY).decode()
+        address, _, port = at.rpartition(":")
+        self._environ.update(horovod_env(world, rank, address, int(port),
+                                         s.collective_timeout_s))
+        with collective(f"hvd.init() for epoch {world.epoch}"):
+            self._hvd.init()
+        self._joined = True
+        if (self._hvd.rank(), self._hvd.size()) != (rank, world.size):
+            raise CollectiveError(
+                f"Horovod joined as rank {self._hvd.rank()} of {self._hvd.size()}, "
+                f"expected {rank} of {world.size} in epoch {world.epoch}")
+        log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
+                  rank=rank, size=world.size, seconds=self._clock() - started)
+
+    def shutdown(self) -> None:
+        """``hvd.shutdown()`` and drop this epoch's stores."""
+        if self._joined:
+            self._joined = False
+            try:
+                self._hvd.shutdown()
+            except RuntimeError as err:
+                log_event(_log, logging.WARNING, "group_teardown_failed", error=err)
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
+        self._stores = []
+
+    def close(self) -> None:
+        """Leave the group and stop hosting the epoch store."""
+        self.shutdown()
+        self._host.close()
+
+    def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
+        """Broadcast one flat buffer per dtype from ``src``, then copy back."""
+        with collective("broadcast"):
+            for i, group in enumerate(by_dtype(tensors)):
+                flat = flatten(group, self._comm_device)
+                self._hvd.broadcast_(flat, root_rank=src, name=f"ringwright.broadcast.{i}")
+                unflatten_into(flat, group)
+
+    def broadcast_object(self, obj: T, src: int) -> T:
+        """``src``'s pickled object on every rank."""
+        with collective("object broadcast"):
+            return cast(T, self._hvd.broadcast_object(obj, root_rank=src,
+                                                      name="ringwright.broadcast_object"))
+
+    def allgather_object(self, obj: T) -> list[T]:
+        """Every rank's pickled object, indexed by rank."""
+        with collective("object allgather"):
+            return cast(list[T], self._hvd.allgather_object(obj,
+                                                            name="ringwright.allgather_object"))
+
+    def allreduce_gradients(self, params: Iterable[torch.Tensor], *, average: bool) -> None:
+        """One allreduce per dtype over all gradients; missing gradients count as zero."""
+        op = self._hvd.Average if average else self._hvd.Sum
+        with collective("gradient allreduce"):
+            for i, group in enumerate(by_dtype(gradients(params))):
+                flat = flatten(group, self._comm_device)
+                self._hvd.allreduce_(flat, op=op, name=f"ringwright.gradients.{i}")
+                unflatten_into(flat, group)
+
+    def allreduce_max(self, value: int) -> int:
+        """Largest ``value`` over the group."""
+        t = torch.tensor([value], dtype=torch.int64, device=self._comm_device)
+        with collective("max allreduce"):
+            out = self._hvd.allreduce(t, op=self._hvd.Max, name="ringwright.max")
+        return int(out.item())
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        with collective("barrier"):
+            self._hvd.barrier()
