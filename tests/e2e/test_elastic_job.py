@@ -54,10 +54,11 @@ class HostThread:
         return out
 
 
-@pytest.fixture()
-def job(kube: KubeClient, namespace: str, operator: OperatorProcess, tmp_path: Path
-        ) -> Iterator[tuple[str, HostThread]]:
+@pytest.fixture(params=["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
+def job(kube: KubeClient, namespace: str, operator: OperatorProcess, tmp_path: Path,
+        request: pytest.FixtureRequest) -> Iterator[tuple[str, HostThread]]:
     manifest = training_job("elastic", replicas=3, minimum=2, gpusPerWorker=0,
+                            backend=request.param,
                             lrScaling={"rule": "linear", "baseWorldSize": 3})
     kube.create(tj_path(namespace), manifest)
     host = PodHost(kube, namespace, "elastic",
@@ -119,3 +120,11 @@ def test_deleted_pod_survivors_rebuild_and_scale_up_joins(
     status: dict[str, Any] = get_status(kube, ns, "elastic")
     assert status["phase"] == "Running"
     assert status["world"]["size"] == 4
+    groups = runner.log_lines(r" group_formed ")
+    assert groups and all(f"backend={request_backend(kube, ns)}" in line for line in groups)
+
+
+def request_backend(kube: KubeClient, ns: str) -> str:
+    """The collective library the job asked for (``torch`` runs gloo on CPU)."""
+    backend: str = kube.get(tj_path(ns, "elastic"))["spec"]["backend"]
+    return "gloo" if backend == "torch" else backend
