@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if not args.verbose:
+        # One line per API request drowns the decisions; --verbose brings them back.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     config = default_config()
     ctx = OperatorContext(kube=KubeClient(config),
                           settings=OperatorSettings.from_env(dict(os.environ)))

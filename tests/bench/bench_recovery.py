@@ -337,7 +337,7 @@ def horovodrun_recovery(workdir: Path, kill_rank: int) -> Measure:
 
 def horovod_worker() -> int:
     """The same training step under horovodrun elastic, written the Horovod way."""
-    import horovod.torch as hvd
+    import horovod.torch as hvd  # type: ignore[import-untyped]
     import torch
 
     from ringwright.runtime.sampler import ElasticSampler
@@ -360,7 +360,7 @@ def horovod_worker() -> int:
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0,
                                    sampler=sampler.state_dict())
 
-    @hvd.elastic.run
+    @hvd.elastic.run  # type: ignore[untyped-decorator]
     def train(state: Any) -> None:
         sampler.load_state_dict(state.sampler)
         sampler.set_world(hvd.rank(), hvd.size())

@@ -1,0 +1,45 @@
+"""Run every benchmark, one after the other, each in its own process (``make bench``).
+
+Each benchmark measures its own baseline in the same run and prints ratios; this only
+sequences them and says which failed. Pass names to run a subset:
+
+    python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator]
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHES = {
+    "placement": "bench_placement.py",
+    "checkpoint": "bench_checkpoint.py",
+    "recovery": "bench_recovery.py",
+    "operator": "bench_operator.py",
+}
+
+
+def main(argv: list[str]) -> int:
+    unknown = [n for n in argv if n not in BENCHES]
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}", file=sys.stderr)
+        return 2
+    failed = []
+    for name in argv or list(BENCHES):
+        print(f"\n=== {name} ({BENCHES[name]})", flush=True)
+        started = time.monotonic()
+        # From / so the repository's operator/ folder never shadows the standard library.
+        rc = subprocess.call([sys.executable, str(HERE / BENCHES[name])], cwd="/")
+        print(f"=== {name}: exit {rc} after {time.monotonic() - started:.0f}s", flush=True)
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
