@@ -74,6 +74,11 @@ def wait_until(what: str, probe: Callable[[], bool], timeout: float = WAIT_S) ->
         time.sleep(0.02)
 
 
+def steps_done(trace_dir: Path) -> int:
+    """Highest completed step any worker has recorded (every worker here traces those)."""
+    return max((r["step"] for _, r in Traces.load(trace_dir).events("stepped")), default=0)
+
+
 def first(traces: Traces, ev: str, pred: Callable[[dict[str, Any]], bool]) -> float | None:
     times = [r["t"] for _, r in traces.events(ev) if pred(r)]
     return min(times) if times else None
@@ -87,7 +92,7 @@ def ringwright_recovery(workdir: Path, kill_rank: int, backend: str = "torch") -
     with LocalJob([sys.executable, str(WORKER)], workdir, env=env) as job:
         job.start(4)
         trace_dir = workdir / "trace"
-        wait_until("training", lambda: Traces.load(trace_dir).max_step() >= KILL_AT_STEP)
+        wait_until("training", lambda: steps_done(trace_dir) >= KILL_AT_STEP)
         victim = job.world.members[kill_rank].pod
         killed_at = time.time()
         job.kill(victim, signal.SIGKILL)
@@ -108,7 +113,7 @@ def ringwright_join(workdir: Path) -> tuple[Measure, Measure]:
     with LocalJob([sys.executable, str(WORKER)], workdir, env=env) as job:
         job.start(2)
         trace_dir = workdir / "trace"
-        wait_until("training", lambda: Traces.load(trace_dir).max_step() >= KILL_AT_STEP)
+        wait_until("training", lambda: steps_done(trace_dir) >= KILL_AT_STEP)
         launched = time.time()
         job.scale(4)
         wait_until("a step at size 4", lambda: first(
@@ -201,7 +206,7 @@ def start_agents(job: TorchrunJob, count: int) -> None:
 def torchrun_recovery(workdir: Path, rdzv_conf: str) -> Measure:
     with torchrun_job(workdir, "3:4", rdzv_conf) as job:
         start_agents(job, 4)
-        wait_until("training", lambda: Traces.load(job.trace_dir).max_step() >= KILL_AT_STEP)
+        wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
         killed_at = time.time()
         job.kill_node(2)
         wait_until("a step at size 3", lambda: first(
@@ -217,7 +222,7 @@ def torchrun_recovery(workdir: Path, rdzv_conf: str) -> Measure:
 def torchrun_join(workdir: Path, rdzv_conf: str) -> tuple[Measure, Measure]:
     with torchrun_job(workdir, "2:4", rdzv_conf) as job:
         start_agents(job, 2)
-        wait_until("training", lambda: Traces.load(job.trace_dir).max_step() >= KILL_AT_STEP)
+        wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
         launched = time.time()
         job.add_agent()
         job.add_agent()
@@ -314,7 +319,7 @@ def horovodrun_recovery(workdir: Path, kill_rank: int) -> Measure:
         run = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True, cwd=workdir)
         try:
-            wait_until("training", lambda: Traces.load(trace_dir).max_step() >= KILL_AT_STEP)
+            wait_until("training", lambda: steps_done(trace_dir) >= KILL_AT_STEP)
             victim = max((r for _, r in Traces.load(trace_dir).events("start")
                           if r["rank"] == kill_rank), key=lambda r: r["t"])
             # A lost pod: its worker dies and its host leaves the discovery output.
