@@ -109,7 +109,11 @@ def world_configmap(job: Obj, world_json: str) -> Obj:
     }
 
 
-def _env(job: Obj, role: str) -> list[Obj]:
+DEFAULT_GRACE_SECONDS = 30
+"""Kubernetes' terminationGracePeriodSeconds when the template sets none."""
+
+
+def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
     name = job["metadata"]["name"]
 
     def field(path: str) -> Obj:
@@ -125,6 +129,7 @@ def _env(job: Obj, role: str) -> list[Obj]:
         {"name": Env.REPORTS_CONFIGMAP, "value": reports_configmap_name(name)},
         {"name": Env.BACKEND, "value": job["spec"].get("backend", "torch")},
         {"name": Env.HEALTH_FILE, "value": HEALTH_FILE},
+        {"name": Env.TERMINATION_GRACE, "value": str(grace_seconds)},
     ]
 
 
@@ -145,8 +150,9 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     meta["annotations"] = dict(tmeta.get("annotations", {}))
 
     main = spec["containers"][0]
-    known = {e["name"] for e in _env(job, role)}
-    main["env"] = [e for e in main.get("env", []) if e.get("name") not in known] + _env(job, role)
+    env = _env(job, role, spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+    known = {e["name"] for e in env}
+    main["env"] = [e for e in main.get("env", []) if e.get("name") not in known] + env
     if "resources" in placement:
         main["resources"] = placement["resources"]
     main.setdefault("readinessProbe", {

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -49,6 +50,7 @@ from ringwright.world import (
 )
 
 from .backend import CollectiveBackend, CollectiveError
+from .checkpoint_policy import TerminationSignal
 from .file_source import FileMembershipSource
 from .group import GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
 from .health import HealthFile, ReadinessServer, StallWatchdog
@@ -57,7 +59,7 @@ from .kvlog import log_event, runtime_logger
 from .membership import MembershipSource
 from .reporter import KubeReporter, LogReporter, Reporter
 from .settings import RuntimeSettings
-from .state import State
+from .state import State, Terminated
 from .torch_backend import TorchDistributedBackend
 
 _log = runtime_logger("elastic")
@@ -153,6 +155,8 @@ class ElasticRuntime:
                                self.reporter, self.watchdog, clock=self._clock)
         state.bind(manager)
         self._start_health(manager)
+        stop = self._termination_signal()
+        state.stop = stop
         after = manager.epoch
         try:
             while True:
@@ -167,11 +171,32 @@ class ElasticRuntime:
                     state.restore()
                     log_event(_log, logging.WARNING, "rolled_back", epoch=manager.epoch,
                               step=state.step, error=err)
+                    # Peers failing because the whole job is being stopped: keep the
+                    # last commit rather than wait for a world that will not come.
+                    state.stop_if_signalled(committed=True)
                 after = manager.epoch
         except LeftWorld as left:
             log_event(_log, logging.INFO, "left_world", pod=self.pod, message=left.message)
             self.reporter.report(ReportKind.LEFT, max(manager.epoch, 0), left.message)
             raise
+        except Terminated as term:
+            log_event(_log, logging.INFO, "terminated", pod=self.pod, signal=term.signum,
+                      step=term.step, checkpoint_flushed=term.flushed)
+            raise
+        finally:
+            state.stop = None
+            if stop is not None:
+                stop.uninstall()
+
+    def _termination_signal(self) -> TerminationSignal | None:
+        """Catch SIGTERM so a final checkpoint can be written within the grace period.
+
+        Python delivers signals to the main thread only; a runtime driven from another
+        thread leaves SIGTERM's handling to its host.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return TerminationSignal(self.settings.termination_grace_s).install()
 
     def close(self) -> None:
         """Leave the group, stop health reporting and watching, flush reports."""

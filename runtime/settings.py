@@ -45,6 +45,10 @@ class RuntimeSettings(BaseModel):
     readiness_port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Serve ``/readyz`` and ``/healthz`` over HTTP on this port; 0 disables."""
 
+    termination_grace_s: Annotated[float, Field(gt=0)] = 30.0
+    """The pod's terminationGracePeriodSeconds: how long after SIGTERM a final
+    checkpoint may take before the kubelet kills the container."""
+
     health_file: str = ""
     """Keep this file present while the loop makes progress; empty disables."""
 
@@ -65,6 +69,7 @@ class RuntimeSettings(BaseModel):
             "stall_timeout_s": SettingsEnv.STALL_TIMEOUT,
             "readiness_port": SettingsEnv.READINESS_PORT,
             "health_file": Env.HEALTH_FILE,
+            "termination_grace_s": Env.TERMINATION_GRACE,
         }
         values: dict[str, Any] = {
             field: environ[var] for field, var in names.items() if environ.get(var, "") != ""

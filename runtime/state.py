@@ -12,6 +12,7 @@ The same dictionary, :meth:`State.to_payload`, is what a checkpointer writes and
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -41,13 +42,47 @@ class Checkpointer(Protocol):
     """Durable snapshots; :class:`ringwright.runtime.checkpoint.Checkpointer` is one."""
 
     def save(self, step: int, payload: Mapping[str, Any],
-             meta: Mapping[str, Any] | None = None) -> None:
-        """Copy ``payload`` to host memory and write it as ``step``'s checkpoint."""
+             meta: Mapping[str, Any] | None = None, *, copy: bool = True) -> None:
+        """Write ``payload`` as ``step``'s checkpoint in the background; ``copy=False``
+        when the payload is already a private host copy that nothing will change."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the pending write; True when it is done."""
         ...
 
     def restore_latest(self) -> RestoredCheckpoint | None:
         """The newest checkpoint that verifies, or None."""
         ...
+
+
+class StopSignal(Protocol):
+    """A termination request (SIGTERM) and the grace period left to act on it."""
+
+    @property
+    def requested(self) -> bool:
+        """Whether the signal arrived."""
+        ...
+
+    @property
+    def signum(self) -> int | None:
+        """Which signal arrived."""
+        ...
+
+    def remaining(self) -> float:
+        """Seconds of the grace period left for a final checkpoint."""
+        ...
+
+
+class Terminated(SystemExit):
+    """Training stopped on a termination signal, after the final checkpoint.
+
+    Exits the process with the shell's status for that signal (143 for SIGTERM).
+    """
+
+    def __init__(self, signum: int, step: int, flushed: bool) -> None:
+        super().__init__(128 + signum)
+        self.signum, self.step, self.flushed = signum, step, flushed
 
 
 class StateBinding(Protocol):
@@ -104,6 +139,8 @@ class State:
         """World epoch whose group this state was last synced in; -1 holds no state."""
         self.synced_rank = -1
         """This member's rank in that world."""
+        self.stop: StopSignal | None = None
+        """Set by the elastic runtime: checked after every step."""
         self._clock = clock
         self._committed: dict[str, Any] | None = None
         self._binding: StateBinding | None = None
@@ -139,6 +176,7 @@ class State:
         self.step += 1
         self.lr.apply(self.step)
         self.binding.progress()
+        self.stop_if_signalled(committed=False)
 
     def commit(self) -> None:
         """Snapshot the state; checkpoint when due; switch worlds if a new one is out.
@@ -185,14 +223,33 @@ class State:
         return True
 
     def save_checkpoint(self) -> None:
-        """Checkpoint the last commit now (e.g. on SIGTERM); rank 0 only, as every
-        rank holds the same state."""
+        """Checkpoint the last commit now; rank 0 only, as every rank holds the same state."""
         if self.checkpointer is None or self.binding.rank != 0 or self._committed is None:
             return
         step = int(self._committed["step"])
         meta = {"epoch": self.sampler.epoch, "world_size": self.binding.world.size}
-        self.checkpointer.save(step, self._committed, meta)
+        # The committed snapshot is a private host copy that is replaced, never
+        # modified, so the writer may read it where it is.
+        self.checkpointer.save(step, self._committed, meta, copy=False)
         self._last_checkpoint = (step, self._clock())
+
+    def stop_if_signalled(self, *, committed: bool) -> None:
+        """On a termination signal, write a final checkpoint and raise :class:`Terminated`.
+
+        ``committed=False`` (between steps, where every rank holds the same state)
+        saves the current step; ``committed=True`` (after a failed collective) saves
+        the last commit. Rank 0 writes and waits for the write within the grace period.
+        """
+        stop = self.stop
+        if stop is None or not stop.requested:
+            return
+        if not committed:
+            self._committed = self.to_payload()
+        flushed = True
+        if self.checkpointer is not None and self._binding is not None:
+            self.save_checkpoint()
+            flushed = self.checkpointer.flush(timeout=max(stop.remaining(), 0.0))
+        raise Terminated(stop.signum or signal.SIGTERM, self.step, flushed)
 
     # The payload shared with checkpointers.
 

@@ -45,6 +45,8 @@ class Env:
     REPORTS_CONFIGMAP = "RINGWRIGHT_REPORTS_CONFIGMAP"
     BACKEND = "RINGWRIGHT_BACKEND"
     HEALTH_FILE = "RINGWRIGHT_HEALTH_FILE"
+    TERMINATION_GRACE = "RINGWRIGHT_TERMINATION_GRACE_SECONDS"
+    """The pod's terminationGracePeriodSeconds, for the final checkpoint on SIGTERM."""
     WORLD_FILE = "RINGWRIGHT_WORLD_FILE"
     """Local runs only: follow a world file instead of the Kubernetes API."""
 

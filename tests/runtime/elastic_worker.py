@@ -7,9 +7,11 @@ and again once the step completed), every commit and the start of every world (w
 hash of the parameters), so the tests can audit sample accounting and parameter
 equality afterwards and the benchmark can time recoveries.
 
-Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP. With GATE_FILE
-and GATE_STEP set, a worker that completes step GATE_STEP waits while GATE_FILE exists,
-so a test can make a change happen at a known point of training without racing it.
+Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP, and
+CHECKPOINT_DIR for checkpoints (a final one on SIGTERM, restored on a fresh start).
+With GATE_FILE and GATE_STEP set, a worker that completes step GATE_STEP waits while
+GATE_FILE exists, so a test can make a change happen at a known point of training
+without racing it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from typing import Any
 
 import torch
 
+from ringwright.runtime.checkpoint import Checkpointer
+from ringwright.runtime.checkpoint_storage import LocalStorage
 from ringwright.runtime.elastic import ElasticRuntime
 from ringwright.runtime.sampler import ElasticSampler
-from ringwright.runtime.state import State
+from ringwright.runtime.state import State, Terminated
 from ringwright.world import Env
 
 FEATURES = 8
@@ -86,7 +90,10 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    state = State(model, optimizer, ElasticSampler(samples, batch, seed=7))
+    checkpoint_dir = os.environ.get("CHECKPOINT_DIR", "")
+    checkpointer = Checkpointer(LocalStorage(checkpoint_dir)) if checkpoint_dir else None
+    state = State(model, optimizer, ElasticSampler(samples, batch, seed=7),
+                  checkpointer=checkpointer)
 
     def train(state: State) -> None:
         world = state.binding.world
@@ -123,7 +130,12 @@ def main() -> int:
                                 step=state.step, hash=param_hash(model))
 
     with ElasticRuntime.from_env() as runtime:
-        runtime.run(train, state)
+        try:
+            runtime.run(train, state)
+        except Terminated as term:
+            trace.write(ev="terminated", step=term.step, flushed=term.flushed,
+                        rank=state.binding.rank, hash=param_hash(model))
+            raise
     trace.write(ev="done", step=state.step, hash=param_hash(model))
     return 0
 
