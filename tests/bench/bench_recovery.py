@@ -333,6 +333,10 @@ def horovodrun_recovery(workdir: Path, kill_rank: int) -> Measure:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.pid, signal.SIGKILL)
             run.wait()
+            # horovodrun starts each worker in a session of its own: end them one by one.
+            for _, r in Traces.load(trace_dir).events("start"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(r["pid"], signal.SIGKILL)
     t = Traces.load(trace_dir)
     done = first(t, "stepped", lambda r: r["size"] == 3)
     assert done is not None
