@@ -203,14 +203,30 @@ def start_agents(job: TorchrunJob, count: int) -> None:
         job.add_agent()
 
 
+TORCHRUN_WAIT_S = 240.0
+"""How long a torchrun scenario may take to reach its new size before it counts as failed."""
+
+
+def not_recovered(job: TorchrunJob) -> Measure:
+    """The torchrun run never trained at the new size: say what its agents did instead."""
+    restarts = sum(log.read_text(errors="replace").count("will restart worker group")
+                   for log in job.workdir.glob("agent-*.log"))
+    return Measure(None, f"no step at the new size within {TORCHRUN_WAIT_S:.0f} s; the agents "
+                         f"restarted their worker groups {restarts} times (logs: {job.workdir})")
+
+
 def torchrun_recovery(workdir: Path, rdzv_conf: str) -> Measure:
     with torchrun_job(workdir, "3:4", rdzv_conf) as job:
         start_agents(job, 4)
         wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
         killed_at = time.time()
         job.kill_node(2)
-        wait_until("a step at size 3", lambda: first(
-            Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 3) is not None)
+        try:
+            wait_until("a step at size 3", lambda: first(
+                Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 3) is not None,
+                timeout=TORCHRUN_WAIT_S)
+        except TimeoutError:
+            return not_recovered(job)
         t = Traces.load(job.trace_dir)
         done = first(t, "stepped", lambda r: r["size"] == 3)
         assert done is not None
@@ -226,13 +242,34 @@ def torchrun_join(workdir: Path, rdzv_conf: str) -> tuple[Measure, Measure]:
         launched = time.time()
         job.add_agent()
         job.add_agent()
-        wait_until("a step at size 4", lambda: first(
-            Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 4) is not None)
+        try:
+            wait_until("a step at size 4", lambda: first(
+                Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 4) is not None,
+                timeout=TORCHRUN_WAIT_S)
+        except TimeoutError:
+            failed = not_recovered(job)
+            return failed, failed
         done = first(Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 4)
         assert done is not None
         ready = max(job.ready_at[2], job.ready_at[3])
         note = "all workers restarted, state from disk"
         return Measure(done - launched, note), Measure(done - ready, note)
+
+
+def same_model(samples: int) -> tuple[Any, Any, Any, Any]:
+    """The elastic tests' data and model, built identically under every launcher."""
+    import torch
+
+    from tests.runtime.elastic_worker import FEATURES
+
+    data = torch.Generator().manual_seed(1234)
+    xs = torch.randn(samples, FEATURES, generator=data)
+    ys = xs @ torch.randn(FEATURES, 1, generator=data) + 0.1
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    return xs, ys, model, optimizer
 
 
 def torchrun_worker() -> int:
@@ -241,7 +278,7 @@ def torchrun_worker() -> int:
     import torch.distributed as dist
 
     from ringwright.runtime.sampler import ElasticSampler
-    from tests.runtime.elastic_worker import FEATURES, Trace
+    from tests.runtime.elastic_worker import Trace
 
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     node = int(os.environ["BENCH_NODE"])
@@ -250,14 +287,9 @@ def torchrun_worker() -> int:
     step_sleep = float(os.environ["STEP_SLEEP"])
     trace = Trace(Path(os.environ["TRACE_DIR"]) /
                   f"torchrun-node{node}-r{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.jsonl")
-    dist.init_process_group("gloo", timeout=timedelta(seconds=10))
-    data = torch.Generator().manual_seed(1234)
-    xs = torch.randn(samples, FEATURES, generator=data)
-    ys = xs @ torch.randn(FEATURES, 1, generator=data) + 0.1
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    # Generous: on a loaded machine the agents start their workers seconds apart.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    xs, ys, model, optimizer = same_model(samples)
     sampler = ElasticSampler(samples, batch, seed=7)
     step = 0
     ckpt = Path(os.environ["BENCH_CKPT"])
@@ -350,7 +382,7 @@ def horovod_worker() -> int:
     import torch
 
     from ringwright.runtime.sampler import ElasticSampler
-    from tests.runtime.elastic_worker import FEATURES, Trace
+    from tests.runtime.elastic_worker import Trace
 
     hvd.init()
     samples, batch = int(os.environ["SAMPLES"]), int(os.environ["BATCH"])
@@ -358,13 +390,7 @@ def horovod_worker() -> int:
     step_sleep = float(os.environ["STEP_SLEEP"])
     host = os.environ.get("HOROVOD_HOSTNAME", "")
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"horovod-{os.getpid()}.jsonl")
-    data = torch.Generator().manual_seed(1234)
-    xs = torch.randn(samples, FEATURES, generator=data)
-    ys = xs @ torch.randn(FEATURES, 1, generator=data) + 0.1
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    xs, ys, model, optimizer = same_model(samples)
     sampler = ElasticSampler(samples, batch, seed=7)
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0,
                                    sampler=sampler.state_dict())
