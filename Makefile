@@ -15,6 +15,7 @@ DEPS_DIGEST := $(shell sha256sum < pyproject.toml | cut -c1-12)-$(shell $(PYTHON
 VENV ?= $(CACHE)/venv/$(DEPS_DIGEST)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+MAKEFLAGS += --jobs=2
 
 .PHONY: help env binaries lint test test-unit demo down bench crds clean-cache
 
@@ -33,8 +34,11 @@ env: $(VENV)/.ready
 	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 	bash scripts/build_horovod.sh $(VENV)
 
-binaries: env
-	$(PY) -m ringwright.devcluster build
+# The Go build needs only the standard library: it runs with the system Python, in
+# parallel with the venv install (jobs=2 below), so a cold run overlaps pip's download
+# with the compile. -P keeps the checkout's folders off sys.path.
+binaries: build/typecheck/ringwright
+	PYTHONPATH=build/typecheck $(PYTHON) -P -m ringwright.devcluster.build
 
 # mypy cannot follow the folder -> package mapping (operator/ is ringwright.operator),
 # so it checks a tree of symlinks laid out the way the package installs.
@@ -53,13 +57,13 @@ crds: env
 test: binaries lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) tests --ignore=tests/bench
 
-demo: binaries
+demo: binaries env
 	$(PY) -m ringwright.devcluster.demo
 
 down: env
 	$(PY) -m ringwright.devcluster down
 
-bench: binaries
+bench: binaries env
 	$(PY) tests/bench/run_all.py
 
 clean-cache:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 
-from ringwright.devcluster.build import BuildError, ensure_binaries
+from ringwright.devcluster.build import BuildError
+from ringwright.devcluster.build import main as build_main
 from ringwright.devcluster.control_plane import Cluster, ClusterError
 from ringwright.devcluster.inventory import describe
-from ringwright.devcluster.versions import COMPONENTS
 from ringwright.kube import api_path
 
 
@@ -27,11 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(args.name)
     try:
         if args.command == "build":
-            started = time.monotonic()
-            bins = ensure_binaries()
-            for c in COMPONENTS:
-                print(f"{c.name:<24} {c.version:<10} {bins[c.name]}")
-            print(f"ready in {time.monotonic() - started:.1f}s")
+            return build_main()
         elif args.command == "up":
             cluster.up(args.inventory)
             print(f"export KUBECONFIG={cluster.kubeconfig}")

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -103,3 +104,26 @@ def ensure_binaries(names: tuple[str, ...] | None = None) -> Binaries:
                 _build(component, found)
         paths[component.name] = found
     return Binaries(paths)
+
+
+def main() -> int:
+    """Build or find every binary and list them (``make binaries``).
+
+    Needs only the standard library, so it runs before the Python environment exists.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                        datefmt="%H:%M:%S")
+    started = time.monotonic()
+    try:
+        bins = ensure_binaries()
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for c in COMPONENTS:
+        print(f"{c.name:<24} {c.version:<10} {bins[c.name]}")
+    print(f"ready in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
