@@ -97,7 +97,8 @@ class KubeMembershipSource:
                     version = self._watch(client, version)
             except _Expired:
                 log_event(_log, logging.INFO, "watch_expired", configmap=self.where)
-            except (httpx.HTTPError, ApiError, OSError, ValueError) as err:
+            except (httpx.HTTPError, ApiError, OSError, ValueError, RuntimeError) as err:
+                # RuntimeError: close() closed the client under a request about to start.
                 if self._stop.is_set():
                     return
                 log_event(_log, logging.WARNING, "watch_failed", configmap=self.where,
