@@ -142,31 +142,47 @@ def join_barrier(
                 ) from None
 
 
-def meet(
-    host: StoreHost,
-    world: World,
-    rank: int,
-    settings: RuntimeSettings,
-    *,
-    superseded: Callable[[], bool],
-    clock: Callable[[], float] = time.monotonic,
-) -> tuple[Store, Store]:
-    """Reach ``world``'s store (hosting it as rank 0) and pass the join barrier.
+class EpochStores:
+    """A member's side of the epoch stores: the server it hosts while rank 0, and the
+    connections of the current epoch. Every backend forms its group only after
+    :meth:`meet`, so a member that never arrives costs an epoch bump, not a library
+    timeout."""
 
-    Returns the connection and a view of it under the epoch's prefix; keep both alive
-    for the epoch. Every backend forms its group only after this, so a member that
-    never arrives costs an epoch bump, not a library timeout.
-    """
-    deadline = clock() + settings.rendezvous_timeout_s
-    at = world.store
-    if rank == 0:
-        raw: Store = host.serve(at.address, at.port, settings.collective_timeout_s)
-    else:
-        # This pod no longer hosts the store: release its port and stale keys.
-        host.close()
-        raw = connect_client(at.address, at.port, timeout_s=settings.collective_timeout_s,
-                             attempt_s=settings.connect_retry_s, deadline=deadline,
-                             superseded=superseded, clock=clock)
-    store = PrefixStore(epoch_prefix(world), raw)
-    join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded, clock=clock)
-    return raw, store
+    def __init__(self, settings: RuntimeSettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._host = StoreHost()
+        self._stores: list[Store] = []
+
+    def meet(self, world: World, rank: int, superseded: Callable[[], bool]) -> Store:
+        """Reach ``world``'s store (hosting it as rank 0) and pass the join barrier.
+
+        Returns the store under the epoch's prefix, kept open until :meth:`release`.
+        """
+        self.release()
+        s, clock = self._settings, self._clock
+        deadline = clock() + s.rendezvous_timeout_s
+        at = world.store
+        if rank == 0:
+            raw: Store = self._host.serve(at.address, at.port, s.collective_timeout_s)
+        else:
+            # This pod no longer hosts the store: release its port and stale keys.
+            self._host.close()
+            raw = connect_client(at.address, at.port, timeout_s=s.collective_timeout_s,
+                                 attempt_s=s.connect_retry_s, deadline=deadline,
+                                 superseded=superseded, clock=clock)
+        store = PrefixStore(epoch_prefix(world), raw)
+        self._stores = [raw, store]
+        join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded,
+                     clock=clock)
+        return store
+
+    def release(self) -> None:
+        """Drop this epoch's connections (the server, if hosted, stays for the next)."""
+        self._stores = []
+
+    def close(self) -> None:
+        """Drop the connections and stop hosting a store."""
+        self.release()
+        self._host.close()

@@ -29,12 +29,11 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any, TypeVar, cast
 
 import torch
-from torch._C._distributed_c10d import Store
 
 from ringwright.world import World
 
 from .backend import CollectiveError, collective
-from .epoch_store import StoreHost, meet
+from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .horovod_store import RendezvousStore
 from .kvlog import log_event, runtime_logger
@@ -111,8 +110,7 @@ class HorovodBackend:
         self._settings = settings
         self._environ = os.environ if environ is None else environ
         self._clock = clock
-        self._host = StoreHost()
-        self._stores: list[Store] = []
+        self._stores = EpochStores(settings, clock)
         self._rendezvous: RendezvousStore | None = None
         self._joined = False
 
@@ -130,8 +128,7 @@ class HorovodBackend:
         """Meet on the epoch's store, then ``hvd.init()`` on a fresh rendezvous store."""
         self.shutdown()
         s = self._settings
-        raw, store = meet(self._host, world, rank, s, superseded=superseded, clock=self._clock)
-        self._stores = [raw, store]
+        store = self._stores.meet(world, rank, superseded)
         started = self._clock()
         if rank == 0:
             self._rendezvous = RendezvousStore(world.store.address)
@@ -165,12 +162,12 @@ class HorovodBackend:
         if self._rendezvous is not None:
             self._rendezvous.close()
             self._rendezvous = None
-        self._stores = []
+        self._stores.release()
 
     def close(self) -> None:
         """Leave the group and stop hosting the epoch store."""
         self.shutdown()
-        self._host.close()
+        self._stores.close()
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
         """Broadcast one flat buffer per dtype from ``src``, then copy back."""

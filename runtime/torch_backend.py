@@ -18,12 +18,12 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, Store
+from torch._C._distributed_c10d import PrefixStore
 
 from ringwright.world import World
 
 from .backend import collective
-from .epoch_store import StoreHost, meet
+from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .kvlog import log_event, runtime_logger
 from .settings import RuntimeSettings
@@ -55,8 +55,7 @@ class TorchDistributedBackend:
         self._device = device
         self._settings = settings
         self._clock = clock
-        self._host = StoreHost()
-        self._stores: list[Store] = []
+        self._stores = EpochStores(settings, clock)
         self._joined = False
         if device.type == "cuda":
             for key, value in NCCL_ERROR_ENV.items():
@@ -76,8 +75,7 @@ class TorchDistributedBackend:
         """Rendezvous on rank 0's store for ``world``, then create the process group."""
         self.shutdown()
         s = self._settings
-        raw, store = meet(self._host, world, rank, s, superseded=superseded, clock=self._clock)
-        self._stores = [raw, store]
+        store = self._stores.meet(world, rank, superseded)
         started = self._clock()
         with collective(f"creating the {self.name} group of epoch {world.epoch}"):
             if self._device.type == "cuda":
@@ -104,12 +102,12 @@ class TorchDistributedBackend:
                 # A group broken by a dead peer may refuse a clean teardown; it is
                 # abandoned either way and the next epoch builds a new one.
                 log_event(_log, logging.WARNING, "group_teardown_failed", error=err)
-        self._stores = []
+        self._stores.release()
 
     def close(self) -> None:
         """Leave the group and stop hosting a store."""
         self.shutdown()
-        self._host.close()
+        self._stores.close()
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
         """Broadcast in one flat buffer per dtype, then copy back into ``tensors``."""

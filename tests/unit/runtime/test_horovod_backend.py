@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import http.client
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from ringwright.runtime.backend import CollectiveError
+from ringwright.runtime.epoch_store import epoch_prefix
 from ringwright.runtime.horovod_backend import RENDEZVOUS_KEY, HorovodBackend, horovod_env
 from ringwright.runtime.horovod_store import RendezvousStore
 from ringwright.runtime.local_launcher import free_port
@@ -161,8 +164,12 @@ def test_each_epoch_inits_horovod_on_a_fresh_store_and_shuts_the_last_one_down(
 
 def test_rank_zero_publishes_the_store_for_the_others(
         backend: HorovodBackend, fake: RecordingHorovod) -> None:
-    backend.init(world(1, ["127.0.0.92"]), 0, never)
-    published = backend._stores[1].get(RENDEZVOUS_KEY).decode()
+    w = world(1, ["127.0.0.92"])
+    backend.init(w, 0, never)
+    # Read it as another member would: a client of the epoch store, under the epoch prefix.
+    client = TCPStore(w.store.address, w.store.port, None, False, timedelta(seconds=5),
+                      wait_for_workers=False)
+    published = PrefixStore(epoch_prefix(w), client).get(RENDEZVOUS_KEY).decode()
     assert published == (f"127.0.0.92:{fake.env_at_init['HOROVOD_GLOO_RENDEZVOUS_PORT']}")
 
 
