@@ -272,6 +272,19 @@ def same_model(samples: int) -> tuple[Any, Any, Any, Any]:
     return xs, ys, model, optimizer
 
 
+def local_gradients(model: Any, optimizer: Any, sampler: Any, xs: Any, ys: Any) -> list[Any]:
+    """This rank's gradients for its share of the next batch (zeros when it has none),
+    scaled so that summing them over the world gives the global mean loss's."""
+    from ringwright.runtime.flat import gradients
+
+    indices = sampler.batch()
+    global_batch = len(sampler.global_positions())
+    optimizer.zero_grad()
+    if indices:
+        (((model(xs[indices]) - ys[indices]) ** 2).sum() / global_batch).backward()
+    return gradients(model.parameters())
+
+
 def torchrun_worker() -> int:
     """The same training step under torchrun: state only survives through a checkpoint."""
     import torch
@@ -303,15 +316,8 @@ def torchrun_worker() -> int:
     trace.write(ev="start", node=node, rank=rank, size=size, step=step, pid=os.getpid(),
                 wepoch=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     while True:
-        indices = sampler.batch()
-        global_batch = len(sampler.global_positions())
-        optimizer.zero_grad()
-        if indices:
-            (((model(xs[indices]) - ys[indices]) ** 2).sum() / global_batch).backward()
-        for p in model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
+        for grad in local_gradients(model, optimizer, sampler, xs, ys):
+            dist.all_reduce(grad)
         optimizer.step()
         sampler.advance()
         step += 1
@@ -379,7 +385,6 @@ def horovodrun_recovery(workdir: Path, kill_rank: int) -> Measure:
 def horovod_worker() -> int:
     """The same training step under horovodrun elastic, written the Horovod way."""
     import horovod.torch as hvd  # type: ignore[import-untyped]
-    import torch
 
     from ringwright.runtime.sampler import ElasticSampler
     from tests.runtime.elastic_worker import Trace
@@ -402,15 +407,8 @@ def horovod_worker() -> int:
         trace.write(ev="start", rank=hvd.rank(), size=hvd.size(), step=state.step,
                     pid=os.getpid(), host=host)
         while True:
-            indices = sampler.batch()
-            global_batch = len(sampler.global_positions())
-            optimizer.zero_grad()
-            if indices:
-                (((model(xs[indices]) - ys[indices]) ** 2).sum() / global_batch).backward()
-            for i, p in enumerate(model.parameters()):
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                hvd.allreduce_(p.grad, op=hvd.Sum, name=f"grad.{i}")
+            for i, grad in enumerate(local_gradients(model, optimizer, sampler, xs, ys)):
+                hvd.allreduce_(grad, op=hvd.Sum, name=f"grad.{i}")
             optimizer.step()
             sampler.advance()
             state.step += 1
