@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ringwright.world import Env
 
@@ -13,11 +13,14 @@ from ringwright.world import Env
 class SettingsEnv:
     """Environment variables that tune the runtime (all optional)."""
 
-    COLLECTIVE_TIMEOUT = "RINGWRIGHT_COLLECTIVE_TIMEOUT_SECONDS"
+    FAILURE_DETECT = Env.FAILURE_DETECT
+    COLLECTIVE_TIMEOUT = Env.COLLECTIVE_TIMEOUT
+    GROUP_INIT_TIMEOUT = "RINGWRIGHT_GROUP_INIT_TIMEOUT_SECONDS"
     RENDEZVOUS_TIMEOUT = "RINGWRIGHT_RENDEZVOUS_TIMEOUT_SECONDS"
     WORLD_WAIT_TIMEOUT = "RINGWRIGHT_WORLD_WAIT_TIMEOUT_SECONDS"
-    STALL_TIMEOUT = "RINGWRIGHT_STALL_TIMEOUT_SECONDS"
-    READINESS_PORT = "RINGWRIGHT_READINESS_PORT"
+    FENCE_TIMEOUT = "RINGWRIGHT_FENCE_TIMEOUT_SECONDS"
+    STALL_TIMEOUT = Env.STALL_TIMEOUT
+    READINESS_PORT = Env.READINESS_PORT
 
 
 class RuntimeSettings(BaseModel):
@@ -25,10 +28,19 @@ class RuntimeSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    collective_timeout_s: Annotated[float, Field(gt=0)] = 10.0
-    """Limit for one collective (and for forming the group once every member has
-    arrived). Short, so a dead or hung peer surfaces in seconds rather than after the
-    library default of many minutes."""
+    failure_detect_s: Annotated[float, Field(gt=0)] = 3.0
+    """A member whose heartbeats stop for this long is dead: its peers abort the
+    collective they wait in and roll back. Heartbeats run on a side thread, so a slow
+    training loop never looks dead."""
+
+    collective_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+    """Last-resort limit for one collective. Long on purpose: a late peer that still
+    heartbeats is slow, not dead, and its peers wait for it; death is found by the
+    heartbeats within ``failure_detect_s``."""
+
+    group_init_timeout_s: Annotated[float, Field(gt=0)] = 60.0
+    """Limit for creating the library's group (connecting every pair, NCCL
+    communicator init) once every member has passed the join barrier."""
 
     rendezvous_timeout_s: Annotated[float, Field(gt=0)] = 300.0
     """How long members of a new world wait for each other to arrive. It must cover a
@@ -38,6 +50,10 @@ class RuntimeSettings(BaseModel):
     world_wait_timeout_s: Annotated[float, Field(gt=0)] = 900.0
     """How long to wait for a world that includes this pod, or for a newer world after a
     failure, before giving up with a non-zero exit."""
+
+    fence_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    """After a failure, how long a member waits for a newer world that includes it
+    before fencing itself (exit non-zero) rather than risk training beside the rest."""
 
     stall_timeout_s: Annotated[float, Field(ge=0)] = 300.0
     """Readiness fails when the training loop has not advanced for this long; 0 disables."""
@@ -59,11 +75,28 @@ class RuntimeSettings(BaseModel):
     """Attempt length when connecting to this epoch's store; between attempts the
     runtime checks whether a newer world has replaced the one it is joining."""
 
+    @model_validator(mode="after")
+    def _detection_before_timeout(self) -> RuntimeSettings:
+        if self.failure_detect_s >= self.collective_timeout_s:
+            raise ValueError(
+                f"failure_detect_s ({self.failure_detect_s}) must be shorter than "
+                f"collective_timeout_s ({self.collective_timeout_s}): heartbeats find the "
+                "dead, the collective timeout is only a last resort")
+        return self
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """How often a member heartbeats and looks at its peers' heartbeats."""
+        return min(max(self.failure_detect_s / 6, 0.05), 1.0)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> RuntimeSettings:
         """Settings from the environment, with explicit ``overrides`` taking precedence."""
         names = {
+            "failure_detect_s": SettingsEnv.FAILURE_DETECT,
             "collective_timeout_s": SettingsEnv.COLLECTIVE_TIMEOUT,
+            "group_init_timeout_s": SettingsEnv.GROUP_INIT_TIMEOUT,
+            "fence_timeout_s": SettingsEnv.FENCE_TIMEOUT,
             "rendezvous_timeout_s": SettingsEnv.RENDEZVOUS_TIMEOUT,
             "world_wait_timeout_s": SettingsEnv.WORLD_WAIT_TIMEOUT,
             "stall_timeout_s": SettingsEnv.STALL_TIMEOUT,

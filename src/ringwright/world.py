@@ -49,6 +49,16 @@ class Env:
     """The pod's terminationGracePeriodSeconds, for the final checkpoint on SIGTERM."""
     WORLD_FILE = "RINGWRIGHT_WORLD_FILE"
     """Local runs only: follow a world file instead of the Kubernetes API."""
+    REPORTS_DIR = "RINGWRIGHT_REPORTS_DIR"
+    """Local runs only: write reports as files here, for the local launcher to read."""
+    FAILURE_DETECT = "RINGWRIGHT_FAILURE_DETECT_SECONDS"
+    """spec.faultTolerance.failureDetectSeconds: silence that makes a member dead."""
+    COLLECTIVE_TIMEOUT = "RINGWRIGHT_COLLECTIVE_TIMEOUT_SECONDS"
+    """spec.faultTolerance.collectiveTimeoutSeconds: last-resort limit of one collective."""
+    STALL_TIMEOUT = "RINGWRIGHT_STALL_TIMEOUT_SECONDS"
+    """spec.faultTolerance.stallTimeoutSeconds: no progress for this long makes a member hung."""
+    READINESS_PORT = "RINGWRIGHT_READINESS_PORT"
+    """Port of the runtime's HTTP readiness endpoint (``/readyz``)."""
 
 
 class Backend(StrEnum):
@@ -157,6 +167,8 @@ class World(_Wire):
 
 class ReportKind(StrEnum):
     COLLECTIVE_FAILED = "collective-failed"
+    PEER_DEAD = "peer-dead"
+    """Heartbeats of the members named in ``suspects`` stopped for failureDetectSeconds."""
     NO_STATE = "no-state"
     STALLED = "stalled"
     LEFT = "left"
@@ -170,6 +182,8 @@ class Report(_Wire):
     at: float
     """Seconds since the Unix epoch, by the pod's clock."""
     detail: str = ""
+    suspects: tuple[str, ...] = ()
+    """Pods this reporter found dead in ``epoch`` (the evidence is in ``detail``)."""
 
     def to_json(self) -> str:
         return _dumps(self.model_dump(mode="json", by_alias=True))

@@ -8,9 +8,11 @@ from ringwright.runtime.settings import RuntimeSettings, SettingsEnv
 from ringwright.world import Env
 
 
-def test_defaults_fail_fast_but_wait_patiently_for_peers() -> None:
+def test_defaults_detect_death_fast_but_wait_patiently_for_slow_peers() -> None:
     s = RuntimeSettings.from_env({})
-    assert s.collective_timeout_s < s.rendezvous_timeout_s < s.world_wait_timeout_s
+    assert s.heartbeat_interval_s < s.failure_detect_s == 3.0
+    assert s.failure_detect_s < s.group_init_timeout_s < s.rendezvous_timeout_s
+    assert s.stall_timeout_s < s.collective_timeout_s
     assert (s.readiness_port, s.health_file) == (0, "")
 
 
@@ -33,6 +35,8 @@ def test_environment_and_overrides() -> None:
         {SettingsEnv.COLLECTIVE_TIMEOUT: "soon"},
         {SettingsEnv.STALL_TIMEOUT: "-1"},
         {SettingsEnv.READINESS_PORT: "70000"},
+        {SettingsEnv.FAILURE_DETECT: "0"},
+        {SettingsEnv.FAILURE_DETECT: "20", SettingsEnv.COLLECTIVE_TIMEOUT: "10"},
     ],
 )
 def test_bad_values_are_refused_with_the_setting_named(env: dict[str, str]) -> None:

@@ -1,0 +1,61 @@
+"""Which members to drop from a world on the word of their peers: one rule for the
+operator and the local launcher.
+
+A member that finds a peer silent reports it (``Report.suspects``). One report is
+never enough to evict a healthy peer: a member cut off from everyone finds *all* its
+peers silent. A suspect is evicted when enough members of the same epoch name it
+(``quorum``: two, or one in a world of two), or when one does and the judge's own
+view agrees (the pod is gone, not running, or fails its readiness probe). A voter
+that is itself evicted loses its vote, and suspects are weighed most-named first,
+so the side of a partition holding fewer members loses, and in a tie the higher
+ranks go (rank 0 hosts the store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from .world import Report, World
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """A member to drop, with the members that named it."""
+
+    pod: str
+    reporters: tuple[str, ...]
+    reason: str
+
+
+def quorum(world: World) -> int:
+    """Reporters needed to evict a member on their word alone."""
+    return 2 if world.size > 2 else 1
+
+
+def judge(world: World, reports: Mapping[str, Report],
+          suspect_by_own_view: Collection[str] = ()) -> list[Eviction]:
+    """Members of ``world`` to evict on the reports of its epoch, in rank order.
+
+    ``reports`` maps reporting pod to its newest report; reports of other epochs,
+    from non-members, or naming non-members are ignored. ``suspect_by_own_view``
+    are members the judge itself sees as unhealthy (one reporter then suffices).
+    """
+    rank = {m.pod: m.rank for m in world.members}
+    votes: dict[str, set[str]] = {}
+    for reporter, report in reports.items():
+        if report.epoch != world.epoch or reporter not in rank:
+            continue
+        for suspect in report.suspects:
+            if suspect in rank and suspect != reporter:
+                votes.setdefault(suspect, set()).add(reporter)
+    need = quorum(world)
+    evicted: dict[str, Eviction] = {}
+    for suspect in sorted(votes, key=lambda p: (-len(votes[p]), -rank[p])):
+        voters = votes[suspect] - evicted.keys()
+        own = suspect in suspect_by_own_view
+        if len(voters) >= need or (voters and own):
+            why = (f"named dead by {len(voters)} of {world.size} members of epoch "
+                   f"{world.epoch}" + (" and unhealthy in the judge's own view" if own else ""))
+            evicted[suspect] = Eviction(suspect, tuple(sorted(voters)), why)
+    return sorted(evicted.values(), key=lambda e: rank[e.pod])

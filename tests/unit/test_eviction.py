@@ -1,0 +1,64 @@
+"""The shared eviction rule: peers' reports are corroborated before anyone is dropped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from ringwright.eviction import judge
+from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, World
+
+
+def world(size: int, epoch: int = 3) -> World:
+    members = tuple(Member(rank=i, pod=f"w{i}", ip=f"127.0.0.{10 + i}") for i in range(size))
+    return World(job=JobRef(namespace="n", name="j"), epoch=epoch, members=members,
+                 store=StoreAddress(address="127.0.0.10"))
+
+
+def dead(epoch: int, *suspects: str) -> Report:
+    return Report(kind=ReportKind.PEER_DEAD, epoch=epoch, at=0.0, suspects=suspects)
+
+
+@dataclass
+class Case:
+    name: str
+    size: int
+    reports: dict[str, Report]
+    evicted: list[str]
+    own_view: set[str] = field(default_factory=set)
+
+
+CASES = [
+    Case("one member dead, everyone says so", 4,
+         {"w0": dead(3, "w2"), "w1": dead(3, "w2"), "w3": dead(3, "w2")}, ["w2"]),
+    Case("a single accuser is not enough", 4, {"w0": dead(3, "w2")}, []),
+    Case("a single accuser and the judge's own view", 4, {"w0": dead(3, "w2")}, ["w2"],
+         {"w2"}),
+    Case("the judge's view alone is not a report", 4, {}, [], {"w2"}),
+    Case("a cut-off member names everyone; the others name it", 4,
+         {"w3": dead(3, "w0", "w1", "w2"), "w0": dead(3, "w3"), "w1": dead(3, "w3"),
+          "w2": dead(3, "w3")}, ["w3"]),
+    Case("a cut-off member alone accusing loses", 4, {"w3": dead(3, "w0", "w1", "w2")}, []),
+    Case("two dead at once", 4,
+         {"w0": dead(3, "w1", "w3"), "w2": dead(3, "w1", "w3")}, ["w1", "w3"]),
+    Case("a 2|2 split keeps the half with rank 0", 4,
+         {"w0": dead(3, "w2", "w3"), "w1": dead(3, "w2", "w3"),
+          "w2": dead(3, "w0", "w1"), "w3": dead(3, "w0", "w1")}, ["w2", "w3"]),
+    Case("a world of two: the higher rank goes when both accuse", 2,
+         {"w0": dead(3, "w1"), "w1": dead(3, "w0")}, ["w1"]),
+    Case("a world of two: one accuser suffices", 2, {"w1": dead(3, "w0")}, ["w0"]),
+    Case("reports of an older epoch are ignored", 4,
+         {"w0": dead(2, "w2"), "w1": dead(2, "w2")}, []),
+    Case("non-members neither vote nor get evicted", 4,
+         {"x": dead(3, "w2"), "w0": dead(3, "w2", "y")}, []),
+    Case("nobody votes for itself", 4, {"w2": dead(3, "w2"), "w0": dead(3, "w2")}, []),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_judge(case: Case) -> None:
+    out = judge(world(case.size), case.reports, case.own_view)
+    assert [e.pod for e in out] == case.evicted
+    for e in out:
+        assert e.reporters and e.pod not in e.reporters and e.reason
