@@ -2,9 +2,11 @@
 
 The group manager and the training state only ever call these; the torch.distributed
 backend implements them with a process group per world epoch, and a Horovod backend
-can implement the same protocol. Every failure of a peer (death, hang past the
-collective timeout, lost connection) must surface as :class:`CollectiveError` so that
-the elastic loop can roll back and rebuild, whatever library runs the collectives.
+can implement the same protocol. Every failure of a peer (death found by the
+heartbeats, lost connection, the last-resort collective timeout) must surface as
+:class:`CollectiveError` so that the elastic loop can roll back and rebuild, whatever
+library runs the collectives, and whether the runtime or the user's training
+function called the collective (:meth:`CollectiveBackend.failure_of`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ import torch
 
 from ringwright.world import World
 
+from .liveness import PeerFailure
+
 T = TypeVar("T")
+
+PeerFailureListener = Callable[[PeerFailure], None]
+"""Told (from the heartbeat thread) which peers were found dead, after the abort."""
 
 
 class CollectiveError(RuntimeError):
@@ -59,16 +66,36 @@ class CollectiveBackend(Protocol):
         """Where tensors handed to the collectives live."""
         ...
 
-    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+    def init(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_peer_failure: PeerFailureListener) -> None:
         """Form the group of ``world`` as ``rank``; blocks until every member has arrived.
 
-        Raises :class:`Superseded` when ``superseded()`` turns true while waiting,
-        :class:`CollectiveError` when the group cannot be formed.
+        From the join barrier until :meth:`shutdown` the member heartbeats; when peers
+        are found dead the group is aborted (every blocked and later collective
+        raises) and ``on_peer_failure`` is called. Raises :class:`Superseded` when
+        ``superseded()`` turns true while waiting, :class:`CollectiveError` when the
+        group cannot be formed.
         """
         ...
 
-    def shutdown(self) -> None:
-        """Leave the current group (if any); safe after a failure and when not joined."""
+    def abort(self, reason: str) -> None:
+        """Make every collective of the current group, blocked or later, fail at once.
+
+        Safe from any thread, at any time (also while the group is being formed).
+        """
+        ...
+
+    def failure_of(self, err: BaseException) -> CollectiveError | None:
+        """``err`` as a collective failure when it means the group broke (a library
+        error, or anything raised after the group was aborted); None otherwise."""
+        ...
+
+    def shutdown(self, *, left_cleanly: bool = False) -> None:
+        """Leave the current group (if any); safe after a failure and when not joined.
+
+        ``left_cleanly``: this member finished or every member agreed to move on, so
+        its silence from now on is no failure.
+        """
         ...
 
     def close(self) -> None:

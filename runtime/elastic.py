@@ -52,12 +52,12 @@ from ringwright.world import (
 from .backend import CollectiveBackend, CollectiveError
 from .checkpoint_policy import TerminationSignal
 from .file_source import FileMembershipSource
-from .group import GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
+from .group import Fenced, GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
 from .health import HealthFile, ReadinessServer, StallWatchdog
 from .kube_source import KubeMembershipSource
 from .kvlog import log_event, runtime_logger
 from .membership import MembershipSource
-from .reporter import KubeReporter, LogReporter, Reporter
+from .reporter import FileReporter, KubeReporter, LogReporter, Reporter
 from .settings import RuntimeSettings
 from .state import State, Terminated
 from .torch_backend import TorchDistributedBackend
@@ -124,7 +124,10 @@ class ElasticRuntime:
         if world_file:
             source: MembershipSource = FileMembershipSource(
                 Path(world_file), poll_interval=settings.file_poll_interval_s)
-            return cls(source, pod, settings=settings, backend_kind=kind)
+            reports_dir = env.get(Env.REPORTS_DIR, "")
+            local: Reporter = FileReporter(Path(reports_dir), pod) if reports_dir \
+                else LogReporter(pod)
+            return cls(source, pod, settings=settings, reporter=local, backend_kind=kind)
         job = env.get(Env.JOB_NAME, "")
         if not job:
             raise ValueError(f"set {Env.JOB_NAME} (in a pod) or {Env.WORLD_FILE} (locally)")
@@ -146,7 +149,11 @@ class ElasticRuntime:
         """Call ``train_fn(state)`` until it returns, across any number of world changes.
 
         Raises :class:`~ringwright.runtime.group.LeftWorld` (exit status 0) when this
-        pod is dropped from the world.
+        pod is dropped from the world, :class:`~ringwright.runtime.group.Fenced`
+        (non-zero) when it is dropped or finds no world after a failure. A failure of
+        the group, in the runtime's collectives or in ``torch.distributed`` /
+        ``horovod.torch`` calls made by ``train_fn`` itself, rolls back to the last
+        commit and rejoins.
         """
         if self._backend is None:
             self._backend = self._backend_factory(self._backend_kind, state.device,
@@ -160,14 +167,18 @@ class ElasticRuntime:
         after = manager.epoch
         try:
             while True:
-                with self.watchdog.paused():
-                    self._form(manager, state, after)
+                # The watchdog keeps running: joining beats it while it waits alive,
+                # so only a member hung while forming or syncing turns unready.
+                self._form(manager, state, after)
                 try:
                     return train_fn(state)
                 except WorldChanged:
-                    pass
-                except CollectiveError as err:
-                    manager.report(ReportKind.COLLECTIVE_FAILED, str(err))
+                    manager.leave_cleanly()
+                except RuntimeError as raised:
+                    err = manager.backend.failure_of(raised)
+                    if err is None:
+                        raise
+                    manager.failed(err)
                     state.restore()
                     log_event(_log, logging.WARNING, "rolled_back", epoch=manager.epoch,
                               step=state.step, error=err)
@@ -178,6 +189,10 @@ class ElasticRuntime:
         except LeftWorld as left:
             log_event(_log, logging.INFO, "left_world", pod=self.pod, message=left.message)
             self.reporter.report(ReportKind.LEFT, max(manager.epoch, 0), left.message)
+            raise
+        except Fenced as fenced:
+            log_event(_log, logging.WARNING, "fenced", pod=self.pod, message=fenced.message)
+            self.reporter.report(ReportKind.LEFT, max(manager.epoch, 0), fenced.message)
             raise
         except Terminated as term:
             log_event(_log, logging.INFO, "terminated", pod=self.pod, signal=term.signum,
@@ -232,8 +247,11 @@ class ElasticRuntime:
                     restored = manager.rank == 0 and state.restore_checkpoint()
                     src = 0
                 state.sync(src)
-            except CollectiveError as err:
-                manager.report(ReportKind.COLLECTIVE_FAILED, f"syncing state: {err}")
+            except RuntimeError as raised:
+                err = backend.failure_of(raised)
+                if err is None:
+                    raise
+                manager.failed(CollectiveError(f"syncing state: {err}"))
                 log_event(_log, logging.WARNING, "sync_failed", epoch=world.epoch, error=err)
                 if state.synced_epoch >= 0:
                     state.restore()

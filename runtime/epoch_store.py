@@ -10,7 +10,8 @@ never read or write the keys of a new one.
 Before the process group is created every member passes :func:`join_barrier`,
 which is abortable: while waiting it keeps asking whether a newer world has replaced
 this one, so a member that died before arriving costs one epoch bump rather than a
-full timeout.
+full timeout. From the barrier on, every member heartbeats on the epoch's store
+(:mod:`ringwright.runtime.liveness`) until it leaves the epoch.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from ringwright.world import World
 
 from .backend import CollectiveError, RankTaken, Superseded
+from .liveness import Heartbeat, PeerFailure, heartbeat_key
 from .settings import RuntimeSettings
 
 WAIT_SLICE_S = 0.2
@@ -121,6 +123,8 @@ def join_barrier(
     try:
         if store.add(f"claim/{rank}", 1) != 1:
             raise RankTaken(f"rank {rank} was already claimed in this epoch by another process")
+        # Every counter exists once the barrier completes: peers read them all at once.
+        store.set(heartbeat_key(rank), "0")
         if store.add("arrived", 1) == size:
             store.set("complete", "1")
     except dist.DistError as err:
@@ -154,9 +158,13 @@ class EpochStores:
         self._clock = clock
         self._host = StoreHost()
         self._stores: list[Store] = []
+        self._heartbeat: Heartbeat | None = None
 
-    def meet(self, world: World, rank: int, superseded: Callable[[], bool]) -> Store:
-        """Reach ``world``'s store (hosting it as rank 0) and pass the join barrier.
+    def meet(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_failure: Callable[[PeerFailure], None] | None = None) -> Store:
+        """Reach ``world``'s store (hosting it as rank 0) and pass the join barrier;
+        then heartbeat, calling ``on_failure`` (from the heartbeat thread) when peers
+        are found dead.
 
         Returns the store under the epoch's prefix, kept open until :meth:`release`.
         """
@@ -176,13 +184,31 @@ class EpochStores:
         self._stores = [raw, store]
         join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded,
                      clock=clock)
+        if on_failure is not None:
+            self._heartbeat = Heartbeat(
+                lambda timeout_s: self._connect(world, timeout_s), world, rank,
+                interval_s=s.heartbeat_interval_s, detect_s=s.failure_detect_s,
+                on_failure=on_failure, clock=clock)
+            self._heartbeat.start()
         return store
 
-    def release(self) -> None:
-        """Drop this epoch's connections (the server, if hosted, stays for the next)."""
+    def release(self, *, left_cleanly: bool = False) -> None:
+        """Stop heartbeating and drop this epoch's connections (the server, if hosted,
+        stays for the next). ``left_cleanly`` tells the peers not to wait for this
+        member: it finished, or every member agreed to move on."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop(left_cleanly=left_cleanly)
+            self._heartbeat = None
         self._stores = []
 
     def close(self) -> None:
         """Drop the connections and stop hosting a store."""
-        self.release()
+        self.release(left_cleanly=True)
         self._host.close()
+
+    @staticmethod
+    def _connect(world: World, timeout_s: float) -> Store:
+        at = world.store
+        raw = TCPStore(at.address, at.port, None, False, timedelta(seconds=timeout_s),
+                       wait_for_workers=False)
+        return PrefixStore(epoch_prefix(world), raw)

@@ -18,7 +18,8 @@ from ringwright.world import ReportKind, World
 from .backend import CollectiveBackend, CollectiveError, RankTaken, Superseded
 from .health import StallWatchdog
 from .kvlog import log_event, runtime_logger
-from .membership import MembershipSource
+from .liveness import PeerFailure
+from .membership import MembershipSource, WorldTimeout
 from .reporter import Reporter
 from .settings import RuntimeSettings
 
@@ -31,6 +32,27 @@ class WorldChanged(Exception):
     def __init__(self, epoch: int) -> None:
         super().__init__(f"world epoch {epoch} published")
         self.epoch = epoch
+
+
+FENCED_EXIT = 75
+"""Exit status of a member that fenced itself (EX_TEMPFAIL: a restart may rejoin)."""
+
+WAIT_SLICE_S = 1.0
+"""Longest single wait for a world; the watchdog is told between slices that this
+member is alive and waiting, not hung."""
+
+
+class Fenced(SystemExit):
+    """Cut off after a failure: dropped from the world, or no world that includes this
+    pod in time. Stops training for good (non-zero exit) so that no two groups ever
+    train the same job."""
+
+    def __init__(self, pod: str, why: str) -> None:
+        super().__init__(FENCED_EXIT)
+        self.message = f"ringwright: pod {pod} fenced itself after a failure: {why}"
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class LeftWorld(SystemExit):
@@ -100,6 +122,9 @@ class GroupManager:
         self._world: World | None = None
         self._rank = -1
         self._ever_joined = False
+        self._failing = False
+        self._suspects: dict[int, tuple[str, ...]] = {}
+        """Pods found dead, by epoch (only the current epoch's are kept)."""
 
     @property
     def backend(self) -> CollectiveBackend:
@@ -128,24 +153,31 @@ class GroupManager:
 
         Before this process first joined, worlds without it are waited out (the
         operator has not added it yet). Afterwards, a newer world without it means it
-        was dropped: :class:`LeftWorld` is raised.
+        was dropped: :class:`LeftWorld` is raised, or :class:`Fenced` after a failure
+        (also when no world comes within ``fence_timeout_s``).
         """
-        deadline = self._clock() + self._settings.world_wait_timeout_s
+        s = self._settings
+        deadline = self._clock() + (s.fence_timeout_s if self._failing
+                                    else s.world_wait_timeout_s)
         after = after_epoch
         while True:
-            world = self._source.wait_for_world(after, max(deadline - self._clock(), 0.0))
+            world = self._wait_for_world(after, deadline)
             after = world.epoch
             me = world.member(self.pod)
             if me is None:
                 if self._ever_joined:
                     self._backend.shutdown()
+                    if self._failing:
+                        raise Fenced(self.pod, f"not a member of world epoch {world.epoch}")
                     raise LeftWorld(self.pod, world)
                 log_event(_log, logging.INFO, "waiting_for_membership", pod=self.pod,
                           epoch=world.epoch, size=world.size)
                 continue
             started = self._clock()
+            self._suspects = {}
             try:
-                self._backend.init(world, me.rank, self._superseded_by(world))
+                self._backend.init(world, me.rank, self._superseded_by(world),
+                                   self._peer_failed)
             except Superseded:
                 log_event(_log, logging.INFO, "join_superseded", epoch=world.epoch)
                 self._backend.shutdown()
@@ -159,6 +191,7 @@ class GroupManager:
                           rank=me.rank, error=err)
                 continue
             self._world, self._rank, self._ever_joined = world, me.rank, True
+            self._failing = False
             log_event(_log, logging.INFO, "joined", pod=self.pod, epoch=world.epoch,
                       rank=me.rank, size=world.size, backend=self._backend.name,
                       seconds=self._clock() - started)
@@ -179,11 +212,44 @@ class GroupManager:
         self._watchdog.beat()
 
     def report(self, kind: ReportKind, detail: str = "") -> None:
-        """Tell the operator something about this pod in the current epoch."""
-        self._reporter.report(kind, max(self.epoch, 0), detail)
+        """Tell the operator something about this pod in the current epoch, naming
+        the peers found dead in it so far (a later report replaces an earlier one)."""
+        epoch = max(self.epoch, 0)
+        self._reporter.report(kind, epoch, detail, self._suspects.get(epoch, ()))
+
+    def failed(self, err: CollectiveError) -> None:
+        """The group broke: report it; from now on a world without this pod fences it."""
+        self._failing = True
+        self.report(ReportKind.COLLECTIVE_FAILED, str(err))
+
+    def leave_cleanly(self) -> None:
+        """Every member agreed to move on: leave the group without alarming anyone."""
+        self._backend.shutdown(left_cleanly=True)
+
+    def _peer_failed(self, failure: PeerFailure) -> None:
+        # Called from the heartbeat thread, after the group was aborted.
+        self._suspects = {failure.epoch: failure.pods}
+        self._reporter.report(ReportKind.PEER_DEAD, failure.epoch, failure.evidence,
+                              failure.pods)
+
+    def _wait_for_world(self, after: int, deadline: float) -> World:
+        while True:
+            self._watchdog.beat()
+            left = deadline - self._clock()
+            try:
+                return self._source.wait_for_world(after, max(min(left, WAIT_SLICE_S), 0.0))
+            except WorldTimeout:
+                if self._clock() < deadline:
+                    continue
+                if self._failing:
+                    raise Fenced(self.pod, f"no newer world than epoch {after} within "
+                                           f"{self._settings.fence_timeout_s:.0f}s") from None
+                raise
 
     def _superseded_by(self, world: World) -> Callable[[], bool]:
         def superseded() -> bool:
+            # Asked between short waits while forming: alive and waiting, not hung.
+            self._watchdog.beat()
             latest = self._source.latest()
             return latest is not None and latest.epoch > world.epoch
 

@@ -14,6 +14,13 @@ rejoins a later epoch. Failures in collectives surface as ``HorovodInternalError
 and take the usual rollback path (see docs/horovod-gloo-notes.md for what was
 verified about Horovod 0.28.1).
 
+Horovod's one gloo timeout covers both forming the group and every operation, so it
+is set long (``collective_timeout_s``: a slow peer is not fatal). A dead peer is
+found by the heartbeats instead, which abort Horovod by shutting down the gloo
+connections that ``hvd.init()`` opened (:mod:`ringwright.runtime.sockets`): every
+pending and later operation then fails at once with ``HorovodInternalError``
+(docs/failure-detection.md).
+
 Every collective is named: Horovod matches tensors across ranks by name, and its
 automatic names count calls per process, which differ between a survivor and a
 newcomer.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any, TypeVar, cast
@@ -32,12 +40,14 @@ import torch
 
 from ringwright.world import World
 
-from .backend import CollectiveError, collective
+from .backend import CollectiveError, PeerFailureListener, collective
 from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .horovod_store import RendezvousStore
 from .kvlog import log_event, runtime_logger
+from .liveness import PeerFailure
 from .settings import RuntimeSettings
+from .sockets import GroupSockets
 
 _log = runtime_logger("horovod_backend")
 
@@ -113,6 +123,9 @@ class HorovodBackend:
         self._stores = EpochStores(settings, clock)
         self._rendezvous: RendezvousStore | None = None
         self._joined = False
+        self._lock = threading.Lock()
+        self._sockets: GroupSockets | None = None
+        self._aborted: str | None = None
 
     @property
     def name(self) -> str:
@@ -124,11 +137,17 @@ class HorovodBackend:
         """The device of the training state's tensors."""
         return self._device
 
-    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+    def init(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_peer_failure: PeerFailureListener) -> None:
         """Meet on the epoch's store, then ``hvd.init()`` on a fresh rendezvous store."""
         self.shutdown()
         s = self._settings
-        store = self._stores.meet(world, rank, superseded)
+
+        def peer_failed(failure: PeerFailure) -> None:
+            self.abort(f"peers dead: {failure.evidence}")
+            on_peer_failure(failure)
+
+        store = self._stores.meet(world, rank, superseded, peer_failed)
         started = self._clock()
         if rank == 0:
             self._rendezvous = RendezvousStore(world.store.address)
@@ -141,9 +160,16 @@ class HorovodBackend:
         address, _, port = at.rpartition(":")
         self._environ.update(horovod_env(world, rank, address, int(port),
                                          s.collective_timeout_s))
+        with self._lock:
+            self._aborted = None
+            self._sockets = GroupSockets(
+                keep_ports={world.store.port, int(port), s.readiness_port})
         with collective(f"hvd.init() for epoch {world.epoch}"):
             self._hvd.init()
         self._joined = True
+        with self._lock:
+            if self._sockets is not None:
+                self._sockets.formed()
         if (self._hvd.rank(), self._hvd.size()) != (rank, world.size):
             raise CollectiveError(
                 f"Horovod joined as rank {self._hvd.rank()} of {self._hvd.size()}, "
@@ -151,8 +177,34 @@ class HorovodBackend:
         log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
                   rank=rank, size=world.size, seconds=self._clock() - started)
 
-    def shutdown(self) -> None:
+    def abort(self, reason: str) -> None:
+        """Fail Horovod's pending and later operations now (from any thread)."""
+        with self._lock:
+            if self._aborted is not None or self._sockets is None:
+                return
+            self._aborted = reason
+            closed = self._sockets.abort()
+        log_event(_log, logging.WARNING, "group_aborted", backend=self.name, reason=reason,
+                  done=f"{closed} connections shut down")
+
+    def failure_of(self, err: BaseException) -> CollectiveError | None:
+        """``HorovodInternalError`` (and its kin), and any runtime error after an abort."""
+        if isinstance(err, CollectiveError):
+            return err
+        if not isinstance(err, RuntimeError):
+            return None
+        with self._lock:
+            aborted = self._aborted
+        if aborted is not None or type(err).__module__.startswith("horovod"):
+            why = f" (group aborted: {aborted})" if aborted else ""
+            return CollectiveError(f"Horovod operation failed: "
+                                   f"{str(err).splitlines()[0][:300]}{why}")
+        return None
+
+    def shutdown(self, *, left_cleanly: bool = False) -> None:
         """``hvd.shutdown()`` and drop this epoch's stores."""
+        with self._lock:
+            self._sockets = None
         if self._joined:
             self._joined = False
             try:
@@ -162,11 +214,11 @@ class HorovodBackend:
         if self._rendezvous is not None:
             self._rendezvous.close()
             self._rendezvous = None
-        self._stores.release()
+        self._stores.release(left_cleanly=left_cleanly)
 
     def close(self) -> None:
         """Leave the group and stop hosting the epoch store."""
-        self.shutdown()
+        self.shutdown(left_cleanly=True)
         self._stores.close()
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:

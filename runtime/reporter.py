@@ -8,10 +8,12 @@ delivered is logged and dropped, and never blocks or breaks the training loop.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import httpx
@@ -27,8 +29,9 @@ _log = runtime_logger("reporter")
 class Reporter(Protocol):
     """Sends this pod's latest report to whoever plays the operator."""
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "") -> None:
-        """Queue a report; returns at once."""
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
+        """Queue a report (``suspects``: pods found dead); returns at once."""
         ...
 
     def close(self) -> None:
@@ -42,10 +45,42 @@ class LogReporter:
     def __init__(self, pod: str) -> None:
         self._pod = pod
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "") -> None:
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
         """Log the report."""
         log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
-                  detail=detail)
+                  suspects=",".join(suspects), detail=detail)
+
+    def close(self) -> None:
+        """Nothing buffered."""
+
+
+class FileReporter:
+    """Reports as ``<dir>/<pod>.json``, replaced atomically: the local launcher's channel."""
+
+    def __init__(self, directory: Path, pod: str, *,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self._path = directory / f"{pod}.json"
+        self._pod = pod
+        self._wall = wall_clock
+        self._lock = threading.Lock()
+
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
+        """Write the report now (a small local file write)."""
+        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
+                  suspects=",".join(suspects), detail=detail)
+        text = Report(kind=kind, epoch=epoch, at=self._wall(), detail=detail[:1000],
+                      suspects=tuple(suspects)).to_json()
+        with self._lock:
+            try:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}")
+                tmp.write_text(text)
+                os.replace(tmp, self._path)
+            except OSError as err:
+                log_event(_log, logging.WARNING, "report_not_delivered", pod=self._pod,
+                          kind=kind.value, error=err)
 
     def close(self) -> None:
         """Nothing buffered."""
@@ -76,11 +111,13 @@ class KubeReporter:
                                         daemon=True)
         self._thread.start()
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "") -> None:
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
         """Queue ``kind`` for delivery; the newest report replaces older ones at the API."""
         log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
-                  detail=detail)
-        self._queue.put(Report(kind=kind, epoch=epoch, at=self._wall(), detail=detail[:1000]))
+                  suspects=",".join(suspects), detail=detail)
+        self._queue.put(Report(kind=kind, epoch=epoch, at=self._wall(), detail=detail[:1000],
+                               suspects=tuple(suspects)))
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush queued reports for up to ``timeout`` seconds, then stop."""

@@ -1,18 +1,24 @@
 """The torch.distributed backend: gloo on CPU, NCCL on CUDA, one process group per epoch.
 
 Each epoch gets a fresh default process group built on that epoch's store (see
-:mod:`ringwright.runtime.epoch_store`) with a short timeout, so a dead or hung peer
-fails the next collective within seconds. Library exceptions from collectives are
-translated into :class:`CollectiveError`; nothing else in the runtime needs to know
-which library raised them.
+:mod:`ringwright.runtime.epoch_store`). Forming it is bounded by
+``group_init_timeout_s``; its collectives then get the long ``collective_timeout_s``,
+a last resort only: a dead peer is found by the heartbeats, which abort the group
+from their thread. Gloo is aborted by shutting down the connections it opened
+(:mod:`ringwright.runtime.sockets`), NCCL with ``ncclCommAbort`` through the process
+group's ``abort()``; either way the blocked collective raises at once, in the
+runtime's code or in the user's own ``torch.distributed`` calls. Library exceptions
+are translated into :class:`CollectiveError`; nothing else in the runtime needs to
+know which library raised them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from datetime import timedelta
 from typing import TypeVar
 
@@ -22,11 +28,13 @@ from torch._C._distributed_c10d import PrefixStore
 
 from ringwright.world import World
 
-from .backend import collective
+from .backend import CollectiveError, PeerFailureListener, collective
 from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .kvlog import log_event, runtime_logger
+from .liveness import PeerFailure
 from .settings import RuntimeSettings
+from .sockets import GroupSockets
 
 _log = runtime_logger("torch_backend")
 
@@ -39,7 +47,17 @@ NCCL_ERROR_ENV = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
     # Make a timed-out collective raise where it is waited on.
     "TORCH_NCCL_BLOCKING_WAIT": "1",
+    # Non-blocking communicator init: an init stuck on a dead peer can be aborted
+    # from the heartbeat thread and is bounded by the init timeout.
+    "TORCH_NCCL_USE_COMM_NONBLOCKING": "1",
 }
+"""Set (overriding the image's values, which would make a failure kill the process)
+before the first NCCL group of the process is created."""
+
+
+def apply_nccl_env(environ: MutableMapping[str, str]) -> None:
+    """Put the NCCL error handling the runtime relies on into ``environ``."""
+    environ.update(NCCL_ERROR_ENV)
 
 
 class TorchDistributedBackend:
@@ -51,15 +69,18 @@ class TorchDistributedBackend:
         settings: RuntimeSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        environ: MutableMapping[str, str] | None = None,
     ) -> None:
         self._device = device
         self._settings = settings
         self._clock = clock
         self._stores = EpochStores(settings, clock)
         self._joined = False
+        self._lock = threading.Lock()
+        self._sockets: GroupSockets | None = None
+        self._aborted: str | None = None
         if device.type == "cuda":
-            for key, value in NCCL_ERROR_ENV.items():
-                os.environ.setdefault(key, value)
+            apply_nccl_env(os.environ if environ is None else environ)
 
     @property
     def name(self) -> str:
@@ -71,11 +92,20 @@ class TorchDistributedBackend:
         """The device of the training state's tensors."""
         return self._device
 
-    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+    def init(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_peer_failure: PeerFailureListener) -> None:
         """Rendezvous on rank 0's store for ``world``, then create the process group."""
         self.shutdown()
         s = self._settings
-        store = self._stores.meet(world, rank, superseded)
+
+        def peer_failed(failure: PeerFailure) -> None:
+            self.abort(f"peers dead: {failure.evidence}")
+            on_peer_failure(failure)
+
+        with self._lock:
+            self._aborted = None
+            self._sockets = GroupSockets(keep_ports={world.store.port, s.readiness_port})
+        store = self._stores.meet(world, rank, superseded, peer_failed)
         started = self._clock()
         with collective(f"creating the {self.name} group of epoch {world.epoch}"):
             if self._device.type == "cuda":
@@ -85,15 +115,52 @@ class TorchDistributedBackend:
                 store=PrefixStore("group/", store),
                 rank=rank,
                 world_size=world.size,
-                timeout=timedelta(seconds=s.collective_timeout_s),
+                timeout=timedelta(seconds=s.group_init_timeout_s),
                 device_id=self._device if self._device.type == "cuda" else None,
             )
             self._joined = True
+            with self._lock:
+                if self._sockets is not None:
+                    self._sockets.formed()
+                aborted = self._aborted
+            if aborted is not None:
+                raise CollectiveError(f"group aborted while forming: {aborted}")
+            # Forming is bounded tightly; a collective may wait for a slow peer long.
+            _default_group().set_timeout(timedelta(seconds=s.collective_timeout_s))
         log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
                   rank=rank, size=world.size, seconds=self._clock() - started)
 
-    def shutdown(self) -> None:
+    def abort(self, reason: str) -> None:
+        """Fail the group's blocked and later collectives now (from any thread)."""
+        with self._lock:
+            if self._aborted is not None or self._sockets is None:
+                return
+            self._aborted = reason
+            if self.name == "nccl":
+                aborted = self._abort_nccl()
+            else:
+                aborted = f"{self._sockets.abort()} connections shut down"
+        log_event(_log, logging.WARNING, "group_aborted", backend=self.name, reason=reason,
+                  done=aborted)
+
+    def failure_of(self, err: BaseException) -> CollectiveError | None:
+        """Library errors, and any runtime error once the group was aborted."""
+        if isinstance(err, CollectiveError):
+            return err
+        if not isinstance(err, RuntimeError):
+            return None
+        with self._lock:
+            aborted = self._aborted
+        text = str(err)
+        if aborted is not None or isinstance(err, dist.DistError) or _library_error(text):
+            why = f" (group aborted: {aborted})" if aborted else ""
+            return CollectiveError(f"collective failed: {text.splitlines()[0][:300]}{why}")
+        return None
+
+    def shutdown(self, *, left_cleanly: bool = False) -> None:
         """Destroy the current process group and drop this epoch's store connections."""
+        with self._lock:
+            self._sockets = None
         if self._joined:
             self._joined = False
             try:
@@ -102,11 +169,21 @@ class TorchDistributedBackend:
                 # A group broken by a dead peer may refuse a clean teardown; it is
                 # abandoned either way and the next epoch builds a new one.
                 log_event(_log, logging.WARNING, "group_teardown_failed", error=err)
-        self._stores.release()
+        self._stores.release(left_cleanly=left_cleanly)
+
+    def _abort_nccl(self) -> str:
+        if not dist.is_initialized():
+            # Still forming: the non-blocking init is bounded by its timeout.
+            return "init pending"
+        try:
+            _default_group().abort()
+        except RuntimeError as err:
+            return f"abort failed: {err}"
+        return "communicators aborted"
 
     def close(self) -> None:
         """Leave the group and stop hosting a store."""
-        self.shutdown()
+        self.shutdown(left_cleanly=True)
         self._stores.close()
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
@@ -155,3 +232,19 @@ class TorchDistributedBackend:
         with collective("barrier"):
             dist.barrier()
 
+
+
+def _default_group() -> dist.ProcessGroup:
+    group = dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise CollectiveError("no process group is formed")
+    return group
+
+
+_LIBRARY_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset")
+
+
+def _library_error(text: str) -> bool:
+    # Gloo reports a lost peer as a plain RuntimeError naming its own source files.
+    lowered = text.lower()
+    return any(marker in lowered for marker in _LIBRARY_MARKERS)

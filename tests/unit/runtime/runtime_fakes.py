@@ -7,7 +7,8 @@ from typing import TypeVar
 
 import torch
 
-from ringwright.runtime.backend import CollectiveError
+from ringwright.runtime.backend import CollectiveError, PeerFailureListener
+from ringwright.runtime.liveness import PeerFailure
 from ringwright.runtime.membership import WorldBox
 from ringwright.world import JobRef, Member, ReportKind, StoreAddress, World
 
@@ -53,6 +54,9 @@ class FakeBackend:
         """Epochs whose init raises the given exception."""
         self.max_seen = -1
         """What other ranks report to allreduce_max."""
+        self.clean_shutdowns = 0
+        self.aborted: str | None = None
+        self.on_peer_failure: PeerFailureListener | None = None
 
     @property
     def name(self) -> str:
@@ -62,13 +66,33 @@ class FakeBackend:
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+    def init(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_peer_failure: PeerFailureListener) -> None:
         self.inits.append((world.epoch, rank))
+        self.aborted = None
+        self.on_peer_failure = on_peer_failure
         if world.epoch in self.fail_init:
             raise self.fail_init[world.epoch]
 
-    def shutdown(self) -> None:
+    def peers_dead(self, failure: PeerFailure) -> None:
+        """What the heartbeat thread does on a verdict: abort, then tell the manager."""
+        self.abort(failure.evidence)
+        assert self.on_peer_failure is not None
+        self.on_peer_failure(failure)
+
+    def abort(self, reason: str) -> None:
+        self.aborted = reason
+
+    def failure_of(self, err: BaseException) -> CollectiveError | None:
+        if isinstance(err, CollectiveError):
+            return err
+        if isinstance(err, RuntimeError) and self.aborted is not None:
+            return CollectiveError(f"{err} (aborted: {self.aborted})")
+        return None
+
+    def shutdown(self, *, left_cleanly: bool = False) -> None:
         self.shutdowns += 1
+        self.clean_shutdowns += left_cleanly
 
     def close(self) -> None:
         self.closed = True
@@ -100,10 +124,13 @@ class FakeReporter:
 
     def __init__(self, on_report: Callable[[ReportKind, int], None] | None = None) -> None:
         self.reports: list[tuple[ReportKind, int, str]] = []
+        self.suspects: list[tuple[str, ...]] = []
         self._on_report = on_report
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "") -> None:
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
         self.reports.append((kind, epoch, detail))
+        self.suspects.append(tuple(suspects))
         if self._on_report is not None:
             self._on_report(kind, epoch)
 

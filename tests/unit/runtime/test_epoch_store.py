@@ -109,13 +109,13 @@ def test_the_torch_backend_rebuilds_its_group_for_each_epoch() -> None:
     port = free_port()
     try:
         for epoch in range(3):
-            backend.init(world(epoch, port=port), 0, never)
+            backend.init(world(epoch, port=port), 0, never, print)
             assert backend.allreduce_max(epoch) == epoch
             assert backend.broadcast_object({"epoch": epoch}, 0) == {"epoch": epoch}
             assert backend.allgather_object(epoch) == [epoch]
             backend.barrier()
             backend.shutdown()
-        backend.init(world(3, port=port), 0, never)
+        backend.init(world(3, port=port), 0, never, print)
         model = torch.nn.Linear(3, 2)
         model.weight.grad = torch.ones_like(model.weight)
         backend.allreduce_gradients(model.parameters(), average=True)

@@ -148,11 +148,11 @@ def backend(fake: RecordingHorovod) -> Iterator[HorovodBackend]:
 
 def test_each_epoch_inits_horovod_on_a_fresh_store_and_shuts_the_last_one_down(
         backend: HorovodBackend, fake: RecordingHorovod) -> None:
-    backend.init(world(1, ["127.0.0.91"]), 0, never)
+    backend.init(world(1, ["127.0.0.91"]), 0, never, print)
     first = fake.env_at_init
     assert first["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.91"
     assert (first["HOROVOD_RANK"], first["HOROVOD_SIZE"]) == ("0", "1")
-    backend.init(world(2, ["127.0.0.91"]), 0, never)
+    backend.init(world(2, ["127.0.0.91"]), 0, never, print)
     with pytest.raises(ConnectionError):
         # The previous epoch's rendezvous store is gone.
         http.client.HTTPConnection("127.0.0.91", int(first["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
@@ -165,7 +165,7 @@ def test_each_epoch_inits_horovod_on_a_fresh_store_and_shuts_the_last_one_down(
 def test_rank_zero_publishes_the_store_for_the_others(
         backend: HorovodBackend, fake: RecordingHorovod) -> None:
     w = world(1, ["127.0.0.92"])
-    backend.init(w, 0, never)
+    backend.init(w, 0, never, print)
     # Read it as another member would: a client of the epoch store, under the epoch prefix.
     client = TCPStore(w.store.address, w.store.port, None, False, timedelta(seconds=5),
                       wait_for_workers=False)
@@ -175,7 +175,7 @@ def test_rank_zero_publishes_the_store_for_the_others(
 
 def test_collectives_are_named_and_failures_become_collective_errors(
         backend: HorovodBackend, fake: RecordingHorovod) -> None:
-    backend.init(world(1, ["127.0.0.93"]), 0, never)
+    backend.init(world(1, ["127.0.0.93"]), 0, never, print)
     model = torch.nn.Linear(3, 2)
     model.weight.grad = torch.ones_like(model.weight)
     backend.allreduce_gradients(model.parameters(), average=True)

@@ -1,0 +1,185 @@
+"""Is a member alive? Heartbeats on the epoch's store, apart from the collectives.
+
+Every member of an epoch runs a :class:`Heartbeat` thread from the join barrier
+until it leaves the epoch. Each beat bumps this member's counter on the epoch's
+store and reads every peer's counter in one request. :class:`LivenessTracker`
+(pure) decides who is dead: a peer whose counter did not change for
+``failure_detect_s``, or the store's host (rank 0) when the store itself stopped
+answering for that long. A training loop that is merely slow keeps beating, since
+the beat runs on its own thread, so it is never taken for dead.
+
+A member that leaves an epoch cleanly (training done, a planned change) writes
+:data:`LEFT` so its peers do not mistake its silence for death.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+
+from ringwright.world import World
+
+from .kvlog import log_event, runtime_logger
+
+_log = runtime_logger("liveness")
+
+LEFT = -1
+"""Counter value of a member that left the epoch cleanly."""
+
+
+def heartbeat_key(rank: int) -> str:
+    """Key of ``rank``'s heartbeat counter under the epoch's prefix."""
+    return f"heartbeat/{rank}"
+
+
+@dataclass(frozen=True)
+class PeerFailure:
+    """Members of an epoch found dead by this member, and why."""
+
+    epoch: int
+    pods: tuple[str, ...]
+    evidence: str
+
+
+@dataclass
+class _Peer:
+    value: int | None
+    since: float
+    left: bool = False
+
+
+class LivenessTracker:
+    """Decides, from successive reads of the counters, which peers are dead."""
+
+    def __init__(self, size: int, rank: int, detect_s: float, now: float) -> None:
+        self._rank = rank
+        self._detect_s = detect_s
+        self._peers = {r: _Peer(None, now) for r in range(size) if r != rank}
+        self._store_failing_since: float | None = None
+        self._store_error = ""
+
+    def observe(self, values: Mapping[int, int], now: float) -> None:
+        """Record one successful read of the peers' counters at ``now``."""
+        self._store_failing_since = None
+        for rank, value in values.items():
+            peer = self._peers.get(rank)
+            if peer is None:
+                continue
+            if value == LEFT:
+                peer.left = True
+            elif value != peer.value:
+                peer.value, peer.since = value, now
+
+    def store_failed(self, now: float, error: str) -> None:
+        """Record that the store did not answer at ``now``."""
+        if self._store_failing_since is None:
+            self._store_failing_since = now
+        self._store_error = error
+
+    def dead(self, now: float) -> dict[int, str]:
+        """Dead peers by rank, with the evidence for each."""
+        if self._store_failing_since is not None:
+            # Without the store the counters are unknown, not stale: only its host is
+            # judged, and only once a peer left cleanly is its silence expected.
+            host = self._peers.get(0)
+            silent = now - self._store_failing_since
+            if host is None or host.left or silent < self._detect_s:
+                return {}
+            return {0: f"the store it hosts did not answer for {silent:.1f}s "
+                       f"({self._store_error})"}
+        return {
+            rank: (f"no heartbeat for {now - peer.since:.1f}s"
+                   + (f" (last beat {peer.value})" if peer.value is not None else ""))
+            for rank, peer in self._peers.items()
+            if not peer.left and now - peer.since >= self._detect_s
+        }
+
+
+StoreFactory = Callable[[float], Store]
+"""Opens a new connection to the epoch's store (under its prefix) with a timeout."""
+
+
+class Heartbeat:
+    """Beats for this member and watches its peers on a daemon thread."""
+
+    def __init__(
+        self,
+        connect: StoreFactory,
+        world: World,
+        rank: int,
+        *,
+        interval_s: float,
+        detect_s: float,
+        on_failure: Callable[[PeerFailure], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._connect = connect
+        self._world = world
+        self._rank = rank
+        self._interval = interval_s
+        self._detect_s = detect_s
+        self._on_failure = on_failure
+        self._clock = clock
+        self._stop = threading.Event()
+        self._store: Store | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ringwright-heartbeat-{world.epoch}")
+
+    def start(self) -> None:
+        """Begin beating and watching."""
+        self._thread.start()
+
+    def stop(self, *, left_cleanly: bool) -> None:
+        """Stop; with ``left_cleanly`` tell the peers this silence is not a death."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self._detect_s)
+        if left_cleanly:
+            try:
+                store = self._store or self._connect(self._timeout())
+                store.set(heartbeat_key(self._rank), str(LEFT))
+            except (dist.DistError, RuntimeError) as err:
+                log_event(_log, logging.INFO, "leave_mark_not_written", error=err)
+        self._store = None
+
+    def _timeout(self) -> float:
+        # A store host that froze must be noticed well within the detection time.
+        return max(self._detect_s / 3, self._interval)
+
+    def _run(self) -> None:
+        peers = [r for r in range(self._world.size) if r != self._rank]
+        keys = [heartbeat_key(r) for r in peers]
+        tracker = LivenessTracker(self._world.size, self._rank, self._detect_s, self._clock())
+        known: set[int] = set()
+        beat = 0
+        while not self._stop.wait(self._interval):
+            try:
+                if self._store is None:
+                    self._store = self._connect(self._timeout())
+                beat += 1
+                self._store.set(heartbeat_key(self._rank), str(beat))
+                values = self._store.multi_get(keys) if keys else []
+                tracker.observe({r: int(v) for r, v in zip(peers, values, strict=True)},
+                                self._clock())
+            except (dist.DistError, RuntimeError, ValueError) as err:
+                self._store = None
+                tracker.store_failed(self._clock(), str(err).splitlines()[0][:200])
+            dead = tracker.dead(self._clock())
+            if dead.keys() - known and not self._stop.is_set():
+                known |= dead.keys()
+                self._on_failure(self._failure(dead))
+
+    def _failure(self, dead: dict[int, str]) -> PeerFailure:
+        members = self._world.members
+        evidence = "; ".join(f"{members[r].pod} (rank {r}): {why}"
+                             for r, why in sorted(dead.items()))
+        log_event(_log, logging.WARNING, "peers_dead", epoch=self._world.epoch,
+                  pods=",".join(members[r].pod for r in sorted(dead)), evidence=evidence)
+        return PeerFailure(self._world.epoch, tuple(members[r].pod for r in sorted(dead)),
+                           evidence)
