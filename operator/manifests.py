@@ -22,6 +22,8 @@ WORKER = "worker"
 PS = "ps"
 HEALTH_FILE = "/tmp/ringwright/healthy"
 """The runtime keeps this file while its training loop makes progress."""
+READINESS_PORT = 29401
+"""The runtime serves ``/readyz`` here (on the pod IP): a frozen process cannot answer."""
 
 
 def runtime_account_name(job: str) -> str:
@@ -129,8 +131,21 @@ def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
         {"name": Env.REPORTS_CONFIGMAP, "value": reports_configmap_name(name)},
         {"name": Env.BACKEND, "value": job["spec"].get("backend", "torch")},
         {"name": Env.HEALTH_FILE, "value": HEALTH_FILE},
+        {"name": Env.READINESS_PORT, "value": str(READINESS_PORT)},
         {"name": Env.TERMINATION_GRACE, "value": str(grace_seconds)},
+        *_fault_tolerance_env(job),
     ]
+
+
+def _fault_tolerance_env(job: Obj) -> list[Obj]:
+    ft = job["spec"].get("faultTolerance") or {}
+    values = [
+        (Env.FAILURE_DETECT, ft.get("failureDetectSeconds")),
+        (Env.COLLECTIVE_TIMEOUT, ft.get("collectiveTimeoutSeconds")),
+        (Env.STALL_TIMEOUT, ft.get("stallTimeoutSeconds")),
+    ]
+    # Unset fields keep the runtime's defaults, which are the schema's defaults.
+    return [{"name": name, "value": str(v)} for name, v in values if v is not None]
 
 
 def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
@@ -156,8 +171,10 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     if "resources" in placement:
         main["resources"] = placement["resources"]
     main.setdefault("readinessProbe", {
-        "exec": {"command": ["test", "-f", HEALTH_FILE]},
+        # Served by the runtime itself: a stopped or stalled process fails it.
+        "httpGet": {"path": "/readyz", "port": READINESS_PORT},
         "periodSeconds": 5,
+        "timeoutSeconds": 2,
         "failureThreshold": 2,
     })
     spec.update({

@@ -222,6 +222,51 @@ class LRScalingSpec(ApiModel):
     )
 
 
+class FaultToleranceSpec(ApiModel):
+    """How members tell a slow peer from a dead one."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.failureDetectSeconds < self.collectiveTimeoutSeconds",
+                "spec.faultTolerance.failureDetectSeconds must be shorter than "
+                "collectiveTimeoutSeconds: heartbeats find the dead, the collective "
+                "timeout is a last resort",
+                ".failureDetectSeconds",
+            ),
+            cel(
+                "self.stallTimeoutSeconds == 0 || "
+                "self.failureDetectSeconds < self.stallTimeoutSeconds",
+                "spec.faultTolerance.stallTimeoutSeconds must be 0 (off) or longer than "
+                "failureDetectSeconds",
+                ".stallTimeoutSeconds",
+            ),
+        )
+    )
+
+    failure_detect_seconds: int = Field(
+        default=3,
+        ge=1,
+        le=600,
+        description="A member whose heartbeats (sent from a side thread, not the training "
+        "loop) stop for this long is dead: its peers abort, roll back and report it.",
+    )
+    collective_timeout_seconds: int = Field(
+        default=1800,
+        ge=2,
+        le=86400,
+        description="Last-resort limit of one collective. Long: a peer that is late but "
+        "alive is waited for, never rolled back for.",
+    )
+    stall_timeout_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="A member whose training loop makes no progress for this long is hung: "
+        "its readiness fails and it leaves the world. 0: never.",
+    )
+
+
 class RunPolicy(ApiModel):
     """Lifecycle knobs, named as in Kubernetes Jobs."""
 
@@ -320,6 +365,10 @@ class TrainingJobSpec(ApiModel):
         default_factory=LRScalingSpec, description="Learning-rate rescaling on resize."
     )
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Lifecycle knobs.")
+    fault_tolerance: FaultToleranceSpec = Field(
+        default_factory=FaultToleranceSpec,
+        description="Failure detection: dead (silent) versus slow (late) members.",
+    )
     scheduling_policy_name: str = Field(
         default="default",
         min_length=1,

@@ -24,7 +24,7 @@ from .liveness import PeerFailure
 T = TypeVar("T")
 
 PeerFailureListener = Callable[[PeerFailure], None]
-"""Told (from the heartbeat thread) which peers were found dead, after the abort."""
+"""Told (from the heartbeat thread) which peers were found dead, just before the abort."""
 
 
 class CollectiveError(RuntimeError):

@@ -271,7 +271,8 @@ class ElasticRuntime:
         if s.health_file:
             self.watchdog.add_listener(HealthFile(Path(s.health_file)))
         if s.readiness_port:
-            self._readiness = ReadinessServer(self.watchdog, s.readiness_port)
+            self._readiness = ReadinessServer(self.watchdog, s.readiness_port,
+                                              s.readiness_address)
             self._readiness.start()
 
         def report_stall(ready: bool, idle_s: float) -> None:

@@ -144,8 +144,9 @@ class HorovodBackend:
         s = self._settings
 
         def peer_failed(failure: PeerFailure) -> None:
-            self.abort(f"peers dead: {failure.evidence}")
+            # Reported first, so the rollback's own report already names the suspects.
             on_peer_failure(failure)
+            self.abort(f"peers dead: {failure.evidence}")
 
         store = self._stores.meet(world, rank, superseded, peer_failed)
         started = self._clock()

@@ -9,6 +9,13 @@ join), so the running members never wait for a process that is still starting, a
 on a scale-down first publishes the smaller world and lets the leavers exit on their
 own.
 
+It reads the members' reports (files under ``reports/``) and applies the operator's
+rules (:mod:`ringwright.eviction`): a member that its peers found dead, corroborated,
+or that reports itself stalled, is dropped from the world and killed after a grace
+period (a cut-off member fences itself first); a member that restarted without state
+gets a new epoch. With ``restart=True`` a crashed process is started again under the
+same name and address, as the kubelet restarts a container in its pod.
+
 Run a script elastically on this machine::
 
     python -m ringwright.runtime.local_launcher --workers 4 -- python examples/train_elastic.py
@@ -33,17 +40,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Protocol
 
+from ringwright.eviction import judge, needs_new_epoch
 from ringwright.world import (
     CheckpointSettings,
+    ContractError,
     Env,
     JobRef,
     LRRule,
     LRScaling,
     Member,
+    Report,
+    ReportKind,
     StoreAddress,
     World,
+    parse_report,
 )
 
 from .file_source import write_world_file
@@ -61,9 +73,40 @@ class LocalPod:
 
     name: str
     ip: str
+    index: int
     process: subprocess.Popen[bytes]
     leaving: bool = False
     """Dropped by a planned scale-down: its exit is expected and not a failure."""
+    evicted_at: float | None = None
+    """When it was dropped on its peers' word; killed after the grace period."""
+    restarts: int = 0
+
+
+class PodNetwork(Protocol):
+    """Where pod ``index`` lives on the network: its address, a command prefix that
+    runs a process there, and environment for it."""
+
+    def attach(self, index: int) -> tuple[str, list[str], dict[str, str]]:
+        """(address, command prefix, extra environment) of pod ``index``."""
+        ...
+
+
+class Loopback:
+    """Every pod on its own loopback address of this machine."""
+
+    def attach(self, index: int) -> tuple[str, list[str], dict[str, str]]:
+        """127.0.0.(FIRST_HOST + index), no prefix."""
+        return f"127.0.0.{FIRST_HOST + index}", [], {}
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP) or traced: alive, but unable to answer."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the parenthesised command name, which may hold spaces.
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
 def free_port() -> int:
@@ -87,7 +130,12 @@ class LocalJob:
         env: Mapping[str, str] | None = None,
         capture_logs: bool = True,
         settle_s: float = 0.3,
+        restart: bool = False,
+        network: PodNetwork | None = None,
+        verdict_wait_s: float = 4.0,
+        evict_grace_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.command = list(command)
         self.workdir = workdir
@@ -99,7 +147,14 @@ class LocalJob:
         self.capture_logs = capture_logs
         self.settle_s = settle_s
         self.store_port = free_port()
+        self.restart = restart
+        self.network = network or Loopback()
+        self.verdict_wait_s = verdict_wait_s
+        self.evict_grace_s = evict_grace_s
         self._clock = clock
+        self._wall = wall_clock
+        self._restarted: set[str] = set()
+        """Members restarted since the world was last published: they hold no state."""
         self._lock = threading.RLock()
         self._pods: dict[str, LocalPod] = {}
         self._members: list[str] = []
@@ -133,6 +188,21 @@ class LocalJob:
     def health_path(self, pod: str) -> Path:
         """Pod ``pod``'s readiness file (present while ready)."""
         return self.workdir / "health" / pod
+
+    @property
+    def reports_dir(self) -> Path:
+        """Where members write their reports (``<pod>.json``)."""
+        return self.workdir / "reports"
+
+    def reports(self) -> dict[str, Report]:
+        """Every member's newest report."""
+        out: dict[str, Report] = {}
+        for path in sorted(self.reports_dir.glob("*.json")):
+            try:
+                out[path.stem] = parse_report(path.read_text(), where=str(path))
+            except (OSError, ContractError):
+                continue  # being replaced, or not a report: read it next round
+        return out
 
     def start(self, workers: int) -> World:
         """Start ``workers`` processes, publish the first world, begin watching them."""
@@ -198,14 +268,17 @@ class LocalJob:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _spawn(self) -> LocalPod:
-        index = self._next_index
-        self._next_index += 1
+    def _spawn(self, index: int | None = None) -> LocalPod:
+        if index is None:
+            index = self._next_index
+            self._next_index += 1
         name = f"{self.job.name}-worker-{index}"
-        ip = f"127.0.0.{FIRST_HOST + index}"
+        ip, prefix, net_env = self.network.attach(index)
         env = {
             **os.environ,
             **self.env,
+            **net_env,
+            Env.REPORTS_DIR: str(self.reports_dir),
             Env.POD_NAME: name,
             Env.POD_IP: ip,
             Env.JOB_NAME: self.job.name,
@@ -218,12 +291,12 @@ class LocalJob:
             self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path(name), "ab")  # noqa: SIM115 - owned by the child
         try:
-            proc = subprocess.Popen(self.command, env=env, stdout=out,
+            proc = subprocess.Popen([*prefix, *self.command], env=env, stdout=out,
                                     stderr=subprocess.STDOUT if out else None)
         finally:
             if out is not None:
                 out.close()
-        pod = LocalPod(name=name, ip=ip, process=proc)
+        pod = LocalPod(name=name, ip=ip, index=index, process=proc)
         self._pods[name] = pod
         log_event(_log, logging.INFO, "pod_started", pod=name, ip=ip, pid=proc.pid)
         return pod
@@ -240,6 +313,7 @@ class LocalJob:
                       checkpoint=self.checkpoint)
         write_world_file(self.world_file, world)
         self._world = world
+        self._restarted.clear()
         log_event(_log, logging.INFO, "world_published", epoch=world.epoch, size=world.size,
                   members=",".join(self._members), why=why)
         return world
@@ -271,15 +345,58 @@ class LocalJob:
                     self._pods[late].process.terminate()
                 self._joining = []
                 continue
+            if self.restart:
+                self._restart(name, code)
+                continue
             self._failed[name] = code
             self._pending_since = self._pending_since or self._clock()
             log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
+        self._follow_reports()
         if self._pending_since is not None and \
                 self._clock() - self._pending_since >= self.settle_s:
             gone = [m for m in self._members if m in self._failed]
             self._members = [m for m in self._members if m not in self._failed]
             self._pending_since = None
             self._publish(f"lost {','.join(gone)}")
+        for pod in self._pods.values():
+            if pod.evicted_at is not None and pod.process.poll() is None \
+                    and self._clock() - pod.evicted_at >= self.evict_grace_s:
+                # Like deleting the pod: a frozen process cannot fence itself.
+                pod.process.kill()
+
+    def _restart(self, name: str, code: int) -> None:
+        old = self._pods[name]
+        pod = self._spawn(old.index)
+        pod.restarts = old.restarts + 1
+        self._restarted.add(name)
+        log_event(_log, logging.WARNING, "pod_restarted", pod=name, exit_code=code,
+                  restarts=pod.restarts)
+
+    def _follow_reports(self) -> None:
+        """Drop members found dead or stalled; re-form around a member without state."""
+        world = self._world
+        if world is None or self._pending_since is not None:
+            return
+        reports = self.reports()
+        stopped = {m for m in self._members if process_stopped(self._pods[m].process.pid)}
+        doomed = {e.pod: e.reason for e in judge(world, reports, stopped)}
+        doomed.update({pod: "it reports its training loop stalled"
+                       for pod, r in reports.items()
+                       if r.kind is ReportKind.STALLED and r.epoch == world.epoch
+                       and pod in self._members})
+        dropped = [m for m in self._members if m in doomed and m not in self._restarted]
+        for name in dropped:
+            self._pods[name].evicted_at = self._clock()
+            self._failed[name] = -1
+            log_event(_log, logging.WARNING, "pod_evicted", pod=name, why=doomed[name])
+        if dropped:
+            self._pending_since = self._clock()
+            return
+        why = needs_new_epoch(world, reports, self._wall(), self.verdict_wait_s)
+        if why is None and doomed.keys() & self._restarted:
+            why = f"{','.join(sorted(doomed.keys() & self._restarted))} restarted"
+        if why is not None:
+            self._publish(why)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -293,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-world-size", type=int, default=1)
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--restart", action="store_true",
+                        help="restart a crashed worker under the same name, like a kubelet")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the worker command, after --")
     args = parser.parse_args(argv)
@@ -302,7 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(message)s")
     lr = LRScaling(rule=LRRule(args.lr_rule), base_world_size=args.base_world_size,
                    warmup_steps=args.warmup_steps)
-    with LocalJob(command, args.workdir, job=args.job, lr=lr, capture_logs=False) as job:
+    with LocalJob(command, args.workdir, job=args.job, lr=lr, capture_logs=False,
+                  restart=args.restart) as job:
         def resize(delta: int) -> Callable[[int, FrameType | None], None]:
             def handler(signum: int, frame: FrameType | None) -> None:
                 # Off the signal handler: scaling takes the job's lock.

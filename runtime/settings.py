@@ -61,6 +61,10 @@ class RuntimeSettings(BaseModel):
     readiness_port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Serve ``/readyz`` and ``/healthz`` over HTTP on this port; 0 disables."""
 
+    readiness_address: str = "0.0.0.0"
+    """Address the readiness endpoint listens on: the pod's IP when known, so that
+    pods standing in on one machine's loopback addresses do not collide."""
+
     termination_grace_s: Annotated[float, Field(gt=0)] = 30.0
     """The pod's terminationGracePeriodSeconds: how long after SIGTERM a final
     checkpoint may take before the kubelet kills the container."""
@@ -101,6 +105,7 @@ class RuntimeSettings(BaseModel):
             "world_wait_timeout_s": SettingsEnv.WORLD_WAIT_TIMEOUT,
             "stall_timeout_s": SettingsEnv.STALL_TIMEOUT,
             "readiness_port": SettingsEnv.READINESS_PORT,
+            "readiness_address": Env.POD_IP,
             "health_file": Env.HEALTH_FILE,
             "termination_grace_s": Env.TERMINATION_GRACE,
         }

@@ -99,8 +99,9 @@ class TorchDistributedBackend:
         s = self._settings
 
         def peer_failed(failure: PeerFailure) -> None:
-            self.abort(f"peers dead: {failure.evidence}")
+            # Reported first, so the rollback's own report already names the suspects.
             on_peer_failure(failure)
+            self.abort(f"peers dead: {failure.evidence}")
 
         with self._lock:
             self._aborted = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from .world import Report, World
+from .world import Report, ReportKind, World
 
 
 @dataclass(frozen=True)
@@ -59,3 +59,24 @@ def judge(world: World, reports: Mapping[str, Report],
                    f"{world.epoch}" + (" and unhealthy in the judge's own view" if own else ""))
             evicted[suspect] = Eviction(suspect, tuple(sorted(voters)), why)
     return sorted(evicted.values(), key=lambda e: rank[e.pod])
+
+
+def needs_new_epoch(world: World, reports: Mapping[str, Report], now: float,
+                    verdict_wait_s: float) -> str | None:
+    """Why the same membership must be republished under a new epoch, if it must.
+
+    A member that restarted without state (``no-state``) cannot take its rank in the
+    current epoch. A member whose collective failed without anyone being found dead
+    (no suspects) within ``verdict_wait_s`` waits for a world that nothing else
+    would publish. ``now`` and ``Report.at`` are wall-clock seconds.
+    """
+    members = {m.pod for m in world.members}
+    for pod, report in sorted(reports.items()):
+        if pod not in members or report.epoch != world.epoch:
+            continue
+        if report.kind is ReportKind.NO_STATE:
+            return f"{pod} restarted without state"
+        if report.kind is ReportKind.COLLECTIVE_FAILED and not report.suspects \
+                and now - report.at >= verdict_wait_s:
+            return f"{pod}'s collective failed and no member was found dead"
+    return None

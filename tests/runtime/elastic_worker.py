@@ -11,7 +11,9 @@ Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP, and
 CHECKPOINT_DIR for checkpoints (a final one on SIGTERM, restored on a fresh start).
 With GATE_FILE and GATE_STEP set, a worker that completes step GATE_STEP waits while
 GATE_FILE exists, so a test can make a change happen at a known point of training
-without racing it.
+without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make that rank sleep once
+after that step (a slow evaluation: late, not dead). USER_ALLREDUCE=1 also sums the
+loss with the library's own all-reduce inside the training function, as user code may.
 """
 
 from __future__ import annotations
@@ -68,6 +70,18 @@ def library_view() -> dict[str, int]:
     return {"lib_rank": dist.get_rank(), "lib_size": dist.get_world_size()}
 
 
+def user_level_sum(value: torch.Tensor) -> None:
+    """A collective the training function makes itself, outside the runtime."""
+    if os.environ.get(Env.BACKEND) == "horovod":
+        import horovod.torch as hvd
+
+        hvd.allreduce(value, op=hvd.Sum, name="user.loss")
+        return
+    import torch.distributed as dist
+
+    dist.all_reduce(value)
+
+
 def main() -> int:
     pod = os.environ[Env.POD_NAME]
     epochs = int(os.environ.get("EPOCHS", "3"))
@@ -77,6 +91,11 @@ def main() -> int:
     step_sleep = float(os.environ.get("STEP_SLEEP", "0.03"))
     gate = Path(os.environ.get("GATE_FILE", "/nonexistent"))
     gate_step = int(os.environ.get("GATE_STEP", "-1"))
+    pause_rank = int(os.environ.get("PAUSE_RANK", "-1"))
+    pause_step = int(os.environ.get("PAUSE_STEP", "-1"))
+    pause_s = float(os.environ.get("PAUSE_SECONDS", "0"))
+    paused: list[int] = []
+    user_allreduce = os.environ.get("USER_ALLREDUCE") == "1"
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}.jsonl")
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {pod} %(name)s %(message)s")
@@ -105,11 +124,14 @@ def main() -> int:
             global_batch = len(state.sampler.global_positions())
             indices = state.sampler.batch()
             optimizer.zero_grad()
+            loss = torch.zeros(())
             if indices:
                 pred = model(xs[indices])
                 # Normalised by the global batch, so summed gradients are the global mean.
                 loss = ((pred - ys[indices]) ** 2).sum() / global_batch
                 loss.backward()
+            if user_allreduce:
+                user_level_sum(loss.detach().clone())
             # Written before the allreduce: if any rank finished this step, every rank
             # of the world has recorded it.
             trace.write(ev="step", wepoch=world.epoch, rank=state.binding.rank,
@@ -120,6 +142,10 @@ def main() -> int:
             state.advance()
             trace.write(ev="stepped", wepoch=world.epoch, size=world.size, step=state.step)
             time.sleep(step_sleep)
+            if state.step == pause_step and state.binding.rank == pause_rank and not paused:
+                paused.append(state.step)
+                trace.write(ev="pause", step=state.step, seconds=pause_s)
+                time.sleep(pause_s)
             while state.step == gate_step and gate.exists():
                 time.sleep(0.02)
             if state.step % commit_every == 0 or state.sampler.epoch != data_epoch:

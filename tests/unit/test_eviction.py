@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ringwright.eviction import judge
+from ringwright.eviction import judge, needs_new_epoch
 from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, World
 
 
@@ -62,3 +62,22 @@ def test_judge(case: Case) -> None:
     assert [e.pod for e in out] == case.evicted
     for e in out:
         assert e.reporters and e.pod not in e.reporters and e.reason
+
+
+def report(kind: ReportKind, epoch: int = 3, at: float = 100.0, *suspects: str) -> Report:
+    return Report(kind=kind, epoch=epoch, at=at, suspects=suspects)
+
+
+@pytest.mark.parametrize(("reports", "now", "bump"), [
+    ({}, 200.0, False),
+    ({"w1": report(ReportKind.NO_STATE)}, 100.0, True),
+    ({"w1": report(ReportKind.NO_STATE, 2)}, 100.0, False),
+    ({"x": report(ReportKind.NO_STATE)}, 100.0, False),
+    ({"w1": report(ReportKind.COLLECTIVE_FAILED)}, 101.0, False),
+    ({"w1": report(ReportKind.COLLECTIVE_FAILED)}, 104.0, True),
+    ({"w1": report(ReportKind.COLLECTIVE_FAILED, 3, 100.0, "w2")}, 104.0, False),
+    ({"w1": report(ReportKind.STALLED)}, 104.0, False),
+], ids=["quiet", "no-state", "old-epoch", "non-member", "verdict-pending", "no-verdict",
+        "verdict-given", "stalled-is-evicted-elsewhere"])
+def test_needs_new_epoch(reports: dict[str, Report], now: float, bump: bool) -> None:
+    assert (needs_new_epoch(world(4), reports, now, verdict_wait_s=4.0) is not None) is bump

@@ -1,0 +1,215 @@
+"""Silent failures with real worker processes: frozen, cut off, slow, restarted.
+
+The local launcher plays the operator: it reads the members' reports, drops a member
+only when its peers' word is corroborated, restarts a crashed process like a kubelet
+when asked to. The workers detect death by heartbeats (failureDetectSeconds = 3)
+with a long collective timeout, so every recovery here is the heartbeat's doing.
+No assertion depends on how long anything took; waits are on observed progress.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ringwright.runtime.group import FENCED_EXIT
+from ringwright.runtime.local_launcher import LocalJob, PodNetwork
+from ringwright.runtime.settings import SettingsEnv
+from ringwright.world import Env
+from tests.conftest import IN_CI
+from tests.runtime import netns
+from tests.runtime.elastic_traces import Traces, assert_resumed_from_commit
+from tests.runtime.test_elastic_processes import (
+    EPOCHS,
+    SAMPLES,
+    WORKER,
+    audit,
+    finish,
+    log_tails,
+    traces,
+    wait_for_step,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(420)
+
+JobFactory = Callable[..., LocalJob]
+
+
+@pytest.fixture()
+def make_job(tmp_path: Path) -> Iterator[JobFactory]:
+    """LocalJob factory: ``make_job(restart=..., network=..., **worker_env)``."""
+    jobs: list[LocalJob] = []
+
+    def make(*, restart: bool = False, network: PodNetwork | None = None,
+             evict_grace_s: float = 60.0, name: str = "job", **worker_env: str) -> LocalJob:
+        workdir = tmp_path / name
+        env = {
+            Env.BACKEND: "torch",
+            "TRACE_DIR": str(workdir / "trace"),
+            "EPOCHS": str(EPOCHS),
+            "SAMPLES": str(SAMPLES),
+            "BATCH": "4",
+            "COMMIT_EVERY": "4",
+            "STEP_SLEEP": "0.03",
+            "TORCH_CPP_LOG_LEVEL": "ERROR",
+            "OMP_NUM_THREADS": "1",
+            SettingsEnv.FAILURE_DETECT: "3",
+            # Far beyond any wait in these tests: only the heartbeats may find the dead.
+            SettingsEnv.COLLECTIVE_TIMEOUT: "600",
+            **worker_env,
+        }
+        job = LocalJob([sys.executable, str(WORKER)], workdir, env=env, restart=restart,
+                       network=network, evict_grace_s=evict_grace_s)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.close()
+
+
+def rollbacks(job: LocalJob) -> int:
+    """``rolled_back`` events in the workers' logs."""
+    return sum(job.log_path(p).read_text().count("rolled_back")
+               for p in job.exit_codes() if job.log_path(p).exists())
+
+
+def report_of(job: LocalJob, pod: str) -> dict[str, object]:
+    report: dict[str, object] = json.loads((job.reports_dir / f"{pod}.json").read_text())
+    return report
+
+
+def test_sigstop_one_of_four_is_found_dead_and_fenced_when_it_wakes(
+        make_job: JobFactory) -> None:
+    job = make_job()
+    job.start(4)
+    wait_for_step(job, 6)
+    victim = job.world.members[2].pod
+    job.kill(victim, signal.SIGSTOP)
+    wait_until(job, "a world without the frozen member",
+               lambda: job.world.epoch == 1 and job.world.member(victim) is None)
+    survivors = [m.pod for m in job.world.members]
+    # Every survivor named the frozen member, with the heartbeat evidence.
+    for pod in survivors:
+        report = report_of(job, pod)
+        assert report["suspects"] == [victim] and report["epoch"] == 0, report
+        assert "no heartbeat" in str(report["detail"])
+    # Woken up, it is a member of an old epoch: it must not train on, but fence itself.
+    job.kill(victim, signal.SIGCONT)
+    codes = finish(job)
+    assert codes[victim] == FENCED_EXIT, log_tails(job)
+    t = audit(job)
+    assert {r["size"] for r in t.starts(1).values()} == {3}
+    assert victim not in t.starts(1)
+    assert_resumed_from_commit(t, before=0, after=1)
+
+
+def test_two_frozen_at_once(make_job: JobFactory) -> None:
+    job = make_job(evict_grace_s=1.0)
+    job.start(4)
+    wait_for_step(job, 6)
+    victims = [job.world.members[1].pod, job.world.members[3].pod]
+    for v in victims:
+        job.kill(v, signal.SIGSTOP)
+    codes = finish(job)
+    assert job.world.size == 2 and {m.pod for m in job.world.members}.isdisjoint(victims)
+    assert all(codes[v] == -signal.SIGKILL for v in victims), "killed once evicted"
+    t = audit(job)
+    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+
+
+def test_rank_zero_frozen_the_store_host(make_job: JobFactory) -> None:
+    job = make_job(evict_grace_s=1.0)
+    job.start(4)
+    wait_for_step(job, 6)
+    victim = job.world.members[0].pod
+    job.kill(victim, signal.SIGSTOP)
+    finish(job)
+    assert job.world.size == 3 and job.world.member(victim) is None
+    audit(job)
+
+
+def test_a_slow_rank_zero_is_late_not_dead(make_job: JobFactory) -> None:
+    """A 30 s pause of rank 0: no rollback, no new epoch, the same final parameters."""
+    quick = make_job(name="reference", EPOCHS="1")
+    quick.start(3)
+    finish(quick)
+    slow = make_job(name="paused", EPOCHS="1", PAUSE_RANK="0", PAUSE_STEP="6",
+                    PAUSE_SECONDS="30")
+    slow.start(3)
+    finish(slow)
+
+    t = traces(slow)
+    assert [r["seconds"] for _, r in t.events("pause")] == [30.0]
+    assert t.world_epochs() == [0] and slow.world.epoch == 0
+    assert rollbacks(slow) == 0
+    assert final_hashes(t) == final_hashes(traces(quick))
+
+
+def final_hashes(t: Traces) -> set[str]:
+    return {str(r["hash"]) for _, r in t.events("done")}
+
+
+def test_a_user_level_all_reduce_while_a_member_is_killed(make_job: JobFactory) -> None:
+    job = make_job(USER_ALLREDUCE="1")
+    job.start(4)
+    wait_for_step(job, 6)
+    victim = job.world.members[1].pod
+    job.kill(victim, signal.SIGKILL)
+    finish(job)
+    assert job.world.size == 3
+    t = audit(job)
+    assert_resumed_from_commit(t, before=0, after=1)
+
+
+def test_a_process_restarted_in_its_pod_without_state(make_job: JobFactory) -> None:
+    job = make_job(restart=True)
+    job.start(4)
+    wait_for_step(job, 6)
+    victim = job.world.members[2].pod
+    first_pid = job.pod(victim).process.pid
+    job.kill(victim, signal.SIGKILL)
+    codes = finish(job)
+    assert codes[victim] == 0 and job.pod(victim).process.pid != first_pid
+    assert job.world.size == 4 and job.world.member(victim) is not None
+    t = audit(job)
+    # The restarted process trained again, with the state it received by broadcast.
+    pids = {r["pid"] for pod, r in t.events("start") if pod == victim}
+    assert len(pids) == 2
+    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+
+
+@pytest.fixture()
+def namespaces() -> Iterator[netns.NamespacedPods]:
+    reason = netns.available()
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    pods = netns.NamespacedPods()
+    try:
+        yield pods
+    finally:
+        pods.close()
+
+
+def test_a_member_cut_off_from_its_peers_leaves_and_the_rest_continue(
+        make_job: JobFactory, namespaces: netns.NamespacedPods) -> None:
+    job = make_job(network=namespaces)
+    job.start(4)
+    wait_for_step(job, 6)
+    victim = job.world.members[3]
+    namespaces.cut(victim.rank)
+    codes = finish(job)
+    assert job.world.size == 3 and job.world.member(victim.pod) is None
+    # Cut off, it found everyone silent, was not believed, and fenced itself.
+    assert codes[victim.pod] == FENCED_EXIT, log_tails(job)
+    t = audit(job)
+    assert victim.pod not in t.starts(job.world.epoch)
+    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
