@@ -190,16 +190,17 @@ class HorovodBackend:
 
     def failure_of(self, err: BaseException) -> CollectiveError | None:
         """``HorovodInternalError`` (and its kin), and any runtime error after an abort."""
-        if isinstance(err, CollectiveError):
-            return err
         if not isinstance(err, RuntimeError):
             return None
         with self._lock:
             aborted = self._aborted
-        if aborted is not None or type(err).__module__.startswith("horovod"):
-            why = f" (group aborted: {aborted})" if aborted else ""
-            return CollectiveError(f"Horovod operation failed: "
-                                   f"{str(err).splitlines()[0][:300]}{why}")
+        text = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+        if aborted is not None:
+            return CollectiveError(f"{text} (group aborted: {aborted})")
+        if isinstance(err, CollectiveError):
+            return err
+        if type(err).__module__.startswith("horovod"):
+            return CollectiveError(f"Horovod operation failed: {text}")
         return None
 
     def shutdown(self, *, left_cleanly: bool = False) -> None:

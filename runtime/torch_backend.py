@@ -146,16 +146,17 @@ class TorchDistributedBackend:
 
     def failure_of(self, err: BaseException) -> CollectiveError | None:
         """Library errors, and any runtime error once the group was aborted."""
-        if isinstance(err, CollectiveError):
-            return err
         if not isinstance(err, RuntimeError):
             return None
         with self._lock:
             aborted = self._aborted
-        text = str(err)
-        if aborted is not None or isinstance(err, dist.DistError) or _library_error(text):
-            why = f" (group aborted: {aborted})" if aborted else ""
-            return CollectiveError(f"collective failed: {text.splitlines()[0][:300]}{why}")
+        text = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+        if aborted is not None:
+            return CollectiveError(f"{text} (group aborted: {aborted})")
+        if isinstance(err, CollectiveError):
+            return err
+        if isinstance(err, dist.DistError) or _library_error(text):
+            return CollectiveError(f"collective failed: {text}")
         return None
 
     def shutdown(self, *, left_cleanly: bool = False) -> None:

@@ -94,8 +94,10 @@ def test_sigstop_one_of_four_is_found_dead_and_fenced_when_it_wakes(
     job.kill(victim, signal.SIGSTOP)
     wait_until(job, "a world without the frozen member",
                lambda: job.world.epoch == 1 and job.world.member(victim) is None)
+    # Every survivor names the frozen member, with the heartbeat evidence.
     survivors = [m.pod for m in job.world.members]
-    # Every survivor named the frozen member, with the heartbeat evidence.
+    wait_until(job, "every survivor's report", lambda: all(
+        (job.reports_dir / f"{pod}.json").exists() for pod in survivors))
     for pod in survivors:
         report = report_of(job, pod)
         assert report["suspects"] == [victim] and report["epoch"] == 0, report
