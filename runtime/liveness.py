@@ -1,7 +1,7 @@
 """Is a member alive? Heartbeats on the epoch's store, apart from the collectives.
 
-Every member of an epoch runs a :class:`Heartbeat` thread from the join barrier
-until it leaves the epoch. Each beat bumps this member's counter on the epoch's
+Every member of an epoch runs a :class:`Heartbeat` from the join barrier until it
+leaves the epoch. Each beat bumps this member's counter on the epoch's
 store and reads every peer's counter in one request. :class:`LivenessTracker`
 (pure) decides who is dead: a peer whose counter did not change for
 ``failure_detect_s``, or the store's host (rank 0) when the store itself stopped
@@ -106,7 +106,12 @@ StoreFactory = Callable[[float], Store]
 
 
 class Heartbeat:
-    """Beats for this member and watches its peers on a daemon thread."""
+    """Beats for this member and watches its peers, on two daemon threads.
+
+    One thread talks to the store; the other judges. A store request to a frozen
+    host may block far beyond its timeout (the client retries), so the judge counts
+    a request left unanswered for ``failure_detect_s`` as the store failing.
+    """
 
     def __init__(
         self,
@@ -127,19 +132,29 @@ class Heartbeat:
         self._on_failure = on_failure
         self._clock = clock
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._tracker = LivenessTracker(world.size, rank, detect_s, clock())
+        self._asking_since: float | None = None
         self._store: Store | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"ringwright-heartbeat-{world.epoch}")
+        self._threads = [
+            threading.Thread(target=self._beat, daemon=True,
+                             name=f"ringwright-heartbeat-{world.epoch}"),
+            threading.Thread(target=self._judge, daemon=True,
+                             name=f"ringwright-liveness-{world.epoch}"),
+        ]
 
     def start(self) -> None:
         """Begin beating and watching."""
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, *, left_cleanly: bool) -> None:
         """Stop; with ``left_cleanly`` tell the peers this silence is not a death."""
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self._detect_s)
+        for thread in self._threads:
+            if thread.is_alive() and thread is not threading.current_thread():
+                # A beat blocked on a frozen store host is abandoned (a daemon thread).
+                thread.join(timeout=self._interval)
         if left_cleanly:
             try:
                 store = self._store or self._connect(self._timeout())
@@ -149,28 +164,41 @@ class Heartbeat:
         self._store = None
 
     def _timeout(self) -> float:
-        # A store host that froze must be noticed well within the detection time.
         return max(self._detect_s / 3, self._interval)
 
-    def _run(self) -> None:
+    def _beat(self) -> None:
         peers = [r for r in range(self._world.size) if r != self._rank]
         keys = [heartbeat_key(r) for r in peers]
-        tracker = LivenessTracker(self._world.size, self._rank, self._detect_s, self._clock())
-        known: set[int] = set()
         beat = 0
         while not self._stop.wait(self._interval):
+            with self._lock:
+                self._asking_since = self._clock()
             try:
                 if self._store is None:
                     self._store = self._connect(self._timeout())
                 beat += 1
                 self._store.set(heartbeat_key(self._rank), str(beat))
                 values = self._store.multi_get(keys) if keys else []
-                tracker.observe({r: int(v) for r, v in zip(peers, values, strict=True)},
-                                self._clock())
+                with self._lock:
+                    self._tracker.observe(
+                        {r: int(v) for r, v in zip(peers, values, strict=True)}, self._clock())
             except (dist.DistError, RuntimeError, ValueError) as err:
                 self._store = None
-                tracker.store_failed(self._clock(), str(err).splitlines()[0][:200])
-            dead = tracker.dead(self._clock())
+                with self._lock:
+                    self._tracker.store_failed(self._clock(), str(err).splitlines()[0][:200])
+            finally:
+                with self._lock:
+                    self._asking_since = None
+
+    def _judge(self) -> None:
+        known: set[int] = set()
+        while not self._stop.wait(self._interval):
+            now = self._clock()
+            with self._lock:
+                asking = self._asking_since
+                if asking is not None and now - asking >= self._timeout():
+                    self._tracker.store_failed(asking, f"no answer for {now - asking:.1f}s")
+                dead = self._tracker.dead(now)
             if dead.keys() - known and not self._stop.is_set():
                 known |= dead.keys()
                 self._on_failure(self._failure(dead))

@@ -1,0 +1,129 @@
+"""Liveness: the pure tracker, the heartbeat on a real store, aborting by socket shutdown."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+
+from ringwright.runtime.liveness import LEFT, Heartbeat, LivenessTracker, PeerFailure, heartbeat_key
+from ringwright.runtime.local_launcher import free_port
+from ringwright.runtime.sockets import GroupSockets
+from ringwright.world import JobRef, Member, StoreAddress, World
+
+
+def test_a_peer_silent_for_the_detection_time_is_dead_with_evidence() -> None:
+    t = LivenessTracker(size=3, rank=0, detect_s=3.0, now=0.0)
+    t.observe({1: 1, 2: 1}, now=0.5)
+    t.observe({1: 2, 2: 1}, now=2.0)
+    assert t.dead(3.4) == {}
+    t.observe({1: 3, 2: 1}, now=3.5)
+    dead = t.dead(3.5)
+    assert list(dead) == [2] and "no heartbeat for 3.0s" in dead[2]
+
+
+def test_late_beats_are_still_beats() -> None:
+    """A slow member beats from its own thread: only silence counts, not lateness."""
+    t = LivenessTracker(size=2, rank=1, detect_s=3.0, now=0.0)
+    for now in (2.9, 5.8, 8.7, 11.6):
+        t.observe({0: int(now * 10)}, now=now)
+        assert t.dead(now + 2.9) == {}
+
+
+def test_a_member_that_left_cleanly_is_not_dead() -> None:
+    t = LivenessTracker(size=2, rank=0, detect_s=1.0, now=0.0)
+    t.observe({1: LEFT}, now=0.1)
+    assert t.dead(100.0) == {}
+
+
+def test_a_store_that_stops_answering_condemns_its_host_only() -> None:
+    t = LivenessTracker(size=3, rank=2, detect_s=3.0, now=0.0)
+    t.observe({0: 1, 1: 1}, now=0.5)
+    t.store_failed(1.0, "timed out")
+    assert t.dead(3.9) == {}, "counters are unknown while the store is down, not stale"
+    dead = t.dead(4.0)
+    assert list(dead) == [0] and "did not answer" in dead[0]
+    t.observe({0: 2, 1: 2}, now=4.5)
+    assert t.dead(4.5) == {}
+
+
+def test_a_store_gone_after_its_host_left_cleanly_is_expected() -> None:
+    t = LivenessTracker(size=2, rank=1, detect_s=1.0, now=0.0)
+    t.observe({0: LEFT}, now=0.1)
+    t.store_failed(0.2, "connection refused")
+    assert t.dead(10.0) == {}
+
+
+def world(size: int, port: int) -> World:
+    members = tuple(Member(rank=i, pod=f"w{i}", ip="127.0.0.1") for i in range(size))
+    return World(job=JobRef(namespace="n", name="j"), epoch=5, members=members,
+                 store=StoreAddress(address="127.0.0.1", port=port))
+
+
+@pytest.fixture()
+def server() -> Iterator[TCPStore]:
+    yield TCPStore("127.0.0.1", free_port(), None, True, timedelta(seconds=5),
+                   wait_for_workers=False)
+
+
+def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> None:
+    w = world(3, server.port)
+
+    def connect(timeout_s: float) -> Store:
+        raw = TCPStore("127.0.0.1", server.port, None, False, timedelta(seconds=timeout_s),
+                       wait_for_workers=False)
+        return PrefixStore("e/", raw)
+
+    prefixed = PrefixStore("e/", server)
+    for rank in range(3):
+        prefixed.set(heartbeat_key(rank), "0")
+    failures: list[PeerFailure] = []
+    found = threading.Event()
+
+    def on_failure(f: PeerFailure) -> None:
+        failures.append(f)
+        found.set()
+
+    beats = [Heartbeat(connect, w, rank, interval_s=0.05, detect_s=0.6, on_failure=on_failure)
+             for rank in (0, 1)]
+    for b in beats:
+        b.start()
+    try:
+        # Rank 2 never beats; ranks 0 and 1 keep each other alive.
+        assert found.wait(10)
+        time.sleep(0.3)
+    finally:
+        for b in beats:
+            b.stop(left_cleanly=True)
+    assert {f.pods for f in failures} == {("w2",)}
+    assert all(f.epoch == 5 and "w2 (rank 2): no heartbeat" in f.evidence for f in failures)
+    assert prefixed.get(heartbeat_key(0)) == str(LEFT).encode()
+
+
+def test_abort_shuts_down_only_the_connections_opened_while_forming() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    keep = socket.create_connection(("127.0.0.1", port))
+    sockets = GroupSockets(keep_ports=set())
+    group = socket.create_connection(("127.0.0.1", port))
+    group_peer, _ = listener.accept()
+    sockets.formed()
+    later = socket.create_connection(("127.0.0.1", port))
+    try:
+        # The group's connection reads end-of-file at once: a blocked receive returns.
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.append(group.recv(1)))
+        reader.start()
+        assert sockets.abort() >= 1
+        reader.join(5)
+        assert got == [b""]
+        for untouched in (keep, later):
+            untouched.sendall(b"x")  # would raise on a shut-down socket
+    finally:
+        for s in (listener, keep, group, group_peer, later):
+            s.close()
