@@ -21,6 +21,7 @@ from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
 from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
+from ringwright.eviction import judge, needs_new_epoch
 from ringwright.world import CheckpointSettings, JobRef, LRScaling, Report, ReportKind, World
 
 
@@ -87,6 +88,11 @@ class Plan:
 def backoff(restarts: int, base: float, cap: float) -> float:
     """Delay before the next replacement: base, 2·base, 4·base, … up to cap."""
     return float(min(cap, base * math.pow(2, max(restarts - 1, 0))))
+
+
+VERDICT_MARGIN_S = 2.0
+"""Beyond failureDetectSeconds, how long a failed collective waits for a member's
+heartbeat verdict before the operator re-forms the same membership."""
 
 
 class _Round:
@@ -218,6 +224,15 @@ class _Round:
         present = {f"{p.name}/{p.uid}": p for p in everyone}
         lost = [key for key, p in present.items() if p.state == PodState.FAILED]
         lost += sorted(members - present.keys())
+        if world is not None:
+            # Peers' word, corroborated: several reporters, or one and the pod not Ready.
+            unhealthy = {p.name for p in everyone if p.state != PodState.READY}
+            for e in judge(world, self.obs.reports, unhealthy):
+                pod_ = next((p for p in everyone if p.name == e.pod), None)
+                if pod_ is not None and pod_.state != PodState.DELETING:
+                    lost.append(f"{pod_.name}/{pod_.uid}")
+                    self.event("MemberDead", f"{e.pod} is dead: {e.reason} "
+                               f"({', '.join(e.reporters)}); replacing it", warning=True)
         for name, report in self.obs.reports.items():
             pod_ = next((p for p in everyone if p.name == name), None)
             if (report.kind == ReportKind.STALLED and world is not None
@@ -321,9 +336,15 @@ class _Round:
         ready = [p for p in self.workers if p.state == PodState.READY and p.name not in doomed
                  and p.leaving_since is None]
         current = self.obs.world
-        force = any(r.kind in (ReportKind.COLLECTIVE_FAILED, ReportKind.NO_STATE)
-                    for r in self.obs.reports.values()
-                    if current is not None and r.epoch == current.epoch)
+        # Members waiting for a world that only a bump would bring: one restarted
+        # without state, or a collective failed and no member was found dead.
+        verdict_wait = self.spec.fault_tolerance.failure_detect_seconds + VERDICT_MARGIN_S
+        force = current is not None and needs_new_epoch(
+            current, self.obs.reports, self.now, verdict_wait) is not None
+        if current is not None and not force and any(
+                r.kind == ReportKind.COLLECTIVE_FAILED and r.epoch == current.epoch
+                and not r.suspects for r in self.obs.reports.values()):
+            self.plan.soon(verdict_wait)
         pending_doc = self.status.get("candidate") or {}
         pending = (Candidate(pending_doc["digest"], float(pending_doc["since"]))
                    if pending_doc.get("digest") else None)

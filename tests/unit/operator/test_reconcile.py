@@ -231,16 +231,53 @@ def test_below_min_too_long_fails_with_reason() -> None:
     assert later.status["phase"] == "Failed"
 
 
-def test_collective_failure_report_bumps_the_epoch_with_same_members() -> None:
+def test_collective_failure_without_a_verdict_bumps_the_epoch_with_same_members() -> None:
     pods = [pod(i) for i in range(4)]
     report = Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=4, at=NOW)
+    waiting = run(job(status={"phase": "Running"}), pods=pods,
+                  world=world_of(range(4), epoch=4), reports={"tj-worker-1": report})
+    assert waiting.world is None, "the heartbeats may still name a dead member"
+    assert waiting.requeue_after is not None
     result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
-                 reports={"tj-worker-1": report})
+                 reports={"tj-worker-1": report}, now=NOW + 10)
     assert result.world is not None and result.world.epoch == 5
     assert result.world.size == 4
     stale = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=5),
-                reports={"tj-worker-1": report})
+                reports={"tj-worker-1": report}, now=NOW + 10)
     assert stale.world is None
+
+
+def test_a_member_restarted_without_state_bumps_the_epoch_at_once() -> None:
+    pods = [pod(i) for i in range(4)]
+    report = Report(kind=ReportKind.NO_STATE, epoch=4, at=NOW)
+    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
+                 reports={"tj-worker-1": report})
+    assert result.world is not None and result.world.epoch == 5 and result.world.size == 4
+
+
+def dead(*suspects: str) -> Report:
+    return Report(kind=ReportKind.PEER_DEAD, epoch=4, at=NOW, suspects=suspects)
+
+
+def test_a_member_its_peers_found_dead_is_replaced() -> None:
+    pods = [pod(i) for i in range(4)]
+    reports = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-3": dead("tj-worker-2")}
+    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
+                 reports=reports)
+    assert result.delete == ["tj-worker-2"]
+    assert any(e.reason == "MemberDead" for e in result.events)
+    assert result.world is None or "tj-worker-2" not in [m.pod for m in result.world.members]
+
+
+def test_one_accuser_is_not_enough_unless_the_pod_is_unready_too() -> None:
+    reports = {"tj-worker-3": dead("tj-worker-0", "tj-worker-1", "tj-worker-2")}
+    healthy = run(job(status={"phase": "Running"}), pods=[pod(i) for i in range(4)],
+                  world=world_of(range(4), epoch=4), reports=reports)
+    assert healthy.delete == []
+    unready = [pod(i, ready=i != 1) for i in range(4)]
+    result = run(job(status={"phase": "Running"}), pods=unready,
+                 world=world_of(range(4), epoch=4), reports=reports)
+    assert result.delete == ["tj-worker-1"]
 
 
 def test_stalled_member_is_deleted_and_its_report_cleared() -> None:
