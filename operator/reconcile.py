@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ringwright.eviction import judge, needs_new_epoch
 from ringwright.kube import Obj
 from ringwright.operator.conditions import parse_time, rfc3339, set_condition
 from ringwright.operator.inventory import Inventory
@@ -21,7 +22,6 @@ from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
 from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
-from ringwright.eviction import judge, needs_new_epoch
 from ringwright.world import CheckpointSettings, JobRef, LRScaling, Report, ReportKind, World
 
 
