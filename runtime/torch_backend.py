@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from datetime import timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -174,14 +174,8 @@ class TorchDistributedBackend:
         self._stores.release(left_cleanly=left_cleanly)
 
     def _abort_nccl(self) -> str:
-        if not dist.is_initialized():
-            # Still forming: the non-blocking init is bounded by its timeout.
-            return "init pending"
-        try:
-            _default_group().abort()
-        except RuntimeError as err:
-            return f"abort failed: {err}"
-        return "communicators aborted"
+        # Still forming: the non-blocking init is bounded by the init timeout.
+        return abort_group(dist.group.WORLD if dist.is_initialized() else None)
 
     def close(self) -> None:
         """Leave the group and stop hosting a store."""
@@ -234,6 +228,25 @@ class TorchDistributedBackend:
         with collective("barrier"):
             dist.barrier()
 
+
+
+class Abortable(Protocol):
+    """A process group whose communicators can be aborted (NCCL's ``ncclCommAbort``)."""
+
+    def abort(self) -> None:
+        """Abort every communicator: blocked and later operations fail at once."""
+        ...
+
+
+def abort_group(group: Abortable | None) -> str:
+    """Abort ``group`` (None: not formed yet); what happened, for the log."""
+    if group is None:
+        return "no group formed yet"
+    try:
+        group.abort()
+    except RuntimeError as err:
+        return f"abort failed: {err}"
+    return "communicators aborted"
 
 
 def _default_group() -> dist.ProcessGroup:

@@ -14,6 +14,7 @@ GATE_FILE exists, so a test can make a change happen at a known point of trainin
 without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make that rank sleep once
 after that step (a slow evaluation: late, not dead). USER_ALLREDUCE=1 also sums the
 loss with the library's own all-reduce inside the training function, as user code may.
+CUDA=1 trains on GPU ``<pod index> % device count`` (NCCL with the torch backend).
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def main() -> int:
     torch.manual_seed(int(hashlib.sha256(pod.encode()).hexdigest()[:8], 16))
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 1))
+    if os.environ.get("CUDA") == "1":
+        device = torch.device("cuda", int(pod.rsplit("-", 1)[1]) % torch.cuda.device_count())
+        model, xs, ys = model.to(device), xs.to(device), ys.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     checkpoint_dir = os.environ.get("CHECKPOINT_DIR", "")
     checkpointer = Checkpointer(LocalStorage(checkpoint_dir)) if checkpoint_dir else None
@@ -124,7 +128,7 @@ def main() -> int:
             global_batch = len(state.sampler.global_positions())
             indices = state.sampler.batch()
             optimizer.zero_grad()
-            loss = torch.zeros(())
+            loss = torch.zeros((), device=xs.device)
             if indices:
                 pred = model(xs[indices])
                 # Normalised by the global batch, so summed gradients are the global mean.
