@@ -47,10 +47,11 @@ def make_job(tmp_path: Path) -> Iterator[JobFactory]:
     jobs: list[LocalJob] = []
 
     def make(*, restart: bool = False, network: PodNetwork | None = None,
-             evict_grace_s: float = 60.0, name: str = "job", **worker_env: str) -> LocalJob:
+             evict_grace_s: float = 60.0, name: str = "job", backend: str = "torch",
+             **worker_env: str) -> LocalJob:
         workdir = tmp_path / name
         env = {
-            Env.BACKEND: "torch",
+            Env.BACKEND: backend,
             "TRACE_DIR": str(workdir / "trace"),
             "EPOCHS": str(EPOCHS),
             "SAMPLES": str(SAMPLES),
@@ -85,9 +86,14 @@ def report_of(job: LocalJob, pod: str) -> dict[str, object]:
     return report
 
 
+BOTH_BACKENDS = pytest.mark.parametrize(
+    "backend", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
+
+
+@BOTH_BACKENDS
 def test_sigstop_one_of_four_is_found_dead_and_fenced_when_it_wakes(
-        make_job: JobFactory) -> None:
-    job = make_job()
+        make_job: JobFactory, backend: str) -> None:
+    job = make_job(backend=backend)
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod
