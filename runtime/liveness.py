@@ -8,8 +8,10 @@ store and reads every peer's counter in one request. :class:`LivenessTracker`
 answering for that long. A training loop that is merely slow keeps beating, since
 the beat runs on its own thread, so it is never taken for dead.
 
-A member that leaves an epoch cleanly (training done, a planned change) writes
-:data:`LEFT` so its peers do not mistake its silence for death.
+A member that leaves an epoch (training done, a planned change, or moving on to the
+next epoch after a failure) writes :data:`LEFT` so its peers do not mistake its
+silence for death; its group's connections close as it leaves, so peers still
+waiting in a collective with it fail over at once anyway.
 """
 
 from __future__ import annotations
@@ -149,18 +151,23 @@ class Heartbeat:
             thread.start()
 
     def stop(self, *, left_cleanly: bool) -> None:
-        """Stop; with ``left_cleanly`` tell the peers this silence is not a death."""
+        """Stop, and tell the peers this silence is not a death: over the heartbeat's
+        own connection when it is idle (a member moving on after a failure is alive,
+        and its peers still in this epoch must not name it), or over a new one when
+        ``left_cleanly`` (the store is then known to be healthy)."""
         self._stop.set()
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
                 # A beat blocked on a frozen store host is abandoned (a daemon thread).
                 thread.join(timeout=self._interval)
-        if left_cleanly:
-            try:
-                store = self._store or self._connect(self._timeout())
+        store = None if self._threads[0].is_alive() else self._store
+        try:
+            if store is None and left_cleanly:
+                store = self._connect(self._timeout())
+            if store is not None:
                 store.set(heartbeat_key(self._rank), str(LEFT))
-            except (dist.DistError, RuntimeError) as err:
-                log_event(_log, logging.INFO, "leave_mark_not_written", error=err)
+        except (dist.DistError, RuntimeError) as err:
+            log_event(_log, logging.INFO, "leave_mark_not_written", error=err)
         self._store = None
 
     def _timeout(self) -> float:

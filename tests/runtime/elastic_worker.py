@@ -15,6 +15,8 @@ without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make that rank sleep
 after that step (a slow evaluation: late, not dead). USER_ALLREDUCE=1 also sums the
 loss with the library's own all-reduce inside the training function, as user code may.
 CUDA=1 trains on GPU ``<pod index> % device count`` (NCCL with the torch backend).
+BALLAST_MB adds a buffer of that size to the model: it is not trained, but every state
+broadcast carries it, so a test can act while one is under way.
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ def main() -> int:
     torch.manual_seed(int(hashlib.sha256(pod.encode()).hexdigest()[:8], 16))
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 1))
+    ballast_mb = int(os.environ.get("BALLAST_MB", "0"))
+    if ballast_mb:
+        model.register_buffer("ballast", torch.zeros(ballast_mb * 2**20 // 4))
     if os.environ.get("CUDA") == "1":
         device = torch.device("cuda", int(pod.rsplit("-", 1)[1]) % torch.cuda.device_count())
         model, xs, ys = model.to(device), xs.to(device), ys.to(device)

@@ -193,6 +193,28 @@ def test_a_process_restarted_in_its_pod_without_state(make_job: JobFactory) -> N
     assert_resumed_from_commit(t, before=0, after=job.world.epoch)
 
 
+def test_rank_zero_dies_during_the_state_broadcast_of_a_new_epoch(
+        make_job: JobFactory) -> None:
+    job = make_job(BALLAST_MB="96")
+    job.start(4)
+    wait_for_step(job, 6)
+    job.kill(job.world.members[1].pod, signal.SIGKILL)
+    source = job.world.members[0].pod
+    log = job.log_path(source)
+    # Rank 0 of the next epoch is the source of its state broadcast: kill it as soon as
+    # it has joined that epoch, while it sends ~100 MB to the others.
+    wait_until(job, "rank 0 joining epoch 1",
+               lambda: f"joined pod={source} epoch=1" in log.read_text())
+    job.kill(source, signal.SIGKILL)
+    finish(job)
+    assert job.world.size == 2 and job.world.member(source) is None
+    survivors = [m.pod for m in job.world.members]
+    assert all("sync_failed epoch=1" in job.log_path(p).read_text() for p in survivors), \
+        log_tails(job)
+    t = audit(job)
+    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+
+
 @pytest.fixture()
 def namespaces() -> Iterator[netns.NamespacedPods]:
     reason = netns.available()
