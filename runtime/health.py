@@ -3,7 +3,9 @@
 The training loop calls :meth:`StallWatchdog.beat` on progress. A checker thread
 marks the pod unready once no beat came for ``timeout`` seconds; the operator then
 drops the pod from the world. Waiting for a new world is not a stall (the pod is
-healthy, its peers are not), so the runtime pauses the watchdog around it.
+healthy, its peers are not): the group manager beats while it waits alive (polling
+for a world, in the join barrier), so only a member hung inside a library call
+while forming a group or syncing state turns unready.
 
 Readiness is exposed as a file (present while ready, for an ``exec`` probe such as
 ``test -f``) and/or an HTTP endpoint (``/readyz``; ``/healthz`` is liveness and
@@ -12,13 +14,12 @@ always answers 200 while the process serves requests).
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from .kvlog import log_event, runtime_logger
@@ -37,7 +38,6 @@ class StallWatchdog:
         self._clock = clock
         self._lock = threading.Lock()
         self._last = clock()
-        self._paused = 0
         self._ready = True
         self._listeners: list[Listener] = []
         self._stop = threading.Event()
@@ -61,23 +61,11 @@ class StallWatchdog:
         if not self.ready:
             self.check()
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Waiting on peers or on the operator: not a stall of this pod."""
-        with self._lock:
-            self._paused += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._paused -= 1
-                self._last = self._clock()
-
     def check(self) -> bool:
         """Re-evaluate readiness now; notifies listeners on a change."""
         with self._lock:
             idle = self._clock() - self._last
-            ready = self.timeout_s <= 0 or self._paused > 0 or idle < self.timeout_s
+            ready = self.timeout_s <= 0 or idle < self.timeout_s
             changed = ready != self._ready
             self._ready = ready
         if changed:

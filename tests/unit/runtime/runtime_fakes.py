@@ -75,10 +75,10 @@ class FakeBackend:
             raise self.fail_init[world.epoch]
 
     def peers_dead(self, failure: PeerFailure) -> None:
-        """What the heartbeat thread does on a verdict: abort, then tell the manager."""
-        self.abort(failure.evidence)
+        """What the heartbeat thread does on a verdict: tell the manager, then abort."""
         assert self.on_peer_failure is not None
         self.on_peer_failure(failure)
+        self.abort(failure.evidence)
 
     def abort(self, reason: str) -> None:
         self.aborted = reason

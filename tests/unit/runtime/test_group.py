@@ -8,6 +8,8 @@ import pytest
 
 from ringwright.runtime.backend import CollectiveError, RankTaken, Superseded
 from ringwright.runtime.group import (
+    FENCED_EXIT,
+    Fenced,
     GroupManager,
     LeftWorld,
     MemberInfo,
@@ -15,6 +17,7 @@ from ringwright.runtime.group import (
     choose_source,
 )
 from ringwright.runtime.health import StallWatchdog
+from ringwright.runtime.liveness import PeerFailure
 from ringwright.runtime.membership import WorldTimeout
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.world import ReportKind
@@ -124,3 +127,64 @@ def test_check_world_raises_on_every_rank_when_any_rank_saw_a_newer_epoch() -> N
     with pytest.raises(WorldChanged) as changed:
         m.check_world()
     assert changed.value.epoch == 3
+
+
+def test_a_member_dropped_after_a_failure_fences_itself_non_zero() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(1, ["w-0", ME]))
+    m = manager(source, backend)
+    m.join(-1)
+    m.failed(CollectiveError("peer gone"))
+    source.publish(make_world(2, ["w-0"]))
+    with pytest.raises(Fenced) as fenced:
+        m.join(1)
+    assert fenced.value.code == FENCED_EXIT != 0
+
+
+def test_a_member_that_finds_no_world_after_a_failure_fences_itself() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(1, ["w-0", ME]))
+    settings = RuntimeSettings(fence_timeout_s=0.3)
+    m = GroupManager(source, backend, ME, settings, FakeReporter(), StallWatchdog(0))
+    m.join(-1)
+    m.failed(CollectiveError("peer gone"))
+    with pytest.raises(Fenced, match="no newer world"):
+        m.join(1)
+
+
+def test_reports_in_an_epoch_name_the_peers_found_dead() -> None:
+    source, backend, reporter = FakeSource(), FakeBackend(), FakeReporter()
+    source.publish(make_world(1, ["w-0", ME, "w-2"]))
+    m = manager(source, backend, reporter)
+    m.join(-1)
+    backend.peers_dead(PeerFailure(1, ("w-2",), "w-2 (rank 2): no heartbeat for 3.0s"))
+    assert backend.aborted is not None
+    m.failed(CollectiveError("allreduce aborted"))
+    assert [k for k, _, _ in reporter.reports] == [ReportKind.PEER_DEAD,
+                                                  ReportKind.COLLECTIVE_FAILED]
+    assert reporter.suspects == [("w-2",), ("w-2",)]
+    # A new epoch starts with a clean slate.
+    source.publish(make_world(2, ["w-0", ME]))
+    m.join(1)
+    m.report(ReportKind.STALLED)
+    assert reporter.suspects[-1] == ()
+
+
+class CountingWatchdog(StallWatchdog):
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.beats = 0
+
+    def beat(self) -> None:
+        self.beats += 1
+
+
+def test_waiting_alive_for_a_world_beats_the_watchdog() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    dog = CountingWatchdog()
+    m = GroupManager(source, backend, ME, RuntimeSettings(), FakeReporter(), dog)
+    timer = threading.Timer(2.5, source.publish, [make_world(1, [ME])])
+    timer.start()
+    m.join(-1)
+    timer.join()
+    assert dog.beats >= 2, "one beat per wait slice, so a long wait is not a stall"
