@@ -37,10 +37,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Protocol
+from typing import IO
 
 from ringwright.eviction import judge, needs_new_epoch
 from ringwright.world import (
@@ -60,54 +59,9 @@ from ringwright.world import (
 
 from .file_source import write_world_file
 from .kvlog import log_event, runtime_logger
+from .local_pods import LocalPod, Loopback, PodNetwork, process_stopped
 
 _log = runtime_logger("local_launcher")
-
-FIRST_HOST = 10
-"""Pod ``i`` gets 127.0.0.(FIRST_HOST + i); lower addresses are left to the machine."""
-
-
-@dataclass
-class LocalPod:
-    """One worker process standing in for a pod."""
-
-    name: str
-    ip: str
-    index: int
-    process: subprocess.Popen[bytes]
-    leaving: bool = False
-    """Dropped by a planned scale-down: its exit is expected and not a failure."""
-    evicted_at: float | None = None
-    """When it was dropped on its peers' word; killed after the grace period."""
-    restarts: int = 0
-
-
-class PodNetwork(Protocol):
-    """Where pod ``index`` lives on the network: its address, a command prefix that
-    runs a process there, and environment for it."""
-
-    def attach(self, index: int) -> tuple[str, list[str], dict[str, str]]:
-        """(address, command prefix, extra environment) of pod ``index``."""
-        ...
-
-
-class Loopback:
-    """Every pod on its own loopback address of this machine."""
-
-    def attach(self, index: int) -> tuple[str, list[str], dict[str, str]]:
-        """127.0.0.(FIRST_HOST + index), no prefix."""
-        return f"127.0.0.{FIRST_HOST + index}", [], {}
-
-
-def process_stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped (SIGSTOP) or traced: alive, but unable to answer."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state follows the parenthesised command name, which may hold spaces.
-    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
-
 
 def free_port() -> int:
     """A TCP port that is free on loopback right now."""

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from ringwright.runtime.group import FENCED_EXIT
-from ringwright.runtime.local_launcher import LocalJob, PodNetwork
+from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.local_pods import PodNetwork
 from ringwright.runtime.settings import SettingsEnv
 from ringwright.world import Env
 from tests.conftest import IN_CI
