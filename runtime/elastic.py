@@ -271,9 +271,15 @@ class ElasticRuntime:
         if s.health_file:
             self.watchdog.add_listener(HealthFile(Path(s.health_file)))
         if s.readiness_port:
-            self._readiness = ReadinessServer(self.watchdog, s.readiness_port,
-                                              s.readiness_address)
-            self._readiness.start()
+            try:
+                self._readiness = ReadinessServer(self.watchdog, s.readiness_port,
+                                                  s.readiness_address)
+            except OSError as err:
+                # Training goes on; the pod stays unready, which a person will see.
+                log_event(_log, logging.ERROR, "readiness_unavailable",
+                          address=f"{s.readiness_address}:{s.readiness_port}", error=err)
+            else:
+                self._readiness.start()
 
         def report_stall(ready: bool, idle_s: float) -> None:
             if not ready:

@@ -9,6 +9,7 @@ No assertion depends on how long anything took; waits are on observed progress.
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ringwright.runtime.group import FENCED_EXIT
-from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.local_launcher import LocalJob, free_port
 from ringwright.runtime.local_pods import PodNetwork
 from ringwright.runtime.settings import SettingsEnv
 from ringwright.world import Env
@@ -83,6 +84,18 @@ def rollbacks(job: LocalJob) -> int:
                for p in job.exit_codes() if job.log_path(p).exists())
 
 
+def readiness(ip: str, port: int) -> int | None:
+    """HTTP status of the runtime's ``/readyz``; None when nobody answers in time."""
+    conn = http.client.HTTPConnection(ip, port, timeout=3)
+    try:
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
 def report_of(job: LocalJob, pod: str) -> dict[str, object]:
     report: dict[str, object] = json.loads((job.reports_dir / f"{pod}.json").read_text())
     return report
@@ -95,11 +108,15 @@ BOTH_BACKENDS = pytest.mark.parametrize(
 @BOTH_BACKENDS
 def test_sigstop_one_of_four_is_found_dead_and_fenced_when_it_wakes(
         make_job: JobFactory, backend: str) -> None:
-    job = make_job(backend=backend)
+    port = free_port()
+    job = make_job(backend=backend, **{SettingsEnv.READINESS_PORT: str(port)})
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod
     job.kill(victim, signal.SIGSTOP)
+    # Readiness is served by the runtime itself: a frozen process cannot pass it.
+    assert readiness(job.world.members[2].ip, port) is None
+    assert readiness(job.world.members[1].ip, port) == 200
     wait_until(job, "a world without the frozen member",
                lambda: job.world.epoch == 1 and job.world.member(victim) is None)
     # Survivors name the frozen member, and only it, with the heartbeat evidence (a
