@@ -60,7 +60,10 @@ class HorovodrunJob:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
         env.update(WORKLOAD, **(extra_env or {}), TRACE_DIR=str(self.trace_dir),
                    PYTHONPATH=str(ROOT), HOROVOD_GLOO_TIMEOUT_SECONDS=str(int(PG_TIMEOUT_S)))
-        cmd = [str(Path(sys.executable).with_name("horovodrun")), "-np", "4",
+        # horovodrun's own entry point, run by this interpreter (an overlay venv may
+        # have no horovodrun script of its own).
+        cmd = [sys.executable, "-c", "from horovod.runner.launch import run_commandline; "
+               "run_commandline()", "-np", "4",
                "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(discover),
                "--network-interface", "lo",
                sys.executable, str(Path(__file__).resolve()), "worker"]

@@ -112,7 +112,10 @@ def fault(workdir: Path, sig: signal.Signals, victim: int = VICTIM, backend: str
                                  f"losing a member; logs in {workdir}")
     rollbacks, lost = losses(workdir / "trace")
     t = Traces.load(workdir / "trace")
-    resumed = sorted({r["step"] for r in t.starts(t.world_epochs()[-1]).values()})
+    last = t.world_epochs()[-1]
+    if last == 0:
+        return Outcome(seconds, "no new world formed", rollbacks, lost)
+    resumed = sorted({r["step"] for r in t.starts(last).values()})
     return Outcome(seconds, f"state in memory, resumed at step {resumed}", rollbacks, lost)
 
 
