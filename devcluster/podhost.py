@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,8 @@ class PodHost:
         self.readiness_grace = readiness_grace
         self.pods: dict[str, HostedPod] = {}
         self.finished: dict[str, list[int]] = {}
+        self.starts: Counter[str] = Counter()
+        """Processes started per pod name: 1 while a pod's first process lives."""
         workdir.mkdir(parents=True, exist_ok=True)
 
     # -- the loop --------------------------------------------------------------------
@@ -106,6 +109,7 @@ class PodHost:
         out = (self.workdir / f"{name}.log").open("ab")
         proc = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        self.starts[name] += 1
         log.info("pod %s: started pid %d at %s", name, proc.pid, pod["status"]["podIP"])
         return HostedPod(name=name, uid=pod["metadata"]["uid"], ip=pod["status"]["podIP"],
                          proc=proc, log=out, health_file=health, started=time.monotonic(),

@@ -1,4 +1,8 @@
-"""Shared fixtures: one local cluster per test session, one namespace per test."""
+"""Shared fixtures: one local cluster per test session, one namespace per test.
+
+With ``CI=true`` nothing may skip except tests marked ``gpu``: a missing optional
+dependency (celpy, horovod, helm, the cluster's binaries) fails the run instead.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +24,34 @@ from ringwright.kube import KubeClient, api_path
 from tests.jobs import OperatorProcess
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, Any, None]:
+    """In CI a skip (importorskip, skipif, pytest.skip in a fixture) is a failure,
+    unless the test is marked ``gpu``: CI machines have no GPU, and say so."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if not IN_CI or not report.skipped or hasattr(report, "wasxfail") \
+            or item.get_closest_marker("gpu") is not None:
+        return
+    _fail_skip(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
+    """A module that skips itself at import (a top-level importorskip) fails in CI too."""
+    outcome = yield
+    report: pytest.CollectReport = outcome.get_result()
+    if IN_CI and report.skipped:
+        _fail_skip(report)
+
+
+def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    report.outcome = "failed"
+    report.longrepr = (f"skipped with CI=true (only `gpu`-marked tests may skip): "
+                       f"{report.longrepr}")
 
 
 def _cannot_build_reason() -> str | None:

@@ -1,507 +1,182 @@
-"""Recovery and join times: ringwright against torchrun elastic, on loopback.
+"""Recovery, faults and joins: ringwright against torchrun and horovodrun elastic, on loopback.
 
-Both systems train the same model on the same data with the same per-worker batch,
-the same simulated compute per step and the same commit / checkpoint interval:
+Every system trains the same model on the same data with the same per-worker batch,
+simulated compute per step, commit / checkpoint interval and collective timeout, and
+is timed the same way (``recovery_common`` defines every interval once):
 
-* recovery: SIGKILL one of 4 workers (for torchrun, the node's agent and its worker:
-  a lost pod) -> the first step completed by the survivors at world size 3;
-* join: start 2 workers, scale to 4 -> the first step completed at size 4, timed from
-  the newcomers' launch and from the moment they were ready (ringwright: readiness
-  file written, i.e. imports done and waiting to join; torchrun: the new agent starts
-  its rendezvous);
-* whether training state survived, and how (memory vs disk).
+* SIGKILL: a node is lost (ringwright: the member's process; torchrun: its agent and
+  worker together; horovodrun: its worker, and its host leaves discovery) -> the first
+  step completed by a world of 3. Nobody learns of the death by ``waitpid`` of the
+  victim: ringwright's stand-in operator waits for a survivor to notice, as on a cluster;
+* SIGSTOP: a node freezes (no TCP reset) -> the first step at size 3;
+* straggler: one member pauses 30 s once -> rollbacks and steps lost (the goal is none);
+* join: 2 members, scaled to 4 -> launch of the newcomers to the first step at size 4.
 
-torchrun runs with ``--nnodes=MIN:MAX --rdzv-backend=c10d``, once with its default
-rendezvous settings (``last_call_timeout`` 30 s) and once with it at 1 s. Prints one
-table and the ratios of one run; nothing here asserts on time.
+torchrun (``--nnodes=MIN:MAX --rdzv-backend=c10d``) runs twice: at its rendezvous
+defaults and tuned (``last_call_timeout=1``, keep-alive 1 s x 3). A baseline that fails
+at what it is built for (SIGKILL recovery, join) makes the benchmark exit 1; a system
+that does not survive a silent fault within its bound is reported as "not survived".
 
-    python tests/bench/bench_recovery.py [--skip-torchrun] [--skip-horovod] [--only-horovod]
-
-The Horovod table puts ringwright with ``backend: horovod`` against Horovod's own
-elastic mode (``horovodrun --min-np 3 --max-np 4 --host-discovery-script``, the four
-hosts being spellings of 127.0.0.1 so no ssh is involved).
+    python tests/bench/bench_recovery.py [--systems rw,tr,tr-tuned,rw-hvd,hvd]
+                                         [--scenarios sigkill,sigkill-rank0,sigstop,straggler,join]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import timedelta
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ringwright.runtime.local_launcher import LocalJob, free_port  # noqa: E402
-from tests.runtime.elastic_traces import Traces  # noqa: E402
+from tests.bench import (  # noqa: E402
+    recovery_horovodrun,
+    recovery_ringwright,
+    recovery_torchrun,
+)
+from tests.bench.recovery_common import (  # noqa: E402
+    PG_TIMEOUT_S,
+    STRAGGLER_S,
+    Outcome,
+)
 
-WORKER = ROOT / "tests" / "runtime" / "elastic_worker.py"
-KILL_AT_STEP = 20
-WAIT_S = 300.0
-WORKLOAD = {
-    "EPOCHS": "1",
-    "SAMPLES": "200000",  # far more than a run trains: no epoch ends mid-measurement
-    "BATCH": "4",
-    "COMMIT_EVERY": "10",
-    "STEP_SLEEP": "0.03",
-    "OMP_NUM_THREADS": "1",
-    "TORCH_CPP_LOG_LEVEL": "ERROR",
+Run = Callable[[Path], Outcome]
+TUNED = recovery_torchrun.TUNED_RDZV
+
+SYSTEMS = {
+    "rw": "ringwright",
+    "tr": "torchrun",
+    "tr-tuned": "torchrun tuned",
+    "rw-hvd": "ringwright+hvd",
+    "hvd": "horovodrun",
+}
+BASELINE_OF = {"tr": "rw", "tr-tuned": "rw", "hvd": "rw-hvd"}
+"""Which ringwright column each peer is compared with."""
+
+SCENARIOS: dict[str, dict[str, Run]] = {
+    "sigkill": {
+        "rw": lambda d: recovery_ringwright.fault(d, signal.SIGKILL),
+        "tr": lambda d: recovery_torchrun.fault(d, "", signal.SIGKILL),
+        "tr-tuned": lambda d: recovery_torchrun.fault(d, TUNED, signal.SIGKILL),
+        "rw-hvd": lambda d: recovery_ringwright.fault(d, signal.SIGKILL, backend="horovod"),
+        "hvd": lambda d: recovery_horovodrun.fault(d, signal.SIGKILL),
+    },
+    "sigkill-rank0": {
+        # torchrun's store lives in its first agent: losing it ends a torchrun job.
+        "rw": lambda d: recovery_ringwright.fault(d, signal.SIGKILL, victim=0),
+    },
+    "sigstop": {
+        "rw": lambda d: recovery_ringwright.fault(d, signal.SIGSTOP),
+        "tr": lambda d: recovery_torchrun.fault(d, "", signal.SIGSTOP),
+        "tr-tuned": lambda d: recovery_torchrun.fault(d, TUNED, signal.SIGSTOP),
+        "rw-hvd": lambda d: recovery_ringwright.fault(d, signal.SIGSTOP, backend="horovod"),
+        "hvd": lambda d: recovery_horovodrun.fault(d, signal.SIGSTOP),
+    },
+    "straggler": {
+        "rw": recovery_ringwright.straggler,
+        "tr": lambda d: recovery_torchrun.straggler(d, ""),
+        "tr-tuned": lambda d: recovery_torchrun.straggler(d, TUNED),
+        "rw-hvd": lambda d: recovery_ringwright.straggler(d, backend="horovod"),
+        "hvd": recovery_horovodrun.straggler,
+    },
+    "join": {
+        "rw": recovery_ringwright.join,
+        "tr": lambda d: recovery_torchrun.join(d, ""),
+        "tr-tuned": lambda d: recovery_torchrun.join(d, TUNED),
+    },
+}
+TITLES = {
+    "sigkill": "SIGKILL node 2 of 4 -> step at 3",
+    "sigkill-rank0": "SIGKILL rank 0 (store) -> step at 3",
+    "sigstop": "SIGSTOP node 2 of 4 -> step at 3",
+    "straggler": f"straggler {STRAGGLER_S:.0f} s -> 10 more steps",
+    "join": "join 2 -> 4, launch -> step at 4",
 }
 
 
-@dataclass
-class Measure:
-    seconds: float | None
-    note: str
+def cell(results: dict[str, Outcome | str], system: str) -> str:
+    """Seconds, with the peer's ratio to its ringwright column."""
+    got = results.get(system)
+    if got is None:
+        return "-"
+    if isinstance(got, str):
+        return got
+    text = got.cell()
+    base = results.get(BASELINE_OF.get(system, ""))
+    if isinstance(base, Outcome) and base.seconds and got.seconds is not None:
+        text += f" ({got.seconds / base.seconds:.1f}x)"
+    return text
 
 
-def wait_until(what: str, probe: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def steps_done(trace_dir: Path) -> int:
-    """Highest completed step any worker has recorded (every worker here traces those)."""
-    return max((r["step"] for _, r in Traces.load(trace_dir).events("stepped")), default=0)
-
-
-def first(traces: Traces, ev: str, pred: Callable[[dict[str, Any]], bool]) -> float | None:
-    times = [r["t"] for _, r in traces.events(ev) if pred(r)]
-    return min(times) if times else None
-
-
-# ringwright -------------------------------------------------------------------------
-
-
-def ringwright_recovery(workdir: Path, kill_rank: int, backend: str = "torch") -> Measure:
-    env = {**WORKLOAD, "TRACE_DIR": str(workdir / "trace"), "RINGWRIGHT_BACKEND": backend}
-    with LocalJob([sys.executable, str(WORKER)], workdir, env=env) as job:
-        job.start(4)
-        trace_dir = workdir / "trace"
-        wait_until("training", lambda: steps_done(trace_dir) >= KILL_AT_STEP)
-        victim = job.world.members[kill_rank].pod
-        killed_at = time.time()
-        job.kill(victim, signal.SIGKILL)
-        wait_until("a step at size 3", lambda: first(
-            Traces.load(trace_dir), "stepped", lambda r: r["size"] == 3) is not None)
-        t = Traces.load(trace_dir)
-        done = first(t, "stepped", lambda r: r["size"] == 3)
-        assert done is not None
-        before = max(r["step"] for pod, r in t.events("stepped")
-                     if r["size"] == 4 and pod != victim)
-        resumed = {r["step"] for r in t.starts(1).values()}
-        return Measure(done - killed_at, f"in memory: resumed at commit {sorted(resumed)}, "
-                                         f"{before} steps done before the kill")
-
-
-def ringwright_join(workdir: Path) -> tuple[Measure, Measure]:
-    env = {**WORKLOAD, "TRACE_DIR": str(workdir / "trace")}
-    with LocalJob([sys.executable, str(WORKER)], workdir, env=env) as job:
-        job.start(2)
-        trace_dir = workdir / "trace"
-        wait_until("training", lambda: steps_done(trace_dir) >= KILL_AT_STEP)
-        launched = time.time()
-        job.scale(4)
-        wait_until("a step at size 4", lambda: first(
-            Traces.load(trace_dir), "stepped", lambda r: r["size"] == 4) is not None)
-        newcomers = [m.pod for m in job.world.members[2:]]
-        ready = max(job.health_path(p).stat().st_mtime for p in newcomers)
-        t = Traces.load(trace_dir)
-        done = first(t, "stepped", lambda r: r["size"] == 4)
-        assert done is not None
-        resumed = {r["step"] for p, r in t.starts(1).items() if p in newcomers}
-        note = f"newcomers got step {sorted(resumed)} by broadcast"
-        return Measure(done - launched, note), Measure(done - ready, note)
-
-
-# torchrun ---------------------------------------------------------------------------
-
-
-class TorchrunJob:
-    """One torchrun agent per simulated node, all on 127.0.0.1."""
-
-    def __init__(self, workdir: Path, nodes: str, rdzv_conf: str) -> None:
-        self.workdir = workdir
-        self.nodes = nodes
-        self.rdzv_conf = rdzv_conf
-        self.port = free_port()
-        self.agents: list[subprocess.Popen[str]] = []
-        self.ready_at: dict[int, float] = {}
-        self.trace_dir = workdir / "trace"
-
-    def add_agent(self) -> int:
-        index = len(self.agents)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **WORKLOAD, "TRACE_DIR": str(self.trace_dir),
-               "BENCH_NODE": str(index), "BENCH_CKPT": str(self.workdir / "ckpt.pt"),
-               "LOGLEVEL": "INFO", "PYTHONPATH": str(ROOT)}
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nodes}",
-               "--nproc-per-node=1", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{self.port}", "--rdzv-id=bench",
-               "--max-restarts=10"]
-        if self.rdzv_conf:
-            cmd.append(f"--rdzv-conf={self.rdzv_conf}")
-        cmd += [str(Path(__file__).resolve()), "torchrun-worker"]
-        agent = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                 text=True, start_new_session=True)
-        self.agents.append(agent)
-        threading.Thread(target=self._watch_log, args=(index, agent), daemon=True).start()
-        return index
-
-    def _watch_log(self, index: int, agent: subprocess.Popen[str]) -> None:
-        assert agent.stderr is not None
-        with (self.workdir / f"agent-{index}.log").open("w") as log:
-            for line in agent.stderr:
-                if "Rendezvous'ing worker group" in line and index not in self.ready_at:
-                    self.ready_at[index] = time.time()
-                log.write(line)
-
-    def worker_pid(self, node: int) -> int:
-        starts = [r for _, r in Traces.load(self.trace_dir).events("start")
-                  if r["node"] == node]
-        return int(starts[-1]["pid"])
-
-    def kill_node(self, node: int) -> None:
-        os.kill(self.worker_pid(node), signal.SIGKILL)
-        self.agents[node].kill()
-
-    def close(self) -> None:
-        for agent in self.agents:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent.pid, signal.SIGKILL)
-            agent.wait()
-
-
-@contextlib.contextmanager
-def torchrun_job(workdir: Path, nodes: str, rdzv_conf: str) -> Iterator[TorchrunJob]:
-    job = TorchrunJob(workdir, nodes, rdzv_conf)
-    try:
-        yield job
-    finally:
-        job.close()
-
-
-def start_agents(job: TorchrunJob, count: int) -> None:
-    job.add_agent()
-    # The first agent must host the rendezvous store: the others only connect to it.
-    wait_until("the first agent", lambda: 0 in job.ready_at)
-    for _ in range(count - 1):
-        job.add_agent()
-
-
-TORCHRUN_WAIT_S = 240.0
-"""How long a torchrun scenario may take to reach its new size before it counts as failed."""
-
-
-def not_recovered(job: TorchrunJob) -> Measure:
-    """The torchrun run never trained at the new size: say what its agents did instead."""
-    restarts = sum(log.read_text(errors="replace").count("will restart worker group")
-                   for log in job.workdir.glob("agent-*.log"))
-    return Measure(None, f"no step at the new size within {TORCHRUN_WAIT_S:.0f} s; the agents "
-                         f"restarted their worker groups {restarts} times (logs: {job.workdir})")
-
-
-def torchrun_recovery(workdir: Path, rdzv_conf: str) -> Measure:
-    with torchrun_job(workdir, "3:4", rdzv_conf) as job:
-        start_agents(job, 4)
-        wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
-        killed_at = time.time()
-        job.kill_node(2)
-        try:
-            wait_until("a step at size 3", lambda: first(
-                Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 3) is not None,
-                timeout=TORCHRUN_WAIT_S)
-        except TimeoutError:
-            return not_recovered(job)
-        t = Traces.load(job.trace_dir)
-        done = first(t, "stepped", lambda r: r["size"] == 3)
-        assert done is not None
-        resumed = {r["step"] for _, r in t.events("start") if r["size"] == 3}
-        return Measure(done - killed_at,
-                       f"from disk: all workers restarted, resumed at checkpoint {sorted(resumed)}")
-
-
-def torchrun_join(workdir: Path, rdzv_conf: str) -> tuple[Measure, Measure]:
-    with torchrun_job(workdir, "2:4", rdzv_conf) as job:
-        start_agents(job, 2)
-        wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
-        launched = time.time()
-        job.add_agent()
-        job.add_agent()
-        try:
-            wait_until("a step at size 4", lambda: first(
-                Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 4) is not None,
-                timeout=TORCHRUN_WAIT_S)
-        except TimeoutError:
-            failed = not_recovered(job)
-            return failed, failed
-        done = first(Traces.load(job.trace_dir), "stepped", lambda r: r["size"] == 4)
-        assert done is not None
-        ready = max(job.ready_at[2], job.ready_at[3])
-        note = "all workers restarted, state from disk"
-        return Measure(done - launched, note), Measure(done - ready, note)
-
-
-def same_model(samples: int) -> tuple[Any, Any, Any, Any]:
-    """The elastic tests' data and model, built identically under every launcher."""
-    import torch
-
-    from tests.runtime.elastic_worker import FEATURES
-
-    data = torch.Generator().manual_seed(1234)
-    xs = torch.randn(samples, FEATURES, generator=data)
-    ys = xs @ torch.randn(FEATURES, 1, generator=data) + 0.1
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    return xs, ys, model, optimizer
-
-
-def local_gradients(model: Any, optimizer: Any, sampler: Any, xs: Any, ys: Any) -> list[Any]:
-    """This rank's gradients for its share of the next batch (zeros when it has none),
-    scaled so that summing them over the world gives the global mean loss's."""
-    from ringwright.runtime.flat import gradients
-
-    indices = sampler.batch()
-    global_batch = len(sampler.global_positions())
-    optimizer.zero_grad()
-    if indices:
-        (((model(xs[indices]) - ys[indices]) ** 2).sum() / global_batch).backward()
-    return gradients(model.parameters())
-
-
-def torchrun_worker() -> int:
-    """The same training step under torchrun: state only survives through a checkpoint."""
-    import torch
-    import torch.distributed as dist
-
-    from ringwright.runtime.sampler import ElasticSampler
-    from tests.runtime.elastic_worker import Trace
-
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    node = int(os.environ["BENCH_NODE"])
-    samples, batch = int(os.environ["SAMPLES"]), int(os.environ["BATCH"])
-    commit_every = int(os.environ["COMMIT_EVERY"])
-    step_sleep = float(os.environ["STEP_SLEEP"])
-    trace = Trace(Path(os.environ["TRACE_DIR"]) /
-                  f"torchrun-node{node}-r{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.jsonl")
-    # Generous: on a loaded machine the agents start their workers seconds apart.
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    xs, ys, model, optimizer = same_model(samples)
-    sampler = ElasticSampler(samples, batch, seed=7)
-    step = 0
-    ckpt = Path(os.environ["BENCH_CKPT"])
-    if ckpt.exists():
-        saved = torch.load(ckpt)
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        sampler.load_state_dict(saved["sampler"])
-        step = saved["step"]
-    sampler.set_world(rank, size)
-    trace.write(ev="start", node=node, rank=rank, size=size, step=step, pid=os.getpid(),
-                wepoch=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-    while True:
-        for grad in local_gradients(model, optimizer, sampler, xs, ys):
-            dist.all_reduce(grad)
-        optimizer.step()
-        sampler.advance()
-        step += 1
-        trace.write(ev="stepped", node=node, size=size, step=step)
-        time.sleep(step_sleep)
-        if step % commit_every == 0 and rank == 0:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "sampler": sampler.state_dict(), "step": step}, tmp)
-            os.replace(tmp, ckpt)
-
-
-# horovodrun elastic ----------------------------------------------------------------
-
-# Four spellings of 127.0.0.1: horovodrun runs a host's workers locally, without ssh,
-# when the name resolves to an address of this machine.
-HOROVOD_HOSTS = ("127.0.0.1", "127.1", "127.0.1", "localhost")
-
-
-def horovodrun_recovery(workdir: Path, kill_rank: int) -> Measure:
-    """Horovod's own elastic mode: a discovery script, a driver, and hvd.elastic.run."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    hosts = workdir / "hosts"
-    hosts.write_text("".join(f"{h}:1\n" for h in HOROVOD_HOSTS))
-    discover = workdir / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    trace_dir = workdir / "trace"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    env.update(WORKLOAD, TRACE_DIR=str(trace_dir), PYTHONPATH=str(ROOT),
-               HOROVOD_GLOO_TIMEOUT_SECONDS="10")
-    horovodrun = Path(sys.executable).with_name("horovodrun")
-    cmd = [str(horovodrun), "-np", "4", "--min-np", "3", "--max-np", "4",
-           "--host-discovery-script", str(discover), "--network-interface", "lo",
-           sys.executable, str(Path(__file__).resolve()), "horovod-worker"]
-    with (workdir / "horovodrun.log").open("w") as log:
-        run = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, cwd=workdir)
-        try:
-            wait_until("training", lambda: steps_done(trace_dir) >= KILL_AT_STEP)
-            victim = max((r for _, r in Traces.load(trace_dir).events("start")
-                          if r["rank"] == kill_rank), key=lambda r: r["t"])
-            # A lost pod: its worker dies and its host leaves the discovery output.
-            hosts.write_text("".join(f"{h}:1\n" for h in HOROVOD_HOSTS
-                                     if h != victim["host"]))
-            killed_at = time.time()
-            os.kill(victim["pid"], signal.SIGKILL)
-            wait_until("a step at size 3", lambda: first(
-                Traces.load(trace_dir), "stepped", lambda r: r["size"] == 3) is not None)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-            # horovodrun starts each worker in a session of its own: end them one by one.
-            for _, r in Traces.load(trace_dir).events("start"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(r["pid"], signal.SIGKILL)
-    t = Traces.load(trace_dir)
-    done = first(t, "stepped", lambda r: r["size"] == 3)
-    assert done is not None
-    resumed = sorted({r["step"] for _, r in t.events("start") if r["size"] == 3})
-    return Measure(done - killed_at, f"in memory (hvd.elastic.TorchState): resumed at {resumed}")
-
-
-def horovod_worker() -> int:
-    """The same training step under horovodrun elastic, written the Horovod way."""
-    import horovod.torch as hvd  # type: ignore[import-untyped]
-
-    from ringwright.runtime.sampler import ElasticSampler
-    from tests.runtime.elastic_worker import Trace
-
-    hvd.init()
-    samples, batch = int(os.environ["SAMPLES"]), int(os.environ["BATCH"])
-    commit_every = int(os.environ["COMMIT_EVERY"])
-    step_sleep = float(os.environ["STEP_SLEEP"])
-    host = os.environ.get("HOROVOD_HOSTNAME", "")
-    trace = Trace(Path(os.environ["TRACE_DIR"]) / f"horovod-{os.getpid()}.jsonl")
-    xs, ys, model, optimizer = same_model(samples)
-    sampler = ElasticSampler(samples, batch, seed=7)
-    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0,
-                                   sampler=sampler.state_dict())
-
-    @hvd.elastic.run  # type: ignore[untyped-decorator]
-    def train(state: Any) -> None:
-        sampler.load_state_dict(state.sampler)
-        sampler.set_world(hvd.rank(), hvd.size())
-        trace.write(ev="start", rank=hvd.rank(), size=hvd.size(), step=state.step,
-                    pid=os.getpid(), host=host)
-        while True:
-            for i, grad in enumerate(local_gradients(model, optimizer, sampler, xs, ys)):
-                hvd.allreduce_(grad, op=hvd.Sum, name=f"grad.{i}")
-            optimizer.step()
-            sampler.advance()
-            state.step += 1
-            trace.write(ev="stepped", size=hvd.size(), step=state.step)
-            time.sleep(step_sleep)
-            if state.step % commit_every == 0:
-                state.sampler = sampler.state_dict()
-                state.commit()
-
-    train(state)
-    return 0
-
-
-# Report -----------------------------------------------------------------------------
-
-
-def fmt(m: Measure | None) -> str:
-    if m is None or m.seconds is None:
-        return "n/a"
-    return f"{m.seconds:7.2f} s"
-
-
-def ratio(a: Measure | None, b: Measure | None) -> str:
-    if a is None or b is None or not a.seconds or b.seconds is None:
-        return ""
-    return f"{b.seconds / a.seconds:6.1f}x"
+def report(table: dict[str, dict[str, Outcome | str]], systems: list[str]) -> None:
+    """The figures, then the rollbacks and steps lost, then what each system did."""
+    width = 30
+    head = f"{'scenario':36}" + "".join(f"{SYSTEMS[s]:>{width}}" for s in systems)
+    print(f"\ncollective timeout {PG_TIMEOUT_S:.0f} s for every system; torchrun tuned: "
+          f"{TUNED}\n\n{head}\n{'-' * len(head)}")
+    for name, results in table.items():
+        print(f"{TITLES[name]:36}" + "".join(f"{cell(results, s):>{width}}" for s in systems))
+    print(f"\n{'rollbacks / steps lost':36}" + "".join(f"{SYSTEMS[s]:>{width}}"
+                                                       for s in systems))
+    for name, results in table.items():
+        row = []
+        for s in systems:
+            got = results.get(s)
+            row.append(f"{got.rollbacks} / {got.steps_lost}" if isinstance(got, Outcome)
+                       else "-")
+        print(f"{TITLES[name]:36}" + "".join(f"{c:>{width}}" for c in row))
+    print()
+    for name, results in table.items():
+        for s, got in results.items():
+            if isinstance(got, Outcome):
+                print(f"  {name} [{SYSTEMS[s]}]: {got.note}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-torchrun", action="store_true")
-    parser.add_argument("--skip-horovod", action="store_true")
-    parser.add_argument("--only-horovod", action="store_true",
-                        help="just ringwright+horovod against horovodrun elastic")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"comma-separated, from {','.join(SYSTEMS)}")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help=f"comma-separated, from {','.join(SCENARIOS)}")
     args = parser.parse_args(argv)
-    if args.only_horovod:
-        base = Path(tempfile.mkdtemp(prefix="ringwright-bench-"))
-        return horovod_table(base)
+    systems = [s for s in args.systems.split(",") if s]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = [s for s in systems if s not in SYSTEMS] + \
+        [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown: {unknown}")
     base = Path(tempfile.mkdtemp(prefix="ringwright-bench-"))
-    rows: dict[str, dict[str, Measure | None]] = {}
     print(f"workdir {base}; each scenario starts fresh processes", flush=True)
-
-    rows["recovery 4->3, SIGKILL rank 2"] = {"rw": ringwright_recovery(base / "rw-kill2", 2)}
-    rows["recovery 4->3, SIGKILL rank 0"] = {"rw": ringwright_recovery(base / "rw-kill0", 0)}
-    join_launch, join_ready = ringwright_join(base / "rw-join")
-    rows["join 2->4, launch -> step"] = {"rw": join_launch}
-    rows["join 2->4, ready -> step"] = {"rw": join_ready}
-    if not args.skip_torchrun:
-        for label, conf in (("tr", ""), ("tr1", "last_call_timeout=1")):
-            print(f"torchrun {conf or 'defaults'} ...", flush=True)
-            rows["recovery 4->3, SIGKILL rank 2"][label] = torchrun_recovery(
-                base / f"{label}-kill", conf)
-            launch, ready = torchrun_join(base / f"{label}-join", conf)
-            rows["join 2->4, launch -> step"][label] = launch
-            rows["join 2->4, ready -> step"][label] = ready
-
-    head = (f"{'scenario':32} {'ringwright':>10} {'torchrun':>10} {'ratio':>7} "
-            f"{'torchrun lc=1s':>14} {'ratio':>7}")
-    print("\n" + head + "\n" + "-" * len(head))
-    for name, r in rows.items():
-        rw, tr, tr1 = r.get("rw"), r.get("tr"), r.get("tr1")
-        print(f"{name:32} {fmt(rw):>10} {fmt(tr):>10} {ratio(rw, tr):>7} "
-              f"{fmt(tr1):>14} {ratio(rw, tr1):>7}")
-    print("\nstate after the change:")
-    for name, r in rows.items():
-        for label, m in r.items():
-            if m is not None:
-                print(f"  {name} [{label}]: {m.note}")
-    if not args.skip_horovod:
-        horovod_table(base)
-    print("\ntorchrun's rendezvous store lives in its first agent and losing that agent ends "
-          "the job, so the torchrun runs only lose node 2; ringwright moves its store to the "
-          "new rank 0.")
-    return 0
-
-
-
-def horovod_table(base: Path) -> int:
-    """Recovery with Horovod doing the collectives: driven by our world vs horovodrun."""
-    print("ringwright+horovod and horovodrun elastic ...", flush=True)
-    ours = ringwright_recovery(base / "rwh-kill2", 2, backend="horovod")
-    theirs = horovodrun_recovery(base / "hvd-kill2", 2)
-    head = f"{'scenario':32} {'ringwright+hvd':>14} {'horovodrun':>10} {'ratio':>7}"
-    print("\n" + head + "\n" + "-" * len(head))
-    print(f"{'recovery 4->3, SIGKILL rank 2':32} {fmt(ours):>14} {fmt(theirs):>10} "
-          f"{ratio(ours, theirs):>7}")
-    print(f"  ringwright+horovod: {ours.note}\n  horovodrun elastic: {theirs.note}")
+    table: dict[str, dict[str, Outcome | str]] = {}
+    failed: list[str] = []
+    for name in scenarios:
+        table[name] = {}
+        for system in systems:
+            run = SCENARIOS[name].get(system)
+            if run is None:
+                continue
+            print(f"{name} / {SYSTEMS[system]} ...", flush=True)
+            try:
+                table[name][system] = got = run(base / f"{name}-{system}")
+                print(f"  {got.cell()}, rollbacks {got.rollbacks}, steps lost "
+                      f"{got.steps_lost}: {got.note}", flush=True)
+            except Exception as err:
+                # A harness or baseline failure voids the comparison: exit 1 at the end.
+                traceback.print_exc()
+                table[name][system] = "FAILED"
+                failed.append(f"{name}/{system}: {err}")
+    report(table, systems)
+    if failed:
+        print("\nFAILED:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["torchrun-worker"]:
-        sys.exit(torchrun_worker())
-    if sys.argv[1:2] == ["horovod-worker"]:
-        sys.exit(horovod_worker())
     sys.exit(main())

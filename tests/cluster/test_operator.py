@@ -5,15 +5,21 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from typing import Any
 
 import pytest
 
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.kube import KubeClient, api_path
-from ringwright.operator.manifests import JOB_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
+from ringwright.operator.manifests import (
+    INDEX_LABEL,
+    JOB_LABEL,
+    LEAVING_ANNOTATION,
+    ROLE_LABEL,
+)
 from ringwright.world import parse_world, world_configmap_name
-from tests.jobs import OperatorProcess, get_status, tj_path, training_job
+from tests.jobs import FAST, OperatorProcess, get_status, tj_path, training_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -174,22 +180,35 @@ def test_operator_killed_mid_scale_up_converges_without_duplicates(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
     kube.create(tj_path(namespace), training_job("crash", replicas=2, minimum=1))
-    first = wait_world(kube, namespace, "crash", 2)
-    restarts_before = get_status(kube, namespace, "crash").get("restarts", 0)
+    wait_world(kube, namespace, "crash", 2)
 
     kube.merge_patch(tj_path(namespace, "crash", "scale"), {"spec": {"replicas": 8}})
     wait_for(lambda: len(pods_of(kube, namespace, "crash")) > 2, "scale-up to begin",
              interval=0.02)
     operator.kill()
+    # While it is down a worker fails, and nothing reacts: no replacement, no new world.
+    victim = pods_of(kube, namespace, "crash")[0]["metadata"]
+    kube.delete(api_path("v1", "pods", namespace, victim["name"]), grace=0)
+    wait_for(lambda: victim["uid"] not in
+             [p["metadata"]["uid"] for p in pods_of(kube, namespace, "crash")],
+             "the failed worker to be gone")
+    down_world, down_pods = world_of(kube, namespace, "crash"), pods_uids(kube, namespace)
+    time.sleep(2 * float(FAST["RINGWRIGHT_RESYNC_SECONDS"]))
+    assert world_of(kube, namespace, "crash") == down_world
+    assert pods_uids(kube, namespace) == down_pods
     operator.start()
 
-    grown = wait_world(kube, namespace, "crash", 8, after=first.epoch)
+    grown = wait_world(kube, namespace, "crash", 8, after=down_world.epoch, timeout=120)
     pods = pods_of(kube, namespace, "crash")
-    names = [p["metadata"]["name"] for p in pods]
-    assert len(names) == len(set(names)) == 8
-    assert sorted(m.pod for m in grown.members) == sorted(names)
+    # One pod per index, 0..7: nothing created twice under another name, nothing skipped.
+    assert sorted(int(p["metadata"]["labels"][INDEX_LABEL]) for p in pods) == list(range(8))
+    assert sorted(m.pod for m in grown.members) == sorted(p["metadata"]["name"] for p in pods)
+    assert victim["uid"] not in [m.pod_uid for m in grown.members]
     assert all(p["metadata"]["ownerReferences"][0]["name"] == "crash" for p in pods)
-    status = get_status(kube, namespace, "crash")
-    assert status.get("restarts", 0) == restarts_before
     assert not any(LEAVING_ANNOTATION in (p["metadata"].get("annotations") or {}) for p in pods)
-    assert json.loads(json.dumps(status))["phase"] == "Running"
+    assert json.loads(json.dumps(get_status(kube, namespace, "crash")))["phase"] == "Running"
+
+
+def pods_uids(kube: KubeClient, ns: str) -> set[str]:
+    """Every worker pod of the job "crash", by uid."""
+    return {p["metadata"]["uid"] for p in pods_of(kube, ns, "crash")}

@@ -8,6 +8,7 @@ which GPU models exist, what each rack has free, the fewest racks that can hold 
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import time
@@ -206,8 +207,22 @@ def wait_unschedulable(kube: KubeClient, ns: str, name: str) -> dict[str, Any]:
     return wait_for(refused, f"{name}: a Schedulable=False condition", timeout=SLOW)
 
 
+def observed(kube: KubeClient, ns: str, name: str, generation: int) -> bool:
+    """The operator has reconciled generation ``generation`` of job ``name``."""
+    return int(get_status(kube, ns, name).get("observedGeneration", 0)) >= generation
+
+
 def stays_pending_without_pods(kube: KubeClient, ns: str, *names: str) -> None:
-    """Several reconcile rounds later the jobs are still Pending and own no pods."""
+    """The operator reconciles the jobs again (it observes a spec change: it is alive and
+    decided afresh), a few resyncs pass, and the jobs are still Pending and own no pods."""
+    for name in names:
+        workers = kube.get(tj_path(ns, name))["spec"]["workers"]
+        # A change that cannot make room: one more allowed worker than before.
+        changed = kube.merge_patch(tj_path(ns, name),
+                                   {"spec": {"workers": {"max": workers["max"] + 1}}})
+        generation = changed["metadata"]["generation"]
+        wait_for(functools.partial(observed, kube, ns, name, generation),
+                 f"{name}: the operator to observe generation {generation}", timeout=SLOW)
     time.sleep(3 * RESYNC)
     for name in names:
         assert get_status(kube, ns, name)["phase"] == "Pending", name

@@ -1,13 +1,15 @@
 """Operator + real runtime processes on the local cluster: a job that survives failures.
 
-The pod host starts `examples/train_elastic.py` for every Running pod of the job, with
-the pod's environment, its 127.x pod IP and a token of the pod's ServiceAccount, so the
-runtime watches its world through the API exactly as it would in a real pod.
+The pod host starts the traced training worker (`tests/runtime/elastic_worker.py`) for
+every Running pod of the job, with the pod's environment, its 127.x pod IP and a token
+of the pod's ServiceAccount, so the runtime watches its world through the API exactly as
+it would in a real pod. Facts are read from the workers' traces (which world epoch
+trained each step, with which learning rate and library) and from the pod host's
+process start counts, not from log lines.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,11 +22,14 @@ from ringwright.devcluster.podhost import PodHost
 from ringwright.kube import KubeClient, api_path
 from ringwright.world import World, parse_world, world_configmap_name
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job
+from tests.runtime.elastic_traces import Traces
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_elastic.py"
+WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
+BASE_LR = 0.01
+"""The worker's learning rate, meant for the job's baseWorldSize (3)."""
 
 
 class HostThread:
@@ -46,12 +51,8 @@ class HostThread:
         self.thread.join()
         self.host.close()
 
-    def log_lines(self, pattern: str) -> list[str]:
-        out = []
-        for path in sorted(self.host.workdir.glob("*.log")):
-            out += [f"{path.stem} {line}" for line in path.read_text(errors="replace")
-                    .splitlines() if re.search(pattern, line)]
-        return out
+    def traces(self) -> Traces:
+        return Traces.load(self.host.workdir / "trace")
 
 
 @pytest.fixture(params=["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
@@ -61,9 +62,11 @@ def job(kube: KubeClient, namespace: str, operator: OperatorProcess, tmp_path: P
                             backend=request.param,
                             lrScaling={"rule": "linear", "baseWorldSize": 3})
     kube.create(tj_path(namespace), manifest)
-    host = PodHost(kube, namespace, "elastic",
-                   [sys.executable, str(EXAMPLE), "--epochs", "400", "--samples", "1024",
-                    "--commit-every", "5"], tmp_path / "pods", readiness_grace=120)
+    trace_env = {"TRACE_DIR": str(tmp_path / "pods" / "trace"), "EPOCHS": "400",
+                 "SAMPLES": "1024", "BATCH": "4", "COMMIT_EVERY": "5", "STEP_SLEEP": "0.05",
+                 "OMP_NUM_THREADS": "1"}
+    host = PodHost(kube, namespace, "elastic", [sys.executable, str(WORKER)],
+                   tmp_path / "pods", extra_env=trace_env, readiness_grace=120)
     runner = HostThread(host)
     yield namespace, runner
     runner.close()
@@ -84,44 +87,61 @@ def world_where(kube: KubeClient, ns: str, size: int | None = None, after: int =
     return current
 
 
-def trained_at(runner: HostThread, epoch: int, pods: list[str]) -> bool:
-    """Every pod in ``pods`` formed its group in world ``epoch`` and stepped on."""
-    ready = runner.log_lines(rf" world_ready .*epoch={epoch}\b")
-    return all(any(line.startswith(f"{p} ") for line in ready) for p in pods)
+def trained_at(runner: HostThread, world: World) -> bool:
+    """Every member of ``world`` completed a step in it."""
+    return {m.pod for m in world.members} <= runner.traces().trained(world.epoch)
+
+
+def assert_started_in(runner: HostThread, world: World, backend: str) -> None:
+    """Every member started world ``world`` with its rank, the library's view of it and
+    the learning rate rescaled for its size (linear, base world size 3)."""
+    starts = runner.traces().starts(world.epoch)
+    assert set(starts) == {m.pod for m in world.members}
+    for m in world.members:
+        r = starts[m.pod]
+        assert (r["rank"], r["lib_rank"], r["size"], r["lib_size"]) == \
+            (m.rank, m.rank, world.size, world.size), r
+        assert r["lib_backend"] == backend, r
+        assert r["lr"] == pytest.approx(BASE_LR * world.size / 3), r
 
 
 def test_deleted_pod_survivors_rebuild_and_scale_up_joins(
     kube: KubeClient, job: tuple[str, HostThread]
 ) -> None:
     ns, runner = job
+    backend = request_backend(kube, ns)
     first = wait_for(lambda: world_where(kube, ns, 3), "the first world", timeout=120)
-    wait_for(lambda: trained_at(runner, first.epoch, [m.pod for m in first.members]),
-             "every member to join epoch 1", timeout=180)
-    wait_for(lambda: runner.log_lines(r" epoch_done "), "a finished data epoch",
+    wait_for(lambda: trained_at(runner, first), "every member to train in the first world",
              timeout=180)
 
-    victim = first.members[-1].pod
-    kube.delete(api_path("v1", "pods", ns, victim), grace=0)
+    victim = first.members[-1]
+    victim_pids = set(runner.traces().pids(victim.pod))
+    kube.delete(api_path("v1", "pods", ns, victim.pod), grace=0)
     after = wait_for(lambda: world_where(kube, ns, after=first.epoch), "a new epoch",
                      timeout=60)
-    survivors = [m.pod for m in first.members if m.pod != victim]
-    wait_for(lambda: trained_at(runner, after.epoch, survivors),
-             "survivors to rebuild the ring in the new epoch", timeout=180)
-    # The processes stayed alive: each survivor logged exactly one process start.
+    # Its replacement may reuse the name: the deleted pod is known by its uid and pids.
+    assert victim.pod_uid and victim.pod_uid not in [m.pod_uid for m in after.members]
+    survivors = [m.pod for m in first.members if m.pod != victim.pod]
+    assert set(survivors) <= {m.pod for m in after.members}
+    wait_for(lambda: trained_at(runner, after),
+             "survivors to rebuild the ring and train in the new epoch", timeout=180)
+    assert_started_in(runner, after, backend)
+    replacement = runner.traces().starts(after.epoch).get(victim.pod)
+    assert replacement is None or replacement["pid"] not in victim_pids
+    # The processes stayed alive: one process start per survivor, that trained in both.
+    traces = runner.traces()
     for pod in survivors:
-        log = (runner.host.workdir / f"{pod}.log").read_text()
-        assert log.count(" joined ") >= 2, pod
+        assert runner.host.starts[pod] == 1, (pod, runner.host.starts)
+        assert len(traces.pids(pod)) == 1, (pod, traces.pids(pod))
 
     kube.merge_patch(tj_path(ns, "elastic", "scale"), {"spec": {"replicas": 4}})
     grown = wait_for(lambda: world_where(kube, ns, 4), "a world of four", timeout=120)
-    wait_for(lambda: trained_at(runner, grown.epoch, [m.pod for m in grown.members]),
-             "the newcomer to join and everyone to rebuild", timeout=180)
-    assert runner.log_lines(r" lr_rescale ")
+    wait_for(lambda: trained_at(runner, grown),
+             "the newcomer to join and everyone to train", timeout=180)
+    assert_started_in(runner, grown, backend)
     status: dict[str, Any] = get_status(kube, ns, "elastic")
     assert status["phase"] == "Running"
     assert status["world"]["size"] == 4
-    groups = runner.log_lines(r" group_formed ")
-    assert groups and all(f"backend={request_backend(kube, ns)}" in line for line in groups)
 
 
 def request_backend(kube: KubeClient, ns: str) -> str:

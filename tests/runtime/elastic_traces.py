@@ -18,6 +18,20 @@ Record = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Rollback:
+    """World ``wepoch`` resumed at step ``resumed`` after step ``completed`` was done."""
+
+    wepoch: int
+    resumed: int
+    completed: int
+
+    @property
+    def lost(self) -> int:
+        """Steps trained again."""
+        return self.completed - self.resumed
+
+
+@dataclass(frozen=True)
 class Traces:
     """Every record of every pod, in the order each pod wrote them."""
 
@@ -52,6 +66,33 @@ class Traces:
     def world_epochs(self) -> list[int]:
         """World epochs in which training started."""
         return sorted({r["wepoch"] for _, r in self.events("start")})
+
+    def trained(self, wepoch: int) -> set[str]:
+        """Pods that completed at least one step in world epoch ``wepoch``."""
+        return {pod for pod, r in self.events("stepped") if r["wepoch"] == wepoch}
+
+    def pids(self, pod: str) -> list[int]:
+        """Process ids that trained as ``pod``, in order of their first world start."""
+        seen: list[int] = []
+        for r in self.by_pod.get(pod, []):
+            if r["ev"] == "start" and r["pid"] not in seen:
+                seen.append(r["pid"])
+        return seen
+
+    def rollbacks(self) -> list[Rollback]:
+        """Every resumption below a step some member had already completed.
+
+        One definition for every launcher whose workers write these traces, needing no
+        agreement on epoch numbers: a start at step S, when step D > S had been
+        completed before it, rolled back D - S steps; the members of one new world
+        report the same (S, D) and count once."""
+        stepped = sorted((r["t"], r["step"]) for _, r in self.events("stepped"))
+        found: dict[tuple[int, int], Rollback] = {}
+        for _, r in sorted(self.events("start"), key=lambda pr: pr[1]["t"]):
+            done = max((step for t, step in stepped if t < r["t"]), default=0)
+            if done > r["step"]:
+                found.setdefault((r["step"], done), Rollback(r["wepoch"], r["step"], done))
+        return list(found.values())
 
     def counted_steps(self) -> dict[int, list[Record]]:
         """For each step, the records of its attempt in the latest world epoch."""

@@ -3,17 +3,20 @@
 It trains a small regression model with the elastic runtime, following the world file
 given by the launcher, and appends one JSON line per event to
 ``$TRACE_DIR/<pod>.jsonl``: every step (with the sample indices this rank trained on,
-and again once the step completed), every commit and the start of every world (with a
-hash of the parameters), so the tests can audit sample accounting and parameter
-equality afterwards and the benchmark can time recoveries.
+and again once the step completed), every commit, the start of every world (with a
+hash of the parameters and the process id) and every interruption of training (the
+world ended under it: a failed collective or a new world), so the tests can audit
+sample accounting and parameter equality afterwards, tell which world epoch trained
+each step, and the benchmark can time recoveries and count rollbacks.
 
 Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP, and
 CHECKPOINT_DIR for checkpoints (a final one on SIGTERM, restored on a fresh start).
 With GATE_FILE and GATE_STEP set, a worker that completes step GATE_STEP waits while
 GATE_FILE exists, so a test can make a change happen at a known point of training
-without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make that rank sleep once
-after that step (a slow evaluation: late, not dead). USER_ALLREDUCE=1 also sums the
-loss with the library's own all-reduce inside the training function, as user code may.
+without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that
+rank that completes that step first sleep once per job (a slow evaluation, a straggler:
+late, not dead); PAUSE_FILE (default: in TRACE_DIR) records that it happened.
+USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the training function, as user code may.
 CUDA=1 trains on GPU ``<pod index> % device count`` (NCCL with the torch backend).
 BALLAST_MB adds a buffer of that size to the model: it is not trained, but every state
 broadcast carries it, so a test can act while one is under way.
@@ -62,15 +65,27 @@ class Trace:
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
 
-def library_view() -> dict[str, int]:
-    """Rank and size as the collective library itself reports them (user code's view)."""
+def pause_once(path: Path, seconds: float) -> bool:
+    """Sleep ``seconds`` unless some process of this job already did (``path`` says so)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    time.sleep(seconds)
+    return True
+
+
+def library_view() -> dict[str, int | str]:
+    """Rank, size and name of the collective library as it reports them (user code's view)."""
     if os.environ.get(Env.BACKEND) == "horovod":
         import horovod.torch as hvd  # type: ignore[import-untyped]
 
-        return {"lib_rank": int(hvd.rank()), "lib_size": int(hvd.size())}
+        return {"lib_rank": int(hvd.rank()), "lib_size": int(hvd.size()),
+                "lib_backend": "horovod"}
     import torch.distributed as dist
 
-    return {"lib_rank": dist.get_rank(), "lib_size": dist.get_world_size()}
+    return {"lib_rank": dist.get_rank(), "lib_size": dist.get_world_size(),
+            "lib_backend": str(dist.get_backend())}
 
 
 def user_level_sum(value: torch.Tensor) -> None:
@@ -97,7 +112,8 @@ def main() -> int:
     pause_rank = int(os.environ.get("PAUSE_RANK", "-1"))
     pause_step = int(os.environ.get("PAUSE_STEP", "-1"))
     pause_s = float(os.environ.get("PAUSE_SECONDS", "0"))
-    paused: list[int] = []
+    pause_file = Path(os.environ.get("PAUSE_FILE")
+                      or Path(os.environ["TRACE_DIR"]) / "paused")
     user_allreduce = os.environ.get("USER_ALLREDUCE") == "1"
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}.jsonl")
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
@@ -128,6 +144,15 @@ def main() -> int:
         trace.write(ev="start", wepoch=world.epoch, size=world.size, rank=state.binding.rank,
                     step=state.step, hash=param_hash(model), lr=optimizer.param_groups[0]["lr"],
                     pid=os.getpid(), **library_view())
+        try:
+            train_in_world(state)
+        except BaseException as err:
+            trace.write(ev="interrupted", wepoch=world.epoch, rank=state.binding.rank,
+                        step=state.step, why=type(err).__name__)
+            raise
+
+    def train_in_world(state: State) -> None:
+        world = state.binding.world
         while state.sampler.epoch < epochs:
             data_epoch = state.sampler.epoch
             global_batch = len(state.sampler.global_positions())
@@ -149,12 +174,12 @@ def main() -> int:
             state.allreduce_gradients(average=False)
             optimizer.step()
             state.advance()
-            trace.write(ev="stepped", wepoch=world.epoch, size=world.size, step=state.step)
+            trace.write(ev="stepped", wepoch=world.epoch, rank=state.binding.rank,
+                        size=world.size, step=state.step)
             time.sleep(step_sleep)
-            if state.step == pause_step and state.binding.rank == pause_rank and not paused:
-                paused.append(state.step)
+            if (state.step == pause_step and state.binding.rank == pause_rank
+                    and pause_once(pause_file, pause_s)):
                 trace.write(ev="pause", step=state.step, seconds=pause_s)
-                time.sleep(pause_s)
             while state.step == gate_step and gate.exists():
                 time.sleep(0.02)
             if state.step % commit_every == 0 or state.sampler.epoch != data_epoch:

@@ -320,7 +320,11 @@ def test_sigkill_at_random_moments_always_leaves_the_last_complete_checkpoint(
     root = tmp_path / "ckpt"
     commits = 0
     mid_write = 0
-    for round_ in range(RANDOM_KILLS):
+    # At least RANDOM_KILLS kills, and more (bounded) until one has landed mid-write:
+    # a run whose kills all fell between two writes would not test what it names.
+    for round_ in range(3 * RANDOM_KILLS):
+        if round_ >= RANDOM_KILLS and mid_write:
+            break
         events = tmp_path / f"events-{round_}"
         pid, log = zygote.start("writer", root=str(root), events=str(events), saves=-1)
         # After its first commit the writer is busy writing the next checkpoint nearly
@@ -341,8 +345,9 @@ def test_sigkill_at_random_moments_always_leaves_the_last_complete_checkpoint(
         assert newest in (confirmed, confirmed + 1), (newest, confirmed)
         if newest:
             _assert_restores(root, newest)
-    print(f"{commits} checkpoints committed over {RANDOM_KILLS} kills, {mid_write} mid-write")
+    print(f"{commits} checkpoints committed over {round_ + 1} kills, {mid_write} mid-write")
     assert commits >= RANDOM_KILLS
+    assert mid_write, "no kill landed while a checkpoint file was being written"
 
 
 def test_sigkill_before_each_storage_operation_of_a_save(zygote: Zygote, tmp_path: Path) -> None:

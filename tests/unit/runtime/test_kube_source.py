@@ -167,7 +167,16 @@ def test_reports_merge_patch_only_the_pods_own_key(api: FakeKubeApi) -> None:
 
 
 def test_a_report_that_cannot_be_delivered_is_dropped(api: FakeKubeApi) -> None:
-    reporter = KubeReporter(clients(api), NS, "missing-reports", "job-worker-1")
+    reporter = KubeReporter(clients(api), NS, "late-reports", "job-worker-1")
     reporter.report(ReportKind.STALLED, 0)
+    eventually(lambda: any(r.method == "PATCH" for r in api.requests),
+               "the first delivery attempt")
+    # Refused (no such ConfigMap yet) and dropped; the reporter still delivers the next.
+    api.put_configmap("late-reports", {})
+    reporter.report(ReportKind.COLLECTIVE_FAILED, 1, "peer gone")
     reporter.close()
-    assert api.configmap("missing-reports") is None
+    patches = [r for r in api.requests if r.method == "PATCH"]
+    assert len(patches) == 2, "the refused report is not retried"
+    data = (api.configmap("late-reports") or {})["data"]
+    report = parse_report(data["job-worker-1"])
+    assert (report.kind, report.epoch) == (ReportKind.COLLECTIVE_FAILED, 1)

@@ -117,13 +117,17 @@ def test_a_payload_is_a_host_copy_that_another_member_can_load() -> None:
     bound(source)
     train_steps(source, 2)
     payload = source.to_payload()
+    at_payload = (params(source), adam_moments(source), source.sampler.state_dict())
     train_steps(source, 1)  # the payload must not follow the live state
     other = new_state(seed=2)
     bound(other)
+    assert not same(params(other), at_payload[0])
     other.load_payload(payload)
     assert other.step == 2
     assert all(t.device.type == "cpu" for t in payload["model"].values())
-    assert not same(params(other), params(source))
+    assert same(params(other), at_payload[0])
+    assert same(adam_moments(other), at_payload[1])
+    assert other.sampler.state_dict() == at_payload[2]
     with pytest.raises(ValueError, match="payload format"):
         other.load_payload({"format": 0})
 

@@ -1,0 +1,147 @@
+"""What every system in the recovery benchmark shares: workload, timeouts, faults, metrics.
+
+One definition of each interval, for every system:
+
+* recovery: from the fault (the signal sent) to the first step completed by a world of
+  the new size (``stepped`` in the workers' traces, written after the step's allreduce);
+* join: from launching the newcomers' processes to the first step completed at size 4;
+* rollbacks and steps lost: from the traces (:meth:`Traces.rollbacks`): a world that
+  resumed below a step already completed, and by how many steps.
+
+The same process-group timeout for every system (:data:`PG_TIMEOUT_S`, the runtime's own
+default for its collectives) and the same liveness settings where a system has them
+(:data:`LIVENESS_INTERVAL_S` x :data:`LIVENESS_ATTEMPTS`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ringwright.runtime.settings import RuntimeSettings
+from tests.runtime.elastic_traces import Traces
+
+KILL_AT_STEP = 25
+"""Faults happen once training has completed this step: half a commit interval after
+the last commit, so every system has the same work at stake."""
+
+VICTIM = 2
+"""The member (rank 2 of the first world; torchrun node 2) that a fault hits."""
+
+PG_TIMEOUT_S = RuntimeSettings().collective_timeout_s
+"""One collective timeout for every system: ringwright's default, given explicitly to
+the runtime, to torchrun's workers' process group and to Horovod's gloo."""
+
+LIVENESS_INTERVAL_S = 1
+LIVENESS_ATTEMPTS = 3
+"""Heartbeat period and misses before a member counts as gone, where a system has such
+settings (torchrun's rendezvous keep-alives in its tuned row)."""
+
+STRAGGLER_S = 30.0
+"""How long the straggler pauses after step KILL_AT_STEP."""
+
+STEPS_AFTER = 10
+"""A straggler scenario ends once this many steps were completed after the pause."""
+
+WAIT_S = 300.0
+"""Bound for things that must happen (start-up, a baseline's SIGKILL recovery or join)."""
+
+FAULT_WAIT_S = 3 * PG_TIMEOUT_S + 120.0
+"""Bound for a recovery from a silent fault (SIGSTOP, straggler): past it the system
+did not survive the fault, which is a result, not a harness failure."""
+
+WORKLOAD = {
+    "EPOCHS": "1",
+    "SAMPLES": "200000",  # far more than a run trains: no epoch ends mid-measurement
+    "BATCH": "4",
+    "COMMIT_EVERY": "10",
+    "STEP_SLEEP": "0.03",
+    "OMP_NUM_THREADS": "1",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
+}
+
+
+def straggler_env(workdir: Path) -> dict[str, str]:
+    """Environment that makes rank VICTIM pause STRAGGLER_S once after KILL_AT_STEP."""
+    return {"PAUSE_STEP": str(KILL_AT_STEP), "PAUSE_RANK": str(VICTIM),
+            "PAUSE_S": str(STRAGGLER_S), "PAUSE_FILE": str(workdir / "paused")}
+
+
+@dataclass
+class Outcome:
+    """One system in one scenario."""
+
+    seconds: float | None
+    """The scenario's interval; None when the system did not get there in time."""
+    note: str
+    rollbacks: int = 0
+    steps_lost: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def cell(self) -> str:
+        """The table cell."""
+        if self.seconds is None:
+            return "not survived"
+        return f"{self.seconds:.2f} s"
+
+
+class BaselineFailed(RuntimeError):
+    """A peer failed at something it is built for: the benchmark's numbers are void."""
+
+
+def wait_until(what: str, probe: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    """Poll ``probe`` until true; TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def steps_done(trace_dir: Path) -> int:
+    """Highest completed step any worker has recorded."""
+    return max((r["step"] for _, r in Traces.load(trace_dir).events("stepped")), default=0)
+
+
+def first_step_at(trace_dir: Path, size: int, after: float = 0.0) -> float | None:
+    """When a world of ``size`` first completed a step after ``after``."""
+    times = [r["t"] for _, r in Traces.load(trace_dir).events("stepped")
+             if r["size"] == size and r["t"] > after]
+    return min(times) if times else None
+
+
+def time_to_size(trace_dir: Path, size: int, since: float, timeout: float
+                 ) -> float | None:
+    """Seconds from ``since`` to the first step at ``size``; None past ``timeout``."""
+    try:
+        wait_until(f"a step at size {size}",
+                   lambda: first_step_at(trace_dir, size, since) is not None, timeout)
+    except TimeoutError:
+        return None
+    done = first_step_at(trace_dir, size, since)
+    assert done is not None
+    return done - since
+
+
+def losses(trace_dir: Path) -> tuple[int, int]:
+    """(rollbacks, steps lost) from the traces."""
+    rolled = Traces.load(trace_dir).rollbacks()
+    return len(rolled), sum(r.lost for r in rolled)
+
+
+def straggler_outcome(trace_dir: Path, paused_at: float) -> Outcome:
+    """Wait for STEPS_AFTER more steps after the pause; count what it cost."""
+    target = KILL_AT_STEP + STEPS_AFTER
+    try:
+        wait_until(f"step {target}", lambda: steps_done(trace_dir) >= target,
+                   STRAGGLER_S + FAULT_WAIT_S)
+    except TimeoutError:
+        rollbacks, lost = losses(trace_dir)
+        return Outcome(None, f"training stopped: no step {target} within "
+                             f"{STRAGGLER_S + FAULT_WAIT_S:.0f} s", rollbacks, lost)
+    done = min(r["t"] for _, r in Traces.load(trace_dir).events("stepped")
+               if r["step"] == target)
+    rollbacks, lost = losses(trace_dir)
+    return Outcome(done - paused_at, f"step {target} reached", rollbacks, lost)

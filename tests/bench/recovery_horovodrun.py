@@ -1,0 +1,178 @@
+"""horovodrun elastic in the recovery benchmark.
+
+``horovodrun --min-np 3 --max-np 4 --host-discovery-script``, the four hosts being
+spellings of 127.0.0.1 so no ssh is involved. Horovod polls the discovery script once a
+second (its fixed period); gloo gets the same collective timeout as every other system.
+A node loss is its worker dying and its host leaving the discovery output at once (which
+helps horovodrun: a cluster's discovery would notice later). A frozen node (SIGSTOP) is
+not known to the discovery script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.bench.recovery_common import (
+    FAULT_WAIT_S,
+    KILL_AT_STEP,
+    PG_TIMEOUT_S,
+    VICTIM,
+    WAIT_S,
+    WORKLOAD,
+    BaselineFailed,
+    Outcome,
+    losses,
+    steps_done,
+    straggler_env,
+    straggler_outcome,
+    time_to_size,
+    wait_until,
+)
+from tests.runtime.elastic_traces import Traces
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Four spellings of 127.0.0.1: horovodrun runs a host's workers locally, without ssh,
+# when the name resolves to an address of this machine.
+HOSTS = ("127.0.0.1", "127.1", "127.0.1", "localhost")
+
+
+class HorovodrunJob:
+    """One horovodrun elastic driver and the discovery file it reads."""
+
+    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.trace_dir = workdir / "trace"
+        self.hosts = workdir / "hosts"
+        self.set_hosts(HOSTS)
+        discover = workdir / "discover.sh"
+        discover.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
+        discover.chmod(0o755)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+        env.update(WORKLOAD, **(extra_env or {}), TRACE_DIR=str(self.trace_dir),
+                   PYTHONPATH=str(ROOT), HOROVOD_GLOO_TIMEOUT_SECONDS=str(int(PG_TIMEOUT_S)))
+        # horovodrun's own entry point, run by this interpreter (an overlay venv may
+        # have no horovodrun script of its own).
+        cmd = [sys.executable, "-c", "from horovod.runner.launch import run_commandline; "
+               "run_commandline()", "-np", "4",
+               "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(discover),
+               "--network-interface", "lo",
+               sys.executable, str(Path(__file__).resolve()), "worker"]
+        with (workdir / "horovodrun.log").open("w") as log:
+            self.run = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, cwd=workdir)
+
+    def set_hosts(self, hosts: tuple[str, ...]) -> None:
+        self.hosts.write_text("".join(f"{h}:1\n" for h in hosts))
+
+    def victim(self) -> dict[str, Any]:
+        """The newest start record of rank VICTIM."""
+        return max((r for _, r in Traces.load(self.trace_dir).events("start")
+                    if r["rank"] == VICTIM), key=lambda r: r["t"])
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.run.pid, signal.SIGKILL)
+        self.run.wait()
+        # horovodrun starts each worker in a session of its own: end them one by one.
+        for _, r in Traces.load(self.trace_dir).events("start"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r["pid"], signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def horovodrun_job(workdir: Path, extra_env: dict[str, str] | None = None
+                   ) -> Iterator[HorovodrunJob]:
+    job = HorovodrunJob(workdir, extra_env)
+    try:
+        wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
+        yield job
+    finally:
+        job.close()
+
+
+def fault(workdir: Path, sig: signal.Signals) -> Outcome:
+    """Rank VICTIM's worker gets ``sig``; time to the first step at size 3."""
+    with horovodrun_job(workdir) as job:
+        victim = job.victim()
+        if sig == signal.SIGKILL:
+            job.set_hosts(tuple(h for h in HOSTS if h != victim["host"]))
+        since = time.time()
+        os.kill(victim["pid"], sig)
+        seconds = time_to_size(job.trace_dir, 3, since,
+                               WAIT_S if sig == signal.SIGKILL else FAULT_WAIT_S)
+        if seconds is None and sig == signal.SIGKILL:
+            raise BaselineFailed(f"horovodrun never trained at size 3 after losing a host; "
+                                 f"logs in {workdir}")
+    rollbacks, lost = losses(workdir / "trace")
+    return Outcome(seconds, "in memory (hvd.elastic.TorchState)", rollbacks, lost)
+
+
+def straggler(workdir: Path) -> Outcome:
+    """Rank VICTIM pauses once: what it costs the others."""
+    with horovodrun_job(workdir, straggler_env(workdir)) as job:
+        paused = workdir / "paused"
+        wait_until("the pause", paused.exists)
+        return straggler_outcome(job.trace_dir, paused.stat().st_mtime)
+
+
+def worker() -> int:
+    """The same training step under horovodrun elastic, written the Horovod way."""
+    import horovod.torch as hvd  # type: ignore[import-untyped]
+
+    from ringwright.runtime.sampler import ElasticSampler
+    from tests.bench.recovery_step import local_gradients, same_model
+    from tests.runtime.elastic_worker import Trace, pause_once
+
+    hvd.init()
+    samples, batch = int(os.environ["SAMPLES"]), int(os.environ["BATCH"])
+    commit_every = int(os.environ["COMMIT_EVERY"])
+    step_sleep = float(os.environ["STEP_SLEEP"])
+    pause_step = int(os.environ.get("PAUSE_STEP", "-1"))
+    host = os.environ.get("HOROVOD_HOSTNAME", "")
+    trace = Trace(Path(os.environ["TRACE_DIR"]) / f"horovod-{os.getpid()}.jsonl")
+    xs, ys, model, optimizer = same_model(samples)
+    sampler = ElasticSampler(samples, batch, seed=7)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0,
+                                   sampler=sampler.state_dict())
+    generation = [0]
+
+    @hvd.elastic.run  # type: ignore[untyped-decorator]
+    def train(state: Any) -> None:
+        # Each call after a reset is a new world for this worker.
+        wepoch = generation[0]
+        generation[0] += 1
+        sampler.load_state_dict(state.sampler)
+        sampler.set_world(hvd.rank(), hvd.size())
+        trace.write(ev="start", rank=hvd.rank(), size=hvd.size(), step=state.step,
+                    pid=os.getpid(), host=host, wepoch=wepoch)
+        while True:
+            for i, grad in enumerate(local_gradients(model, optimizer, sampler, xs, ys)):
+                hvd.allreduce_(grad, op=hvd.Sum, name=f"grad.{i}")
+            optimizer.step()
+            sampler.advance()
+            state.step += 1
+            trace.write(ev="stepped", rank=hvd.rank(), size=hvd.size(), step=state.step,
+                        wepoch=wepoch)
+            time.sleep(step_sleep)
+            if state.step == pause_step and hvd.rank() == int(os.environ["PAUSE_RANK"]):
+                pause_once(Path(os.environ["PAUSE_FILE"]), float(os.environ["PAUSE_S"]))
+            if state.step % commit_every == 0:
+                state.sampler = sampler.state_dict()
+                state.commit()
+
+    train(state)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker())

@@ -1,0 +1,145 @@
+"""ringwright in the recovery benchmark: the runtime under a local stand-in operator.
+
+The stand-in (:class:`ClusterStyleJob`) must not know more than an operator on a
+cluster does. A lost node's pod does not exit where the operator could ``waitpid`` it,
+so the stand-in only acts on a death once a surviving member has shown that it noticed
+(its training in the current world was interrupted: the evidence a member reports),
+and then corroborates it with its own view of the pod (the process is gone). Nothing
+else changes: whatever the runtime does to detect failures is what gets measured.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, cast
+
+from ringwright.runtime.local_launcher import LocalJob, LocalPod
+from ringwright.runtime.settings import SettingsEnv
+from tests.bench.recovery_common import (
+    FAULT_WAIT_S,
+    KILL_AT_STEP,
+    PG_TIMEOUT_S,
+    VICTIM,
+    WAIT_S,
+    WORKLOAD,
+    BaselineFailed,
+    Outcome,
+    losses,
+    steps_done,
+    straggler_env,
+    straggler_outcome,
+    time_to_size,
+    wait_until,
+)
+from tests.runtime.elastic_traces import Traces
+
+WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
+
+
+class _ExitSeenOnEvidence:
+    """A worker process as the stand-in sees it: a failed exit shows only once a peer
+    has noticed the failure; clean exits (a member leaving) show at once."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], noticed: Any) -> None:
+        self._proc = proc
+        self._noticed = noticed
+
+    def poll(self) -> int | None:
+        code = self._proc.poll()
+        if code is None or code == 0 or self._noticed(self._proc.pid):
+            return code
+        return None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._proc, name)
+
+
+class ClusterStyleJob(LocalJob):
+    """A :class:`LocalJob` that learns of a death from the survivors, not from waitpid."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        super().__init__([sys.executable, str(WORKER)], workdir, env=env)
+        self.trace_dir = workdir / "trace"
+
+    def __enter__(self) -> ClusterStyleJob:
+        return self
+
+    def _spawn(self) -> LocalPod:
+        pod = super()._spawn()
+        pod.process = cast(subprocess.Popen[bytes],
+                           _ExitSeenOnEvidence(pod.process, self._peer_noticed))
+        return pod
+
+    def _peer_noticed(self, pid: int) -> bool:
+        traces = Traces.load(self.trace_dir)
+        epoch = self.world.epoch
+        return any(r["wepoch"] == epoch and pid not in traces.pids(pod)
+                   for pod, r in traces.events("interrupted"))
+
+
+def _env(workdir: Path, backend: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**WORKLOAD, "TRACE_DIR": str(workdir / "trace"), "RINGWRIGHT_BACKEND": backend,
+            SettingsEnv.COLLECTIVE_TIMEOUT: str(PG_TIMEOUT_S), **(extra or {})}
+
+
+def _started(job: ClusterStyleJob, workers: int) -> None:
+    job.start(workers)
+    wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
+
+
+def fault(workdir: Path, sig: signal.Signals, victim: int = VICTIM, backend: str = "torch"
+          ) -> Outcome:
+    """Send ``sig`` to the member of rank ``victim`` of four; time the first step at 3."""
+    with ClusterStyleJob(workdir, _env(workdir, backend)) as job:
+        _started(job, 4)
+        pod = job.world.members[victim].pod
+        since = time.time()
+        job.kill(pod, sig)
+        seconds = time_to_size(job.trace_dir, 3, since,
+                               WAIT_S if sig == signal.SIGKILL else FAULT_WAIT_S)
+        if sig == signal.SIGSTOP:
+            job.kill(pod, signal.SIGKILL)
+        elif seconds is None:
+            raise BaselineFailed(f"ringwright ({backend}) never trained at size 3 after "
+                                 f"losing a member; logs in {workdir}")
+    rollbacks, lost = losses(workdir / "trace")
+    t = Traces.load(workdir / "trace")
+    last = t.world_epochs()[-1]
+    if last == 0:
+        return Outcome(seconds, "no new world formed", rollbacks, lost)
+    resumed = sorted({r["step"] for r in t.starts(last).values()})
+    return Outcome(seconds, f"state in memory, resumed at step {resumed}", rollbacks, lost)
+
+
+def straggler(workdir: Path, backend: str = "torch") -> Outcome:
+    """Rank VICTIM pauses STRAGGLER_S once: what it costs the others."""
+    with ClusterStyleJob(workdir, _env(workdir, backend, straggler_env(workdir))) as job:
+        _started(job, 4)
+        paused = workdir / "paused"
+        wait_until("the pause", paused.exists)
+        return straggler_outcome(job.trace_dir, paused.stat().st_mtime)
+
+
+def join(workdir: Path) -> Outcome:
+    """Two members, scaled to four: launch of the newcomers -> first step at size 4."""
+    with ClusterStyleJob(workdir, _env(workdir, "torch")) as job:
+        _started(job, 2)
+        since = time.time()
+        job.scale(4)
+        seconds = time_to_size(job.trace_dir, 4, since, WAIT_S)
+        if seconds is None:
+            raise BaselineFailed(f"ringwright never trained at size 4; logs in {workdir}")
+        newcomers = [m.pod for m in job.world.members[2:]]
+    t = Traces.load(workdir / "trace")
+    resumed = sorted({r["step"] for p, r in t.starts(t.world_epochs()[-1]).items()
+                      if p in newcomers})
+    rollbacks, lost = losses(workdir / "trace")
+    return Outcome(seconds, f"newcomers got step {resumed} by broadcast", rollbacks, lost)
