@@ -95,6 +95,10 @@ class CheckpointGuard:
         A payload holding objects a checkpoint cannot store is the script's bug, not the
         storage's: that still raises.
         """
+        # The checkpointer would wait for the previous write anyway; waiting here first
+        # attributes a failure of that write to its own step, and backs off after it.
+        if self._pending is not None and not self.flush(None):
+            return False
         try:
             self.checkpointer.save(step, payload, meta, copy=False)
         except UnsupportedPayload:
