@@ -10,6 +10,7 @@ newcomer exactly does the replay draw the same dropout masks and take the same s
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -29,6 +30,7 @@ from tests.runtime.elastic_worker import param_hash
 from tests.runtime.state_worker import new_model
 
 WORKER = Path(__file__).with_name("state_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 300.0
 """Generous: a loaded two-core machine needs tens of seconds just to import torch."""
 GRACE_S = 20
@@ -40,6 +42,9 @@ def job_env(workdir: Path, **extra: str) -> dict[str, str]:
     return {"TRACE_DIR": str(workdir / "trace"), "GATE_DIR": str(workdir / "gates"),
             "EPOCHS": "2", "SAMPLES": "192", "BATCH": "4", "COMMIT_EVERY": "4",
             "STEP_SLEEP": "0.02", "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+            # The worker shares helpers with the tests: import them from the repository.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")])),
             Env.TERMINATION_GRACE: str(GRACE_S), **extra}
 
 
