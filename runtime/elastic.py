@@ -84,8 +84,12 @@ def default_backend(kind: Backend, device: torch.device,
     return TorchDistributedBackend(device, settings)
 
 
-class _StopWaiting(Exception):
-    """SIGTERM arrived while this member was forming a group, syncing or waiting."""
+class _StopWaiting(BaseException):
+    """SIGTERM arrived while this member was forming a group, syncing or waiting.
+
+    A BaseException, like KeyboardInterrupt, so that no library's ``except Exception``
+    on the way (a store client retrying a connection) swallows it.
+    """
 
 
 class _Interrupter:

@@ -79,6 +79,10 @@ def log_tails(job: LocalJob) -> str:
 def wait_until(job: LocalJob, what: str, probe: Callable[[], bool]) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while not probe():
+        crashed = {p: c for p, c in job.exit_codes().items() if c not in (None, 0, -9)}
+        if crashed:
+            raise AssertionError(f"workers crashed {crashed} waiting for {what}\n"
+                                 f"{log_tails(job)}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}\n{log_tails(job)}")
         time.sleep(0.05)
@@ -109,8 +113,9 @@ def done_records(job: LocalJob) -> list[Record]:
 
 
 def scale_up_at(job: LocalJob, step: int) -> None:
-    """Hold the members at ``step``, add a fifth pod, let them commit into the new world."""
-    wait_at_gate(job, step, job.world.size)
+    """Once the three members hold at ``step``, add a pod; let them commit into the new
+    world."""
+    wait_at_gate(job, step, 3)
     job.scale(4)
     wait_until(job, "the newcomer to join the world", lambda: job.world.size == 4)
     (job.workdir / "gates" / str(step)).unlink()
