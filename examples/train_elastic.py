@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 if state.binding.rank == 0:
                     log_event(log, logging.INFO, "epoch_done", epoch=epoch, step=state.step,
                               world_size=state.binding.world.size,
-                              lr=optimizer.param_groups[0]["lr"], loss=full_loss,
+                              lr=state.lr.scaled_lrs()[0], loss=full_loss,
                               best_loss=state.extra["best_loss"])
                 state.commit()
             elif state.step % args.commit_every == 0:

@@ -183,7 +183,8 @@ def kubelet_stop(job: LocalJob, pods: list[str]) -> dict[str, int]:
     for pod in pods:
         if job.exit_codes()[pod] is None:
             job.kill(pod, signal.SIGKILL)
-    job.wait(DEADLINE_S)
+    for pod in pods:
+        job.pod(pod).process.wait()
     return {p: c for p, c in job.exit_codes().items() if p in pods and c is not None}
 
 
