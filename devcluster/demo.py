@@ -134,6 +134,8 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path) -> int:
     """Apply the example job, show placement, inject a failure, show recovery."""
     manifest: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     name = manifest["metadata"]["name"]
+    # The pods run on this machine: the job's checkpoint path is a folder of the demo's.
+    manifest["spec"]["checkpoint"]["path"] = str(work / "checkpoints")
     if kube.get_or_none(api_path("v1", "namespaces", name=NAMESPACE)) is None:
         kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
     job_path = api_path(API_VERSION, "trainingjobs", NAMESPACE, name)
@@ -143,7 +145,7 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path) -> int:
     kube.create(api_path(API_VERSION, "trainingjobs", NAMESPACE), manifest)
 
     command = [sys.executable, str(ROOT / "examples" / "train_elastic.py"), "--epochs", "200",
-               "--samples", "2048", "--checkpoint-dir", str(work / "checkpoints")]
+               "--samples", "2048"]
     host = PodHost(kube, NAMESPACE, name, command, work / "pods", readiness_grace=60)
     try:
         world = wait(lambda: (w := current_world(kube, name)) is not None

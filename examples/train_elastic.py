@@ -10,8 +10,9 @@ ring at size 2, rescale the learning rate and carry on. ``kill -USR1 <launcher p
 adds a worker, which receives the state by broadcast; ``kill -USR2`` removes one.
 
 In a Kubernetes pod the operator sets the ``RINGWRIGHT_*`` environment and the
-script needs no arguments. Give ``--checkpoint-dir`` (a mounted volume) to resume
-after the whole job restarts.
+script needs no arguments. Checkpoints follow the job's ``spec.checkpoint`` (path,
+interval, keep; locally the launcher's ``--checkpoint-path``): the runtime writes them
+and a restarted job resumes from the newest, with no checkpoint code here.
 """
 
 from __future__ import annotations
@@ -19,12 +20,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage
 from ringwright.runtime.elastic import ElasticRuntime
 from ringwright.runtime.kvlog import log_event, runtime_logger
 from ringwright.runtime.sampler import ElasticSampler
@@ -50,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.01,
                         help="for the job's baseWorldSize; rescaled with the world")
     parser.add_argument("--commit-every", type=int, default=10, help="steps")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
@@ -62,10 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    checkpointer = Checkpointer(LocalStorage(args.checkpoint_dir)) if args.checkpoint_dir \
-        else None
     state = State(model, optimizer, ElasticSampler(args.samples, args.batch_size, seed=1),
-                  checkpointer=checkpointer, best_loss=float("inf"))
+                  best_loss=float("inf"))
 
     def train(state: State) -> None:
         while state.sampler.epoch < args.epochs:
@@ -90,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 if state.binding.rank == 0:
                     log_event(log, logging.INFO, "epoch_done", epoch=epoch, step=state.step,
                               world_size=state.binding.world.size,
-                              lr=optimizer.param_groups[0]["lr"], loss=full_loss,
+                              lr=state.lr.scaled_lrs()[0], loss=full_loss,
                               best_loss=state.extra["best_loss"])
                 state.commit()
             elif state.step % args.commit_every == 0:
@@ -98,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with ElasticRuntime.from_env() as runtime:
         runtime.run(train, state)
-        if checkpointer is not None:
-            state.save_checkpoint()
-            checkpointer.close()
+        state.save_checkpoint()  # the last commit; written before the runtime closes
     return 0
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from ringwright.eviction import judge, needs_new_epoch
 from ringwright.kube import Obj
-from ringwright.operator.conditions import parse_time, rfc3339, set_condition
+from ringwright.operator.checkpoint_condition import CONDITION as CHECKPOINT_CONDITION
+from ringwright.operator.checkpoint_condition import checkpoint_condition
+from ringwright.operator.conditions import condition, parse_time, rfc3339, set_condition
 from ringwright.operator.inventory import Inventory
 from ringwright.operator.manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
 from ringwright.operator.models import CleanPodPolicy, JobPhase, TrainingJobSpec
@@ -184,9 +186,20 @@ class _Round:
         self.failures()
         if self.phase in TERMINAL:
             return self.finish()
+        self.checkpoints()
         self.resize()
         self.world()
         return self.finish()
+
+    def checkpoints(self) -> None:
+        """Members' checkpoint-failure reports become the CheckpointFailing condition."""
+        current = condition(list(self.status.get("conditions") or []), CHECKPOINT_CONDITION)
+        change = checkpoint_condition(self.obs.reports, current)
+        if change is None:
+            return
+        if current is None or (current.get("status") == "True") != change.failing:
+            self.event(change.reason, change.message, warning=change.failing)
+        self.condition(CHECKPOINT_CONDITION, change.failing, change.reason, change.message)
 
     def deadline_passed(self) -> bool:
         limit = self.spec.run_policy.active_deadline_seconds

@@ -94,7 +94,9 @@ class TerminationSignal:
     SIGTERM and SIGKILL. :meth:`remaining` answers how much of it is left, less
     ``margin_seconds`` for the process to exit. ``callback`` runs inside the handler
     with the signal number (e.g. to tell a watcher thread to stop); like the handler it
-    must be quick and must not raise. A second signal changes nothing.
+    must be quick. It may raise to interrupt what the main thread is blocked in (the
+    elastic runtime does so while a member waits for a world or its peers); the flag is
+    set before it runs. A second signal changes nothing.
     """
 
     def __init__(

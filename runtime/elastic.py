@@ -28,11 +28,12 @@ notices at the same commit and switches without rolling back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -50,7 +51,9 @@ from ringwright.world import (
 )
 
 from .backend import CollectiveBackend, CollectiveError
+from .checkpoint import Checkpointer
 from .checkpoint_policy import TerminationSignal
+from .checkpoint_storage import LocalStorage
 from .file_source import FileMembershipSource
 from .group import Fenced, GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
 from .health import HealthFile, ReadinessServer, StallWatchdog
@@ -60,6 +63,7 @@ from .membership import MembershipSource
 from .reporter import FileReporter, KubeReporter, LogReporter, Reporter
 from .settings import RuntimeSettings
 from .state import State, Terminated
+from .state_sync import shared_commit
 from .torch_backend import TorchDistributedBackend
 
 _log = runtime_logger("elastic")
@@ -78,6 +82,45 @@ def default_backend(kind: Backend, device: torch.device,
 
         return HorovodBackend(device, settings)
     return TorchDistributedBackend(device, settings)
+
+
+class _StopWaiting(BaseException):
+    """SIGTERM arrived while this member was forming a group, syncing or waiting.
+
+    A BaseException, like KeyboardInterrupt, so that no library's ``except Exception``
+    on the way (a store client retrying a connection) swallows it.
+    """
+
+
+class _Interrupter:
+    """Signal callback that interrupts the main thread, but only while it is armed.
+
+    Training itself is never interrupted (a half-done step cannot be checkpointed; the
+    loop reads the flag at step boundaries). Waits are: a world that never comes or a
+    peer that never arrives must not hold a member past its grace period.
+    """
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def __call__(self, signum: int) -> None:
+        if self.armed:
+            self.armed = False
+            raise _StopWaiting(signum)
+
+    @contextlib.contextmanager
+    def armed_while(self, stop: TerminationSignal | None) -> Iterator[None]:
+        """Let a signal interrupt the body (also one that came just before)."""
+        if stop is None:
+            yield
+            return
+        self.armed = True
+        try:
+            if stop.requested:
+                raise _StopWaiting(stop.signum)
+            yield
+        finally:
+            self.armed = False
 
 
 class ElasticRuntime:
@@ -105,6 +148,8 @@ class ElasticRuntime:
         self._readiness: ReadinessServer | None = None
         self._backend: CollectiveBackend | None = None
         self._started = False
+        self._interrupter = _Interrupter()
+        self._checkpointer: Checkpointer | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -169,7 +214,13 @@ class ElasticRuntime:
             while True:
                 # The watchdog keeps running: joining beats it while it waits alive,
                 # so only a member hung while forming or syncing turns unready.
-                self._form(manager, state, after)
+                try:
+                    with self._interrupter.armed_while(stop):
+                        self._form(manager, state, after)
+                except _StopWaiting:
+                    log_event(_log, logging.INFO, "stop_while_forming", epoch=manager.epoch,
+                              step=state.step, committed_epoch=state.synced_epoch)
+                    state.stop_if_signalled(committed=True)
                 try:
                     return train_fn(state)
                 except WorldChanged:
@@ -211,12 +262,15 @@ class ElasticRuntime:
         """
         if threading.current_thread() is not threading.main_thread():
             return None
-        return TerminationSignal(self.settings.termination_grace_s).install()
+        return TerminationSignal(self.settings.termination_grace_s,
+                                 callback=self._interrupter).install()
 
     def close(self) -> None:
         """Leave the group, stop health reporting and watching, flush reports."""
         if self._backend is not None:
             self._backend.close()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         self.watchdog.stop()
         if self._readiness is not None:
             self._readiness.stop()
@@ -236,6 +290,7 @@ class ElasticRuntime:
         while True:
             world = manager.join(after)
             after = world.epoch
+            self._checkpoint_from(world, state, manager)
             try:
                 infos = backend.allgather_object(
                     MemberInfo(self.pod, state.synced_epoch, state.synced_rank, state.step))
@@ -246,7 +301,7 @@ class ElasticRuntime:
                     # and everyone adopts rank 0's state (its initial weights otherwise).
                     restored = manager.rank == 0 and state.restore_checkpoint()
                     src = 0
-                state.sync(src)
+                state.sync(src, skip=shared_commit(infos))
             except RuntimeError as raised:
                 err = backend.failure_of(raised)
                 if err is None:
@@ -259,9 +314,27 @@ class ElasticRuntime:
             state.follow_world(world, manager.rank)
             log_event(_log, logging.INFO, "world_ready", epoch=world.epoch, size=world.size,
                       rank=manager.rank, source_rank=src, source_pod=infos[src].pod,
-                      from_checkpoint=restored, step=state.step,
-                      lr=state.optimizer.param_groups[0]["lr"])
+                      from_checkpoint=restored, step=state.step, synced_bytes=state.sync_bytes,
+                      lr=state.lr.scaled_lrs()[0])
             return world
+
+    def _checkpoint_from(self, world: World, state: State, manager: GroupManager) -> None:
+        """Give the state a checkpointer built from ``spec.checkpoint`` unless the script
+        brought its own, and route checkpoint failures to the operator."""
+        settings = world.checkpoint
+        if state.checkpoints is None and settings.path:
+            self._checkpointer = Checkpointer(LocalStorage(settings.path), keep=settings.keep)
+            state.use_checkpointer(self._checkpointer, where=settings.path)
+            log_event(_log, logging.INFO, "checkpointer_from_job", path=settings.path,
+                      keep=settings.keep, interval_steps=settings.interval_steps,
+                      interval_seconds=settings.interval_seconds)
+        guard = state.checkpoints
+        if guard is not None and guard.report is None:
+            def report(detail: str, failing: bool) -> None:
+                kind = ReportKind.CHECKPOINT_FAILED if failing else ReportKind.CHECKPOINT_OK
+                manager.report(kind, detail)
+
+            guard.report = report
 
     def _start_health(self, manager: GroupManager) -> None:
         if self._started:

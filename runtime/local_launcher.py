@@ -363,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr-rule", choices=[r.value for r in LRRule], default="linear")
     parser.add_argument("--base-world-size", type=int, default=1)
     parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-path", default="",
+                        help="the job's spec.checkpoint.path: checkpoints with no script code")
+    parser.add_argument("--checkpoint-interval-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-keep", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--restart", action="store_true",
                         help="restart a crashed worker under the same name, like a kubelet")
@@ -375,8 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(message)s")
     lr = LRScaling(rule=LRRule(args.lr_rule), base_world_size=args.base_world_size,
                    warmup_steps=args.warmup_steps)
-    with LocalJob(command, args.workdir, job=args.job, lr=lr, capture_logs=False,
-                  restart=args.restart) as job:
+    checkpoint = CheckpointSettings(path=args.checkpoint_path, keep=args.checkpoint_keep,
+                                    intervalSteps=args.checkpoint_interval_steps)
+    with LocalJob(command, args.workdir, job=args.job, lr=lr, checkpoint=checkpoint,
+                  capture_logs=False, restart=args.restart) as job:
         def resize(delta: int) -> Callable[[int, FrameType | None], None]:
             def handler(signum: int, frame: FrameType | None) -> None:
                 # Off the signal handler: scaling takes the job's lock.

@@ -21,6 +21,10 @@ from .kvlog import log_event, runtime_logger
 _log = runtime_logger("membership")
 
 
+SIGNAL_CHECK_S = 0.2
+"""Longest a wait for a world blocks before the waiting thread checks for signals."""
+
+
 class WorldTimeout(TimeoutError):
     """No suitable world arrived in time."""
 
@@ -81,5 +85,7 @@ class WorldBox:
                     raise WorldTimeout(
                         f"no world newer than epoch {after_epoch} within {timeout:.0f}s"
                     )
-                self._cond.wait(left)
+                # In slices: a signal delivered to another thread runs its Python
+                # handler (SIGTERM: stop waiting) only once this thread wakes up.
+                self._cond.wait(min(left, SIGNAL_CHECK_S))
             return self._world

@@ -1,10 +1,12 @@
 """Training state that survives membership changes: commit, restore, sync.
 
-:class:`State` wraps a model, its optimizer, an elastic sampler, the global step and
-any extra picklable values. ``commit()`` snapshots all of it into host memory (and
-hands it to a checkpointer when one is due); ``restore()`` rolls back to that
+:class:`State` wraps a model, its optimizer, an elastic sampler, the global step, any
+named object with ``state_dict``/``load_state_dict`` (LR schedulers, a
+``torch.amp.GradScaler``, EMA weights, a data-loader position), the random-number
+generators and extra plain values. ``commit()`` snapshots all of it into host memory
+(and hands it to the checkpointer when one is due); ``restore()`` rolls back to that
 snapshot after a failure; ``sync(src)`` makes every member of a new world adopt
-``src``'s state by broadcast, so newcomers need no disk.
+``src``'s state by tensor broadcast, so newcomers need no disk.
 
 The same dictionary, :meth:`State.to_payload`, is what a checkpointer writes and what
 :meth:`State.load_payload` reads back.
@@ -12,9 +14,10 @@ The same dictionary, :meth:`State.to_payload`, is what a checkpointer writes and
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -22,37 +25,32 @@ import torch
 from ringwright.world import World
 
 from .backend import CollectiveBackend
+from .checkpoint_guard import Checkpointer, CheckpointGuard
 from .checkpoint_policy import CheckpointPolicy
+from .kvlog import log_event, runtime_logger
 from .lr_scaling import LRScaler
+from .rng import RNGMode, RNGState, derived_seed
 from .sampler import ElasticSampler
+from .state_sync import broadcast_payload
 
-PAYLOAD_FORMAT = 1
+__all__ = ["PAYLOAD_FORMAT", "Checkpointer", "State", "StateBinding", "Stateful",
+           "StopSignal", "Terminated"]
+
+_log = runtime_logger("state")
+
+PAYLOAD_FORMAT = 2
+"""2: LR scaling no longer lives in the optimizer's groups; named objects and RNG states."""
 
 
-class RestoredCheckpoint(Protocol):
-    """A checkpoint read back: the payload that :meth:`State.to_payload` produced."""
+class Stateful(Protocol):
+    """Anything that can join the state by name: schedulers, GradScaler, EMA, counters."""
 
-    @property
-    def payload(self) -> dict[str, Any]:
-        """The saved payload, tensors in host memory."""
+    def state_dict(self) -> Any:
+        """A snapshot of the object (tensors and plain values)."""
         ...
 
-
-class Checkpointer(Protocol):
-    """Durable snapshots; :class:`ringwright.runtime.checkpoint.Checkpointer` is one."""
-
-    def save(self, step: int, payload: Mapping[str, Any],
-             meta: Mapping[str, Any] | None = None, *, copy: bool = True) -> None:
-        """Write ``payload`` as ``step``'s checkpoint in the background; ``copy=False``
-        when the payload is already a private host copy that nothing will change."""
-        ...
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds for the pending write; True when it is done."""
-        ...
-
-    def restore_latest(self) -> RestoredCheckpoint | None:
-        """The newest checkpoint that verifies, or None."""
+    def load_state_dict(self, state_dict: Any, /) -> Any:
+        """Adopt a snapshot made by :meth:`state_dict`."""
         ...
 
 
@@ -113,8 +111,23 @@ class StateBinding(Protocol):
         ...
 
 
+def is_stateful(value: object) -> bool:
+    """Whether ``value`` can join the state as an object (has both state-dict methods)."""
+    return callable(getattr(value, "state_dict", None)) and \
+        callable(getattr(value, "load_state_dict", None))
+
+
 class State:
-    """Model, optimizer, sampler, step and extras, kept consistent across a job's world."""
+    """Model, optimizer, sampler, step, named objects, RNG and extras, kept consistent
+    across a job's world.
+
+    Keyword arguments besides the named ones join the state by name: objects with
+    ``state_dict``/``load_state_dict`` in :attr:`objects`, plain values in
+    :attr:`extra`. ``rng`` chooses how random-number generators behave across ranks
+    (:class:`~ringwright.runtime.rng.RNGMode`: ``shared`` or ``per_rank``; ``seed``
+    feeds the per-rank streams). ``checkpointer`` and ``checkpoint_policy`` override what
+    the job's ``spec.checkpoint`` asks for.
+    """
 
     def __init__(
         self,
@@ -123,6 +136,9 @@ class State:
         sampler: ElasticSampler,
         *,
         checkpointer: Checkpointer | None = None,
+        checkpoint_policy: CheckpointPolicy | None = None,
+        rng: RNGMode | str = RNGMode.SHARED,
+        seed: int = 0,
         clock: Callable[[], float] = time.monotonic,
         **extra: Any,
     ) -> None:
@@ -131,18 +147,30 @@ class State:
         self.sampler = sampler
         self.step = 0
         """Global optimizer steps completed (identical on every rank)."""
-        self.extra: dict[str, Any] = dict(extra)
-        """User values to keep with the state (picklable, small)."""
+        self.objects: dict[str, Stateful] = {k: v for k, v in extra.items() if is_stateful(v)}
+        """Named objects whose state_dict joins the state."""
+        self.extra: dict[str, Any] = {k: v for k, v in extra.items() if k not in self.objects}
+        """User values to keep with the state (plain values, small)."""
+        self.rng_mode = RNGMode(rng)
+        self.seed = seed
         self.lr = LRScaler(optimizer)
-        self.checkpointer = checkpointer
+        self.checkpoint_policy = checkpoint_policy
+        """When to checkpoint; None follows the job's intervals (``spec.checkpoint``)."""
         self.synced_epoch = -1
         """World epoch whose group this state was last synced in; -1 holds no state."""
         self.synced_rank = -1
         """This member's rank in that world."""
+        self.sync_bytes = 0
+        """Bytes the last sync moved (0 when every member already held the commit)."""
         self.stop: StopSignal | None = None
         """Set by the elastic runtime: checked after every step."""
         self._clock = clock
+        self._rng = RNGState()
+        self._checkpoints: CheckpointGuard | None = None
+        if checkpointer is not None:
+            self.use_checkpointer(checkpointer)
         self._committed: dict[str, Any] | None = None
+        self._commit_stale = True
         self._binding: StateBinding | None = None
         self._last_checkpoint = (0, clock())
 
@@ -164,6 +192,26 @@ class State:
         """Attach to the group manager (done once by the elastic runtime)."""
         self._binding = binding
 
+    def track(self, name: str, obj: Stateful) -> None:
+        """Add ``obj`` to the state under ``name`` (committed, synced, checkpointed)."""
+        if name in self.extra or not is_stateful(obj):
+            raise ValueError(f"{name!r}: needs a new name and state_dict/load_state_dict")
+        self.objects[name] = obj
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        """Where checkpoints go: the script's own, or one built from ``spec.checkpoint``."""
+        return self._checkpoints.checkpointer if self._checkpoints is not None else None
+
+    @property
+    def checkpoints(self) -> CheckpointGuard | None:
+        """The checkpointer behind its error handling (reports, backoff)."""
+        return self._checkpoints
+
+    def use_checkpointer(self, checkpointer: Checkpointer, *, where: str = "") -> None:
+        """Checkpoint through ``checkpointer``; ``where`` names its location in messages."""
+        self._checkpoints = CheckpointGuard(checkpointer, clock=self._clock, where=where)
+
     # The training loop's calls.
 
     def allreduce_gradients(self, *, average: bool = True) -> None:
@@ -174,7 +222,7 @@ class State:
         """Record a completed step: move the sampler, count the step, follow the LR ramp."""
         self.sampler.advance()
         self.step += 1
-        self.lr.apply(self.step)
+        self.lr.step = self.step
         self.binding.progress()
         self.stop_if_signalled(committed=False)
 
@@ -194,51 +242,75 @@ class State:
         if self._committed is None:
             raise RuntimeError("nothing committed yet: restore() needs a prior commit()")
         self.load_payload(self._committed)
+        self._reseed_per_rank()
 
     # Called by the elastic runtime around a world change.
 
-    def sync(self, src: int) -> None:
-        """Adopt rank ``src``'s state: tensors in place, the rest as one pickled object."""
-        backend = self.binding.backend
-        backend.broadcast_tensors(list(self.model.state_dict(keep_vars=True).values()), src)
-        rest = backend.broadcast_object(self._payload(with_model=False), src)
-        self._load(rest, with_model=False)
+    def sync(self, src: int, *, skip: bool = False) -> None:
+        """Adopt rank ``src``'s state: the tensors by tensor broadcast, the small rest as
+        one pickled skeleton. ``skip`` when every member already holds the same commit:
+        nothing moves."""
+        if skip:
+            self.sync_bytes = 0
+            return
+        rank = self.binding.rank
+        mine = self._payload() if rank == src else None
+        received, self.sync_bytes = broadcast_payload(self.binding.backend, mine, src, rank)
+        if rank != src:
+            self._load(received, copy=False)
+        self._commit_stale = True
 
     def follow_world(self, world: World, rank: int) -> None:
         """Re-partition the data and rescale the LR for ``world``, then commit locally."""
         self.sampler.set_world(rank, world.size)
         self.lr.set_world(world.lr, world.size, self.step)
         self.synced_epoch, self.synced_rank = world.epoch, rank
-        self._committed = self.to_payload()
+        self._reseed_per_rank()
+        if self._committed is None or self._commit_stale:
+            self._committed = self.to_payload()
+        else:
+            # The state is the commit it was synced from: only the LR ramp moved, so
+            # the (possibly large) snapshot is kept rather than taken again.
+            self._committed["lr"] = self.lr.state_dict()
+        self._commit_stale = False
 
     def restore_checkpoint(self) -> bool:
-        """Load the newest checkpoint, if there is a checkpointer and a checkpoint."""
-        if self.checkpointer is None:
+        """Load the newest checkpoint, if there is a checkpointer and a good checkpoint."""
+        if self._checkpoints is None:
             return False
-        found = self.checkpointer.restore_latest()
+        found = self._checkpoints.restore_latest()
         if found is None:
             return False
         self.load_payload(found.payload)
+        self._commit_stale = True
         self._last_checkpoint = (self.step, self._clock())
         return True
 
-    def save_checkpoint(self) -> None:
-        """Checkpoint the last commit now; rank 0 only, as every rank holds the same state."""
-        if self.checkpointer is None or self.binding.rank != 0 or self._committed is None:
-            return
+    def save_checkpoint(self) -> bool:
+        """Checkpoint the last commit now; True when a write started.
+
+        Only the member that was rank 0 of the world its state was synced in writes:
+        every member holds the same state, and exactly one such member exists.
+        """
+        guard = self._checkpoints
+        if guard is None or self.synced_rank != 0 or self._committed is None:
+            return False
         step = int(self._committed["step"])
-        meta = {"epoch": self.sampler.epoch, "world_size": self.binding.world.size}
+        size = self._binding.world.size if self._binding is not None else 1
+        meta = {"epoch": self.sampler.epoch, "world_size": size}
         # The committed snapshot is a private host copy that is replaced, never
         # modified, so the writer may read it where it is.
-        self.checkpointer.save(step, self._committed, meta, copy=False)
+        started = guard.save(step, self._committed, meta)
         self._last_checkpoint = (step, self._clock())
+        return started
 
     def stop_if_signalled(self, *, committed: bool) -> None:
         """On a termination signal, write a final checkpoint and raise :class:`Terminated`.
 
         ``committed=False`` (between steps, where every rank holds the same state)
-        saves the current step; ``committed=True`` (after a failed collective) saves
-        the last commit. Rank 0 writes and waits for the write within the grace period.
+        saves the current step; ``committed=True`` (after a failed collective, or while
+        a world forms) saves the last commit. Rank 0 writes and waits for the write
+        within the grace period.
         """
         stop = self.stop
         if stop is None or not stop.requested:
@@ -246,59 +318,87 @@ class State:
         if not committed:
             self._committed = self.to_payload()
         flushed = True
-        if self.checkpointer is not None and self._binding is not None:
-            self.save_checkpoint()
-            flushed = self.checkpointer.flush(timeout=max(stop.remaining(), 0.0))
+        if self._checkpoints is not None and self.save_checkpoint():
+            flushed = self._checkpoints.flush(timeout=max(stop.remaining(), 0.0))
         raise Terminated(stop.signum or signal.SIGTERM, self.step, flushed)
 
     # The payload shared with checkpointers.
 
     def to_payload(self) -> dict[str, Any]:
         """Everything to persist, as host-memory copies independent of the live state."""
-        return self._payload(with_model=True)
+        payload: dict[str, Any] = _to_host(self._payload())
+        return payload
 
     def load_payload(self, payload: dict[str, Any]) -> None:
         """Adopt a payload made by :meth:`to_payload` (here or on another member)."""
         fmt = payload.get("format")
-        if fmt != PAYLOAD_FORMAT:
+        if fmt not in (1, PAYLOAD_FORMAT):
             raise ValueError(f"state payload format {fmt!r}, expected {PAYLOAD_FORMAT}")
-        self._load(payload, with_model=True)
+        self._load(payload, copy=True)
+        if fmt == 1:
+            # Format 1 stored the rescaled rates in the groups and the user's beside them.
+            for group, lr in zip(self.optimizer.param_groups, payload["lr"]["base_lrs"],
+                                 strict=True):
+                group["lr"] = float(lr)
 
-    def _payload(self, *, with_model: bool) -> dict[str, Any]:
+    def _payload(self) -> dict[str, Any]:
+        """The live state as one dictionary; its tensors are the live ones, not copies."""
         payload: dict[str, Any] = {
             "format": PAYLOAD_FORMAT,
             "step": self.step,
-            "optimizer": _to_host(self.optimizer.state_dict()),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
             "sampler": self.sampler.state_dict(),
             "lr": self.lr.state_dict(),
-            "extra": _to_host(self.extra),
+            "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
+            "extra": self.extra,
         }
-        if with_model:
-            payload["model"] = _to_host(self.model.state_dict())
+        if self.rng_mode is RNGMode.SHARED:
+            payload["rng"] = self._rng.state_dict()
         return payload
 
-    def _load(self, payload: dict[str, Any], *, with_model: bool) -> None:
-        if with_model:
-            self.model.load_state_dict(payload["model"])
+    def _load(self, payload: dict[str, Any], *, copy: bool) -> None:
+        """Adopt ``payload``; ``copy=False`` when nothing else references its tensors."""
+        fresh: Callable[[Any], Any] = _to_host if copy else _same
+        self.model.load_state_dict(payload["model"])
         # The optimizer keeps tensors it is given when dtype and device already match
         # and then updates them in place: hand it copies, or the next step would
         # silently rewrite the committed snapshot.
-        self.optimizer.load_state_dict(_to_host(payload["optimizer"]))
+        self.optimizer.load_state_dict(fresh(payload["optimizer"]))
         self.sampler.load_state_dict(payload["sampler"])
         self.lr.load_state_dict(payload["lr"])
+        saved = payload.get("objects", {})
+        for name, obj in self.objects.items():
+            if name in saved:
+                obj.load_state_dict(fresh(saved[name]))
+            else:
+                log_event(_log, logging.WARNING, "state_object_not_saved", name=name,
+                          step=payload["step"], kept="its current state")
+        if self.rng_mode is RNGMode.SHARED and "rng" in payload:
+            self._rng.load_state_dict(payload["rng"])
         self.extra = _to_host(payload["extra"])
         self.step = int(payload["step"])
-        # The optimizer's saved groups carry the LR of their world; recompute it here.
-        self.lr.apply(self.step)
+        self.lr.step = self.step
+
+    def _reseed_per_rank(self) -> None:
+        if self.rng_mode is RNGMode.PER_RANK and self._binding is not None:
+            world = self._binding.world
+            self._rng.seed(derived_seed(self.seed, self.step, self.synced_rank, world.size))
 
     def _maybe_checkpoint(self) -> None:
-        if self.checkpointer is None:
+        guard = self._checkpoints
+        if guard is None or self.synced_rank != 0:
             return
         last_step, last_time = self._last_checkpoint
-        policy = CheckpointPolicy.from_settings(self.binding.world.checkpoint)
+        policy = self.checkpoint_policy or CheckpointPolicy.from_settings(
+            self.binding.world.checkpoint)
         if policy.due(step=self.step, now=self._clock(), last_step=last_step,
-                      last_time=last_time):
+                      last_time=last_time) and guard.may_write():
             self.save_checkpoint()
+
+
+def _same(obj: Any) -> Any:
+    return obj
 
 
 def _to_host(obj: Any) -> Any:

@@ -172,6 +172,10 @@ class ReportKind(StrEnum):
     NO_STATE = "no-state"
     STALLED = "stalled"
     LEFT = "left"
+    CHECKPOINT_FAILED = "checkpoint-failed"
+    """Writing or reading checkpoints failed (detail: where and the OS error)."""
+    CHECKPOINT_OK = "checkpoint-ok"
+    """Checkpoints are written again after a failure."""
 
 
 class Report(_Wire):

@@ -86,7 +86,8 @@ def test_runs_to_completion_in_a_stable_world() -> None:
         assert rt.run(trainer, state) == "done"
     assert trainer.starts == [0]
     assert state.step == 2 * SAMPLES // BATCH
-    assert state.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert state.lr.scaled_lrs() == pytest.approx([0.05])
+    assert state.optimizer.param_groups[0]["lr"] == 0.1, "the user's rate is never rewritten"
     assert backend.closed
     every_sample_once(trainer)
 

@@ -1,0 +1,126 @@
+"""Moving a training state between members as tensors, and deciding when not to.
+
+A state payload (nested dicts, lists and tuples of tensors and plain values) is split
+into a *skeleton*, in which every tensor is replaced by a :class:`TensorSlot` naming
+its dtype and shape, and the list of its tensors. The skeleton is small (step counts,
+hyperparameters, sampler cursor, generator states) and travels as one pickled object;
+the tensors (model, optimizer moments, ...) travel by tensor broadcast, one flat buffer
+per dtype, without ever being pickled.
+
+:func:`shared_commit` decides, from what every member of a new world says about
+itself, whether they all already hold the same commit, in which case nothing needs to
+move at all (a planned scale-down, or survivors of a failure that all rolled back to
+the same commit).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .backend import CollectiveBackend
+from .group import MemberInfo
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where a tensor was in a payload: its position in the tensor list and its form."""
+
+    index: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    accelerator: bool
+    """The sender held it on an accelerator: receivers allocate it on theirs."""
+
+
+def split_tensors(payload: Any) -> tuple[Any, list[torch.Tensor]]:
+    """``payload`` with every tensor replaced by a :class:`TensorSlot`, and the tensors."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj.detach())
+            return TensorSlot(len(tensors) - 1, obj.dtype, tuple(obj.shape),
+                              obj.device.type != "cpu")
+        if isinstance(obj, dict):
+            return {k: walk(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(walk(v) for v in obj)
+        return obj
+
+    return walk(payload), tensors
+
+
+def empty_tensors(skeleton: Any, device: torch.device) -> list[torch.Tensor]:
+    """Uninitialised tensors for every slot of ``skeleton``, in slot order."""
+    slots: list[TensorSlot] = []
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, TensorSlot):
+            slots.append(obj)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, list | tuple):
+            for v in obj:
+                walk(v)
+
+    walk(skeleton)
+    slots.sort(key=lambda s: s.index)
+    cpu = torch.device("cpu")
+    return [torch.empty(s.shape, dtype=s.dtype, device=device if s.accelerator else cpu)
+            for s in slots]
+
+
+def join_tensors(skeleton: Any, tensors: Sequence[torch.Tensor]) -> Any:
+    """The payload that ``skeleton`` describes, with ``tensors`` put back in their slots."""
+    if isinstance(skeleton, TensorSlot):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, dict):
+        return {k: join_tensors(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, list):
+        return [join_tensors(v, tensors) for v in skeleton]
+    if isinstance(skeleton, tuple):
+        return tuple(join_tensors(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def broadcast_payload(backend: CollectiveBackend, payload: dict[str, Any] | None, src: int,
+                      rank: int) -> tuple[dict[str, Any], int]:
+    """``src``'s payload on every rank, and the bytes that moved.
+
+    ``payload`` is only read on ``src``; its tensors are sent from where they are (the
+    sender's live tensors are overwritten with their own values). Receivers get fresh
+    tensors that nothing else references.
+    """
+    if rank == src:
+        if payload is None:
+            raise ValueError("the source of a state broadcast must hold a payload")
+        skeleton, tensors = split_tensors(payload)
+    else:
+        skeleton, tensors = None, []
+    skeleton = backend.broadcast_object(skeleton, src)
+    if rank != src:
+        tensors = empty_tensors(skeleton, backend.device)
+    backend.broadcast_tensors(tensors, src)
+    moved = sum(t.numel() * t.element_size() for t in tensors)
+    moved += len(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL))
+    return join_tensors(skeleton, tensors), moved
+
+
+def shared_commit(infos: Sequence[MemberInfo]) -> bool:
+    """Whether every member holds the same commit, so that syncing would move nothing.
+
+    Members that were synced in the same world and stand at the same committed step
+    hold identical state: they started that world from one state and took identical
+    data-parallel steps. A member with no state, or from another world, needs a sync.
+    """
+    first = infos[0]
+    return first.state_epoch >= 0 and all(
+        i.state_epoch == first.state_epoch and i.step == first.step for i in infos)
