@@ -25,6 +25,7 @@ from ringwright.world import World
 from .backend import collective
 from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
+from .hierarchical import RackGroups, rack_plan
 from .kvlog import log_event, runtime_logger
 from .settings import RuntimeSettings
 
@@ -57,6 +58,7 @@ class TorchDistributedBackend:
         self._clock = clock
         self._stores = EpochStores(settings, clock)
         self._joined = False
+        self._racks: RackGroups | None = None
         if device.type == "cuda":
             for key, value in NCCL_ERROR_ENV.items():
                 os.environ.setdefault(key, value)
@@ -89,11 +91,15 @@ class TorchDistributedBackend:
                 device_id=self._device if self._device.type == "cuda" else None,
             )
             self._joined = True
+            plan = rack_plan(world)
+            self._racks = RackGroups(plan, rank) if plan is not None else None
         log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
-                  rank=rank, size=world.size, seconds=self._clock() - started)
+                  rank=rank, size=world.size, racks=len(plan.racks) if plan else 1,
+                  hierarchical=plan is not None, seconds=self._clock() - started)
 
     def shutdown(self) -> None:
         """Destroy the current process group and drop this epoch's store connections."""
+        self._racks = None
         if self._joined:
             self._joined = False
             try:
@@ -134,14 +140,21 @@ class TorchDistributedBackend:
 
     def allreduce_gradients(self, params: Iterable[torch.Tensor], *, average: bool) -> None:
         """One allreduce per dtype over all gradients; missing gradients count as zero."""
-        grads = gradients(params)
-        with collective("gradient allreduce"):
-            for group in by_dtype(grads):
-                flat = flatten(group, group[0].device)
+        for group in by_dtype(gradients(params)):
+            flat = flatten(group, group[0].device)
+            self.allreduce_(flat, "gradients")
+            if average:
+                flat /= dist.get_world_size()
+            unflatten_into(flat, group)
+
+    def allreduce_(self, flat: torch.Tensor, name: str) -> None:
+        """Sum one contiguous tensor over the world in place: in two levels when the
+        world's racks call for it (see :mod:`ringwright.runtime.hierarchical`)."""
+        with collective(f"{name} allreduce"):
+            if self._racks is not None:
+                self._racks.allreduce_(flat)
+            else:
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-                if average:
-                    flat /= dist.get_world_size()
-                unflatten_into(flat, group)
 
     def allreduce_max(self, value: int) -> int:
         """Largest ``value`` over the group."""
