@@ -44,7 +44,7 @@ class Net(torch.nn.Module):
         self.unused = torch.nn.Linear(3, 3)
 
     def forward(self, x: torch.Tensor, rank: int) -> torch.Tensor:
-        out = self.b(torch.tanh(self.a(x)))
+        out: torch.Tensor = self.b(torch.tanh(self.a(x)))
         return out + self.only_rank0(x) if rank == 0 else out
 
 

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def rack_world(racks: str, mode: HierarchicalAllReduce) -> World:
                  topology=TopologySettings(hierarchical_all_reduce=mode))
 
 
-def run_world(world: World, tmp_path: Path) -> list[dict[str, object]]:
+def run_world(world: World, tmp_path: Path) -> list[dict[str, Any]]:
     world_file = tmp_path / "world.json"
     write_world_file(world_file, world)
     env_base = {"WORLD_FILE": str(world_file), "OMP_NUM_THREADS": "1",
