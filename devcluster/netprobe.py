@@ -41,20 +41,23 @@ class AlphaBeta:
 
 
 def fit_alpha_beta(samples: Sequence[tuple[int, float]]) -> AlphaBeta:
-    """Fit round times ``(bytes, seconds)`` to 2 alpha + beta·l, least squares on the relative
-    error (weights 1/t²), so the small messages that show alpha count as much as the large
-    ones that show beta."""
+    """Fit round times ``(bytes, seconds)`` to 2 alpha + beta*l.
+
+    beta is the least-squares slope (the large messages decide it); alpha comes from
+    the smallest message, whose time is almost all latency. A shaper's burst lets small
+    messages through at link speed, so a single straight line through all sizes would
+    misplace the intercept.
+    """
     if len({size for size, _ in samples}) < 2:
         raise ValueError("the fit needs round times for at least two message sizes")
-    w = [1 / t**2 for _, t in samples]
-    total = sum(w)
-    mean_l = sum(wi * size for wi, (size, _) in zip(w, samples, strict=True)) / total
-    mean_t = sum(wi * t for wi, (_, t) in zip(w, samples, strict=True)) / total
-    cov = sum(wi * (size - mean_l) * (t - mean_t)
-              for wi, (size, t) in zip(w, samples, strict=True))
-    var = sum(wi * (size - mean_l) ** 2 for wi, (size, _) in zip(w, samples, strict=True))
+    n = len(samples)
+    mean_l = sum(size for size, _ in samples) / n
+    mean_t = sum(t for _, t in samples) / n
+    cov = sum((size - mean_l) * (t - mean_t) for size, t in samples)
+    var = sum((size - mean_l) ** 2 for size, _ in samples)
     beta = cov / var
-    return AlphaBeta(alpha_s=max(mean_t - beta * mean_l, 0.0) / 2, beta_s_per_byte=beta)
+    size, t = min(samples)
+    return AlphaBeta(alpha_s=max(t - beta * size, 0.0) / 2, beta_s_per_byte=beta)
 
 
 def _recv_exactly(conn: socket.socket, n: int) -> None:
