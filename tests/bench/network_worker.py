@@ -56,7 +56,7 @@ def allreduce_task(backend: TorchDistributedBackend, env: dict[str, str]
     return {"seconds": statistics.median(timed(step) for _ in range(int(env["ITERS"])))}
 
 
-def model(env: dict[str, str]) -> torch.nn.Module:
+def model(env: dict[str, str]) -> torch.nn.Sequential:
     torch.manual_seed(0)
     width = int(env["WIDTH"])
     layers: list[torch.nn.Module] = []
@@ -68,7 +68,7 @@ def model(env: dict[str, str]) -> torch.nn.Module:
 def train_task(backend: TorchDistributedBackend, size: int, env: dict[str, str]
                ) -> dict[str, float]:
     base = model(env)
-    width = base[0].in_features
+    width = int(env["WIDTH"])
     x = torch.randn(int(env["BATCH"]), width)
     ddp = DistributedDataParallel(copy.deepcopy(base))
     bucketed = copy.deepcopy(base)
