@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -83,11 +84,13 @@ class RackGroups:
     creating a group is itself a collective over the whole world.
     """
 
-    def __init__(self, plan: RackPlan, rank: int) -> None:
+    def __init__(self, plan: RackPlan, rank: int, timeout: timedelta) -> None:
         self.plan = plan
         self.rank = rank
-        rack_groups = {rack: _group(rack) for rack in plan.racks}
-        cross_groups = [_group(plan.cross(j)) for j in range(plan.shards)]
+        # Subgroups get the library's default timeout (minutes) unless told: a member
+        # whose partner left the step must give up as quickly as in the default group.
+        rack_groups = {rack: _group(rack, timeout) for rack in plan.racks}
+        cross_groups = [_group(plan.cross(j), timeout) for j in range(plan.shards)]
         self._rack = plan.rack_of(rank)
         self._rack_group = rack_groups[self._rack]
         local = self._rack.index(rank)
@@ -109,9 +112,9 @@ class RackGroups:
                                      async_op=True) for j in range(plan.shards))
 
 
-def _group(ranks: tuple[int, ...]) -> dist.ProcessGroup | None:
+def _group(ranks: tuple[int, ...], timeout: timedelta) -> dist.ProcessGroup | None:
     """A new process group of ``ranks``; None on the ranks outside it."""
-    group = dist.new_group(list(ranks))
+    group = dist.new_group(list(ranks), timeout=timeout)
     return group if isinstance(group, dist.ProcessGroup) else None
 
 

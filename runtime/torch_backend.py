@@ -92,7 +92,8 @@ class TorchDistributedBackend:
             )
             self._joined = True
             plan = rack_plan(world)
-            self._racks = RackGroups(plan, rank) if plan is not None else None
+            self._racks = (RackGroups(plan, rank, timedelta(seconds=s.collective_timeout_s))
+                           if plan is not None else None)
         log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
                   rank=rank, size=world.size, racks=len(plan.racks) if plan else 1,
                   hierarchical=plan is not None, seconds=self._clock() - started)
