@@ -25,6 +25,10 @@ import torch.distributed as dist
 
 from ringwright.world import HierarchicalAllReduce, World
 
+PIECE_BYTES = 1 << 20
+"""Pipeline granularity: a buffer goes through the three stages in pieces of this size."""
+MAX_PIECES = 16
+
 
 @dataclass(frozen=True)
 class RackPlan:
@@ -80,19 +84,26 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
 class RackGroups:
     """The rack and cross-rack process groups of one epoch, for one rank.
 
+    The buffer goes through in pieces, as a pipeline of three stages with a process
+    group each (reduce inside the rack, all-reduce across, broadcast inside), so the
+    spine carries one piece while the rack links reduce the next and share the last.
     Every rank of the default group must construct this at the same point, since
     creating a group is itself a collective over the whole world.
     """
 
-    def __init__(self, plan: RackPlan, rank: int, timeout: timedelta) -> None:
+    def __init__(self, plan: RackPlan, rank: int, timeout: timedelta,
+                 piece_bytes: int = PIECE_BYTES) -> None:
         self.plan = plan
         self.rank = rank
+        self.piece_bytes = piece_bytes
         # Subgroups get the library's default timeout (minutes) unless told: a member
         # whose partner left the step must give up as quickly as in the default group.
-        rack_groups = {rack: _group(rack, timeout) for rack in plan.racks}
+        reduce_groups = {rack: _group(rack, timeout) for rack in plan.racks}
+        share_groups = {rack: _group(rack, timeout) for rack in plan.racks}
         cross_groups = [_group(plan.cross(j), timeout) for j in range(plan.shards)]
         self._rack = plan.rack_of(rank)
-        self._rack_group = rack_groups[self._rack]
+        self._reduce_group = reduce_groups[self._rack]
+        self._share_group = share_groups[self._rack]
         local = self._rack.index(rank)
         self._shard = local if local < plan.shards else None
         self._cross_group = cross_groups[local] if self._shard is not None else None
@@ -100,16 +111,27 @@ class RackGroups:
     def allreduce_(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` (one contiguous tensor) over the world, in place."""
         plan, rack = self.plan, self._rack
-        shards = [flat[a:b] for a, b in shard_bounds(flat.numel(), plan.shards)]
+        count = max(1, min(MAX_PIECES, flat.numel() * flat.element_size() // self.piece_bytes))
+        pieces = [[flat[a:b][x:y] for x, y in shard_bounds(b - a, plan.shards)]
+                  for a, b in shard_bounds(flat.numel(), count)]
         in_rack = len(rack) > 1
-        if in_rack:
-            _wait_all(dist.reduce(shards[j], dst=rack[j], group=self._rack_group,
-                                  async_op=True) for j in range(plan.shards))
-        if self._shard is not None:
-            dist.all_reduce(shards[self._shard], group=self._cross_group)
-        if in_rack:
-            _wait_all(dist.broadcast(shards[j], src=rack[j], group=self._rack_group,
-                                     async_op=True) for j in range(plan.shards))
+        reduced = [[dist.reduce(shards[j], dst=rack[j], group=self._reduce_group,
+                                async_op=True) for j in range(plan.shards)] if in_rack else []
+                   for shards in pieces]
+        crossed = []
+        for shards, works in zip(pieces, reduced, strict=True):
+            _wait_all(works)
+            if self._shard is not None:
+                crossed.append(dist.all_reduce(shards[self._shard], group=self._cross_group,
+                                               async_op=True))
+        shared = []
+        for i, shards in enumerate(pieces):
+            if self._shard is not None:
+                _wait_all([crossed[i]])
+            if in_rack:
+                shared += [dist.broadcast(shards[j], src=rack[j], group=self._share_group,
+                                          async_op=True) for j in range(plan.shards)]
+        _wait_all(shared)
 
 
 def _group(ranks: tuple[int, ...], timeout: timedelta) -> dist.ProcessGroup | None:
