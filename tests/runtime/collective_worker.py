@@ -30,7 +30,8 @@ from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.torch_backend import TorchDistributedBackend
 from ringwright.world import parse_world
 
-SIZES = (1, 2, 5, 7, 64, 1000, 65_537)
+SIZES = (1, 2, 5, 7, 64, 1000, 65_537, 700_001)
+"""The largest goes through the pipeline in several pieces."""
 
 
 class Net(torch.nn.Module):
