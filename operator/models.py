@@ -22,7 +22,7 @@ from ringwright.operator.apibase import (
     immutable,
     validations,
 )
-from ringwright.world import Backend, LRRule, Mode
+from ringwright.world import Backend, HierarchicalAllReduce, LRRule, Mode
 
 MAX_WORKERS = 10_000
 """Upper bound of any worker count; also bounds the cost of CEL rules over counts."""
@@ -154,7 +154,8 @@ class PSSpec(ApiModel):
 
 
 class TopologySpec(ApiModel):
-    """How tightly this job wants to be packed; the SchedulingPolicy sets the bounds."""
+    """How tightly this job wants to be packed (the SchedulingPolicy sets the bounds), and
+    how its collectives use the racks it lands on."""
 
     rack_packing: RackPacking | None = Field(
         default=None,
@@ -168,6 +169,13 @@ class TopologySpec(ApiModel):
         le=1024,
         description="Most racks the workers may span. Unset: the SchedulingPolicy's "
         "limits.maxRacksPerJob.",
+    )
+    hierarchical_all_reduce: HierarchicalAllReduce = Field(
+        default=HierarchicalAllReduce.AUTO,
+        description="Auto: when the world spans more than one rack, gradients are reduced "
+        "inside each rack, all-reduced across racks by one member per rack and shared back "
+        "inside the rack, so the slow spine carries fewer, larger transfers. Enabled: always "
+        "(a one-rack world then runs the flat ring). Disabled: always the flat ring.",
     )
 
 

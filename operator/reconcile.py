@@ -24,7 +24,15 @@ from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
 from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
-from ringwright.world import CheckpointSettings, JobRef, LRScaling, Report, ReportKind, World
+from ringwright.world import (
+    CheckpointSettings,
+    JobRef,
+    LRScaling,
+    Report,
+    ReportKind,
+    TopologySettings,
+    World,
+)
 
 
 @dataclass(frozen=True)
@@ -394,6 +402,8 @@ class _Round:
                 path=spec.checkpoint.path, interval_steps=spec.checkpoint.interval_steps,
                 interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),
             ps=[p for p in self.ps if p.state == PodState.READY],
+            topology=TopologySettings(
+                hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
         )
         self.plan.world = world
         racks, edges, per_rack = ring_summary(world)

@@ -22,6 +22,7 @@ from ringwright.world import (
     Member,
     Mode,
     StoreAddress,
+    TopologySettings,
     World,
 )
 
@@ -70,6 +71,7 @@ def build_world(
     lr: LRScaling,
     checkpoint: CheckpointSettings,
     ps: Sequence[PodView] = (),
+    topology: TopologySettings | None = None,
 ) -> World:
     """The world for ``members`` in ring order, survivors keeping their relative order."""
 
@@ -108,6 +110,7 @@ def build_world(
         ps=ps_members,
         lr=lr,
         checkpoint=checkpoint,
+        topology=topology or TopologySettings(),
     )
 
 

@@ -122,6 +122,14 @@ class CollectiveBackend(Protocol):
         """
         ...
 
+    def allreduce_(self, flat: torch.Tensor, name: str) -> None:
+        """Sum one contiguous tensor across ranks, in place.
+
+        ``name`` identifies the tensor (the same on every rank); it may be called from
+        one helper thread while the training thread waits for it.
+        """
+        ...
+
     def allreduce_max(self, value: int) -> int:
         """The largest ``value`` over all ranks."""
         ...

@@ -252,6 +252,14 @@ class HorovodBackend:
                 self._hvd.allreduce_(flat, op=op, name=f"ringwright.gradients.{i}")
                 unflatten_into(flat, group)
 
+    def allreduce_(self, flat: torch.Tensor, name: str) -> None:
+        """Sum one contiguous tensor over the world in place (Horovod's own ring)."""
+        with collective(f"{name} allreduce"):
+            on_comm = flat.to(self._comm_device)
+            self._hvd.allreduce_(on_comm, op=self._hvd.Sum, name=f"ringwright.{name}")
+            if on_comm is not flat:
+                flat.copy_(on_comm)
+
     def allreduce_max(self, value: int) -> int:
         """Largest ``value`` over the group."""
         t = torch.tensor([value], dtype=torch.int64, device=self._comm_device)

@@ -53,6 +53,7 @@ from ringwright.world import (
     Report,
     ReportKind,
     StoreAddress,
+    TopologySettings,
     World,
     parse_report,
 )
@@ -82,6 +83,8 @@ class LocalJob:
         lr: LRScaling | None = None,
         checkpoint: CheckpointSettings | None = None,
         env: Mapping[str, str] | None = None,
+        racks: Sequence[str] = (),
+        topology: TopologySettings | None = None,
         capture_logs: bool = True,
         settle_s: float = 0.3,
         restart: bool = False,
@@ -98,6 +101,9 @@ class LocalJob:
         self.lr = lr or LRScaling()
         self.checkpoint = checkpoint or CheckpointSettings()
         self.env = dict(env or {})
+        self.racks = tuple(racks)
+        """Rack label of pod ``i`` (the i-th started) is ``racks[i]``; none beyond."""
+        self.topology = topology or TopologySettings()
         self.capture_logs = capture_logs
         self.settle_s = settle_s
         self.store_port = free_port()
@@ -250,7 +256,8 @@ class LocalJob:
         finally:
             if out is not None:
                 out.close()
-        pod = LocalPod(name=name, ip=ip, index=index, process=proc)
+        rack = self.racks[index] if index < len(self.racks) else ""
+        pod = LocalPod(name=name, ip=ip, index=index, process=proc, rack=rack)
         self._pods[name] = pod
         log_event(_log, logging.INFO, "pod_started", pod=name, ip=ip, pid=proc.pid)
         return pod
@@ -258,13 +265,14 @@ class LocalJob:
     def _publish(self, why: str) -> World:
         self._epoch += 1
         members = tuple(
-            Member(rank=i, pod=name, ip=self._pods[name].ip, node="localhost")
+            Member(rank=i, pod=name, ip=self._pods[name].ip, node="localhost",
+                   rack=self._pods[name].rack)
             for i, name in enumerate(self._members)
         )
         address = members[0].ip if members else "127.0.0.1"
         world = World(job=self.job, epoch=self._epoch, members=members, lr=self.lr,
                       store=StoreAddress(address=address, port=self.store_port),
-                      checkpoint=self.checkpoint)
+                      checkpoint=self.checkpoint, topology=self.topology)
         write_world_file(self.world_file, world)
         self._world = world
         self._restarted.clear()

@@ -25,6 +25,7 @@ import torch
 from ringwright.world import World
 
 from .backend import CollectiveBackend
+from .buckets import BucketSettings, GradientBuckets
 from .checkpoint_guard import Checkpointer, CheckpointGuard
 from .checkpoint_policy import CheckpointPolicy
 from .kvlog import log_event, runtime_logger
@@ -139,6 +140,7 @@ class State:
         checkpoint_policy: CheckpointPolicy | None = None,
         rng: RNGMode | str = RNGMode.SHARED,
         seed: int = 0,
+        buckets: BucketSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         **extra: Any,
     ) -> None:
@@ -173,6 +175,9 @@ class State:
         self._commit_stale = True
         self._binding: StateBinding | None = None
         self._last_checkpoint = (0, clock())
+        self._buckets = (GradientBuckets(model.parameters(), lambda: self.binding.backend,
+                                         buckets) if buckets is not None else None)
+        """With bucket settings, gradients are all-reduced during backward."""
 
     @property
     def device(self) -> torch.device:
@@ -215,7 +220,14 @@ class State:
     # The training loop's calls.
 
     def allreduce_gradients(self, *, average: bool = True) -> None:
-        """Average (or sum) gradients over the world, after ``backward()``."""
+        """Average (or sum) gradients over the world, after ``backward()``.
+
+        With bucket settings this waits for the buckets that backward launched; a
+        parameter without a gradient on every rank then keeps ``grad=None``.
+        """
+        if self._buckets is not None:
+            self._buckets.finish(average_over=self.binding.world.size if average else None)
+            return
         self.binding.backend.allreduce_gradients(self.model.parameters(), average=average)
 
     def advance(self) -> None:
@@ -241,6 +253,8 @@ class State:
         """Roll back to the last commit."""
         if self._committed is None:
             raise RuntimeError("nothing committed yet: restore() needs a prior commit()")
+        if self._buckets is not None:
+            self._buckets.discard()
         self.load_payload(self._committed)
         self._reseed_per_rank()
 

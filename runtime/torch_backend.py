@@ -31,6 +31,7 @@ from ringwright.world import World
 from .backend import CollectiveError, PeerFailureListener, collective
 from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
+from .hierarchical import RackGroups, rack_plan
 from .kvlog import log_event, runtime_logger
 from .liveness import PeerFailure
 from .settings import RuntimeSettings
@@ -79,6 +80,7 @@ class TorchDistributedBackend:
         self._lock = threading.Lock()
         self._sockets: GroupSockets | None = None
         self._aborted: str | None = None
+        self._racks: RackGroups | None = None
         if device.type == "cuda":
             apply_nccl_env(os.environ if environ is None else environ)
 
@@ -120,6 +122,11 @@ class TorchDistributedBackend:
                 device_id=self._device if self._device.type == "cuda" else None,
             )
             self._joined = True
+            plan = rack_plan(world)
+            # The rack groups connect now, before the group counts as formed, so an
+            # abort shuts their connections down with the default group's.
+            self._racks = (RackGroups(plan, rank, timedelta(seconds=s.collective_timeout_s))
+                           if plan is not None else None)
             with self._lock:
                 if self._sockets is not None:
                     self._sockets.formed()
@@ -129,7 +136,8 @@ class TorchDistributedBackend:
             # Forming is bounded tightly; a collective may wait for a slow peer long.
             _default_group().set_timeout(timedelta(seconds=s.collective_timeout_s))
         log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
-                  rank=rank, size=world.size, seconds=self._clock() - started)
+                  rank=rank, size=world.size, racks=len(plan.racks) if plan else 1,
+                  hierarchical=plan is not None, seconds=self._clock() - started)
 
     def abort(self, reason: str) -> None:
         """Fail the group's blocked and later collectives now (from any thread)."""
@@ -163,6 +171,7 @@ class TorchDistributedBackend:
         """Destroy the current process group and drop this epoch's store connections."""
         with self._lock:
             self._sockets = None
+        self._racks = None
         if self._joined:
             self._joined = False
             try:
@@ -207,14 +216,21 @@ class TorchDistributedBackend:
 
     def allreduce_gradients(self, params: Iterable[torch.Tensor], *, average: bool) -> None:
         """One allreduce per dtype over all gradients; missing gradients count as zero."""
-        grads = gradients(params)
-        with collective("gradient allreduce"):
-            for group in by_dtype(grads):
-                flat = flatten(group, group[0].device)
+        for group in by_dtype(gradients(params)):
+            flat = flatten(group, group[0].device)
+            self.allreduce_(flat, "gradients")
+            if average:
+                flat /= dist.get_world_size()
+            unflatten_into(flat, group)
+
+    def allreduce_(self, flat: torch.Tensor, name: str) -> None:
+        """Sum one contiguous tensor over the world in place: in two levels when the
+        world's racks call for it (see :mod:`ringwright.runtime.hierarchical`)."""
+        with collective(f"{name} allreduce"):
+            if self._racks is not None:
+                self._racks.allreduce_(flat)
+            else:
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-                if average:
-                    flat /= dist.get_world_size()
-                unflatten_into(flat, group)
 
     def allreduce_max(self, value: int) -> int:
         """Largest ``value`` over the group."""

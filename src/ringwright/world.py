@@ -77,6 +77,15 @@ class LRRule(StrEnum):
     NONE = "none"
 
 
+class HierarchicalAllReduce(StrEnum):
+    """Whether gradients are all-reduced in two levels (inside racks, then across them)."""
+
+    AUTO = "Auto"
+    """Hierarchical when the world spans more than one rack, flat otherwise."""
+    ENABLED = "Enabled"
+    DISABLED = "Disabled"
+
+
 class _Wire(BaseModel):
     """Base for wire types: camelCase on the wire, frozen, unknown keys ignored.
 
@@ -124,6 +133,13 @@ class CheckpointSettings(_Wire):
     keep: Annotated[int, Field(ge=1)] = 3
 
 
+class TopologySettings(_Wire):
+    """How the runtime lays its collectives over the racks of the world."""
+
+    hierarchical_all_reduce: HierarchicalAllReduce = Field(
+        default=HierarchicalAllReduce.AUTO, alias="hierarchicalAllReduce")
+
+
 class World(_Wire):
     """One epoch of a job's membership, in ring order (``members[i].rank == i``)."""
 
@@ -137,6 +153,7 @@ class World(_Wire):
     ps: tuple[Member, ...] = ()
     lr: LRScaling = LRScaling()
     checkpoint: CheckpointSettings = CheckpointSettings()
+    topology: TopologySettings = TopologySettings()
 
     @property
     def size(self) -> int:
@@ -157,6 +174,13 @@ class World(_Wire):
             if m.pod == pod:
                 return m
         return None
+
+    def racks(self) -> tuple[tuple[int, ...], ...]:
+        """Ranks grouped by rack, racks in order of their first member in the ring."""
+        groups: dict[str, list[int]] = {}
+        for m in self.members:
+            groups.setdefault(m.rack, []).append(m.rank)
+        return tuple(tuple(ranks) for ranks in groups.values())
 
     def to_json(self) -> str:
         """Serialize with the wire names, plus ``size`` for readers without this module."""

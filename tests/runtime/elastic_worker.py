@@ -10,7 +10,8 @@ sample accounting and parameter equality afterwards, tell which world epoch trai
 each step, and the benchmark can time recoveries and count rollbacks.
 
 Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP, and
-CHECKPOINT_DIR for checkpoints (a final one on SIGTERM, restored on a fresh start).
+CHECKPOINT_DIR for checkpoints (a final one on SIGTERM, restored on a fresh start),
+BUCKET_BYTES to all-reduce gradients in buckets of that size during backward.
 With GATE_FILE and GATE_STEP set, a worker that completes step GATE_STEP waits while
 GATE_FILE exists, so a test can make a change happen at a known point of training
 without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ringwright.runtime.buckets import BucketSettings
 from ringwright.runtime.checkpoint import Checkpointer
 from ringwright.runtime.checkpoint_storage import LocalStorage
 from ringwright.runtime.elastic import ElasticRuntime
@@ -136,8 +138,10 @@ def main() -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     checkpoint_dir = os.environ.get("CHECKPOINT_DIR", "")
     checkpointer = Checkpointer(LocalStorage(checkpoint_dir)) if checkpoint_dir else None
+    bucket_bytes = os.environ.get("BUCKET_BYTES", "")
+    buckets = BucketSettings(bucket_bytes=int(bucket_bytes)) if bucket_bytes else None
     state = State(model, optimizer, ElasticSampler(samples, batch, seed=7),
-                  checkpointer=checkpointer)
+                  checkpointer=checkpointer, buckets=buckets)
 
     def train(state: State) -> None:
         world = state.binding.world

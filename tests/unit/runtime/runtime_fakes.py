@@ -57,6 +57,8 @@ class FakeBackend:
         self.clean_shutdowns = 0
         self.aborted: str | None = None
         self.on_peer_failure: PeerFailureListener | None = None
+        self.flat_calls: list[str] = []
+        """Names passed to allreduce_ (a one-member sum leaves the tensor as it is)."""
 
     @property
     def name(self) -> str:
@@ -111,6 +113,9 @@ class FakeBackend:
         self.gradient_calls += 1
         if self.gradient_calls in self.fail_gradients_at:
             raise CollectiveError("peer vanished")
+
+    def allreduce_(self, flat: torch.Tensor, name: str) -> None:
+        self.flat_calls.append(name)
 
     def allreduce_max(self, value: int) -> int:
         return max(value, self.max_seen)

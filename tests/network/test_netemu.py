@@ -1,0 +1,75 @@
+"""The emulated network: racks are measurably faster inside than across, and nothing
+it creates outlives the network, also when a run fails or is killed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ringwright.devcluster.netemu import (
+    PREFIX,
+    EmulatedNetwork,
+    Host,
+    NetworkSpec,
+    list_namespaces,
+    sweep_stale,
+)
+from ringwright.devcluster.netprobe import AlphaBeta, fit_alpha_beta
+from tests.network.conftest import NetworkFactory
+
+pytestmark = pytest.mark.timeout(300)
+
+PROBE = [sys.executable, "-m", "ringwright.devcluster.netprobe"]
+
+
+def probe(net: EmulatedNetwork, src: Host, dst: Host, port: int) -> AlphaBeta:
+    server = subprocess.Popen(net.exec_argv(dst, [*PROBE, "serve", str(port)]))
+    try:
+        out = subprocess.run(
+            net.exec_argv(src, [*PROBE, "send", dst.ip, str(port), "3",
+                                "1", "65536", "500000", "1000000"]),
+            capture_output=True, text=True, check=True, timeout=120)
+        server.wait(timeout=30)
+    finally:
+        server.kill()
+    return fit_alpha_beta([(size, t) for size, t in json.loads(out.stdout)])
+
+
+def test_bandwidth_inside_a_rack_exceeds_bandwidth_across_racks(
+        emulated_network: NetworkFactory) -> None:
+    # 2 workers per rack at 8:1: the uplink gets a quarter of one worker's link.
+    net = emulated_network(NetworkSpec(racks=(2, 2), worker_mbit=80, oversubscription=8))
+    a, b, c, _ = net.hosts
+    assert (a.rack, b.rack, c.rack) == (0, 0, 1)
+
+    inside = probe(net, a, b, 5101)
+    across = probe(net, a, c, 5102)
+
+    # Configured 80 vs 20 Mbit/s; the margin absorbs a loaded machine.
+    assert across.mbit_per_s < 0.6 * inside.mbit_per_s, (inside, across)
+
+
+@pytest.mark.usefixtures("can_emulate")
+def test_everything_is_removed_also_when_the_body_fails() -> None:
+    net = EmulatedNetwork(NetworkSpec(racks=(1, 2)))
+    with pytest.raises(RuntimeError, match="boom"), net:
+        assert len([n for n in list_namespaces() if net.tag in n]) == 6
+        raise RuntimeError("boom")
+    assert [n for n in list_namespaces() if net.tag in n] == []
+
+
+@pytest.mark.usefixtures("can_emulate")
+def test_sweep_removes_namespaces_of_dead_runs() -> None:
+    # A namespace named as if created by a process that has exited.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"{PREFIX}{dead.pid}x0-spine"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in sweep_stale()
+        assert name not in list_namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
