@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ringwright.exposition import MetricsEndpoint, serve
 from ringwright.kube import KubeClient, KubeConfig, in_cluster_config, load_kubeconfig
 from ringwright.world import (
     Backend,
@@ -50,6 +51,7 @@ from ringwright.world import (
 )
 
 from .backend import CollectiveBackend, CollectiveError
+from .checkpoint import Checkpointer
 from .checkpoint_policy import TerminationSignal
 from .file_source import FileMembershipSource
 from .group import GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
@@ -57,6 +59,7 @@ from .health import HealthFile, ReadinessServer, StallWatchdog
 from .kube_source import KubeMembershipSource
 from .kvlog import log_event, runtime_logger
 from .membership import MembershipSource
+from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
 from .reporter import KubeReporter, LogReporter, Reporter
 from .settings import RuntimeSettings
 from .state import State, Terminated
@@ -93,6 +96,7 @@ class ElasticRuntime:
         backend_kind: Backend = Backend.TORCH,
         backend_factory: BackendFactory = default_backend,
         clock: Callable[[], float] = time.monotonic,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.source = source
         self.pod = pod
@@ -103,6 +107,8 @@ class ElasticRuntime:
         self._clock = clock
         self.watchdog = StallWatchdog(self.settings.stall_timeout_s, clock=clock)
         self._readiness: ReadinessServer | None = None
+        self.metrics = metrics or RuntimeMetrics(clock=clock)
+        self._metrics_endpoint: MetricsEndpoint | None = None
         self._backend: CollectiveBackend | None = None
         self._started = False
 
@@ -149,11 +155,14 @@ class ElasticRuntime:
         pod is dropped from the world.
         """
         if self._backend is None:
-            self._backend = self._backend_factory(self._backend_kind, state.device,
-                                                  self.settings)
+            self._backend = MeteredBackend(
+                self._backend_factory(self._backend_kind, state.device, self.settings),
+                self.metrics)
         manager = GroupManager(self.source, self._backend, self.pod, self.settings,
                                self.reporter, self.watchdog, clock=self._clock)
-        state.bind(manager)
+        state.bind(StepMeter(manager, state, self.metrics))
+        if isinstance(state.checkpointer, Checkpointer):
+            state.checkpointer.add_listener(self.metrics.checkpoint_written)
         self._start_health(manager)
         stop = self._termination_signal()
         state.stop = stop
@@ -168,7 +177,10 @@ class ElasticRuntime:
                     pass
                 except CollectiveError as err:
                     manager.report(ReportKind.COLLECTIVE_FAILED, str(err))
+                    before = state.step
                     state.restore()
+                    self.metrics.rolled_back(ReportKind.COLLECTIVE_FAILED.value,
+                                             before - state.step)
                     log_event(_log, logging.WARNING, "rolled_back", epoch=manager.epoch,
                               step=state.step, error=err)
                     # Peers failing because the whole job is being stopped: keep the
@@ -205,6 +217,8 @@ class ElasticRuntime:
         self.watchdog.stop()
         if self._readiness is not None:
             self._readiness.stop()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
         self.source.close()
         self.reporter.close()
 
@@ -239,6 +253,7 @@ class ElasticRuntime:
                     state.restore()
                 continue
             state.follow_world(world, manager.rank)
+            self.metrics.world_ready(world, manager.rank, state.lr.factor(state.step))
             log_event(_log, logging.INFO, "world_ready", epoch=world.epoch, size=world.size,
                       rank=manager.rank, source_rank=src, source_pod=infos[src].pod,
                       from_checkpoint=restored, step=state.step,
@@ -255,6 +270,9 @@ class ElasticRuntime:
         if s.readiness_port:
             self._readiness = ReadinessServer(self.watchdog, s.readiness_port)
             self._readiness.start()
+        if s.metrics_port:
+            self._metrics_endpoint = serve(self.metrics.registry, s.metrics_port,
+                                           s.metrics_address)
 
         def report_stall(ready: bool, idle_s: float) -> None:
             if not ready:

@@ -18,6 +18,7 @@ class SettingsEnv:
     WORLD_WAIT_TIMEOUT = "RINGWRIGHT_WORLD_WAIT_TIMEOUT_SECONDS"
     STALL_TIMEOUT = "RINGWRIGHT_STALL_TIMEOUT_SECONDS"
     READINESS_PORT = "RINGWRIGHT_READINESS_PORT"
+    METRICS_PORT = "RINGWRIGHT_METRICS_PORT"
 
 
 class RuntimeSettings(BaseModel):
@@ -45,6 +46,12 @@ class RuntimeSettings(BaseModel):
     readiness_port: Annotated[int, Field(ge=0, le=65535)] = 0
     """Serve ``/readyz`` and ``/healthz`` over HTTP on this port; 0 disables."""
 
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Serve Prometheus metrics at ``/metrics`` over HTTP on this port; 0 disables."""
+
+    metrics_address: str = "0.0.0.0"
+    """Address the metrics server binds: the pod's IP when the operator sets it."""
+
     termination_grace_s: Annotated[float, Field(gt=0)] = 30.0
     """The pod's terminationGracePeriodSeconds: how long after SIGTERM a final
     checkpoint may take before the kubelet kills the container."""
@@ -68,6 +75,8 @@ class RuntimeSettings(BaseModel):
             "world_wait_timeout_s": SettingsEnv.WORLD_WAIT_TIMEOUT,
             "stall_timeout_s": SettingsEnv.STALL_TIMEOUT,
             "readiness_port": SettingsEnv.READINESS_PORT,
+            "metrics_port": SettingsEnv.METRICS_PORT,
+            "metrics_address": Env.POD_IP,
             "health_file": Env.HEALTH_FILE,
             "termination_grace_s": Env.TERMINATION_GRACE,
         }
