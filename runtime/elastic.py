@@ -271,8 +271,13 @@ class ElasticRuntime:
             self._readiness = ReadinessServer(self.watchdog, s.readiness_port)
             self._readiness.start()
         if s.metrics_port:
-            self._metrics_endpoint = serve(self.metrics.registry, s.metrics_port,
-                                           s.metrics_address)
+            try:
+                self._metrics_endpoint = serve(self.metrics.registry, s.metrics_port,
+                                               s.metrics_address)
+            except OSError as err:
+                # Metrics are for people watching; training goes on without them.
+                log_event(_log, logging.WARNING, "metrics_not_served", port=s.metrics_port,
+                          address=s.metrics_address, error=err)
 
         def report_stall(ready: bool, idle_s: float) -> None:
             if not ready:

@@ -18,7 +18,6 @@ class SettingsEnv:
     WORLD_WAIT_TIMEOUT = "RINGWRIGHT_WORLD_WAIT_TIMEOUT_SECONDS"
     STALL_TIMEOUT = "RINGWRIGHT_STALL_TIMEOUT_SECONDS"
     READINESS_PORT = "RINGWRIGHT_READINESS_PORT"
-    METRICS_PORT = "RINGWRIGHT_METRICS_PORT"
 
 
 class RuntimeSettings(BaseModel):
@@ -75,7 +74,7 @@ class RuntimeSettings(BaseModel):
             "world_wait_timeout_s": SettingsEnv.WORLD_WAIT_TIMEOUT,
             "stall_timeout_s": SettingsEnv.STALL_TIMEOUT,
             "readiness_port": SettingsEnv.READINESS_PORT,
-            "metrics_port": SettingsEnv.METRICS_PORT,
+            "metrics_port": Env.METRICS_PORT,
             "metrics_address": Env.POD_IP,
             "health_file": Env.HEALTH_FILE,
             "termination_grace_s": Env.TERMINATION_GRACE,

@@ -16,7 +16,16 @@ from ringwright.operator.metrics import LossCause, OperatorMetrics, effects
 from ringwright.operator.reconcile import Observed, Placement, Plan, plan
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
-from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, World
+from ringwright.world import (
+    DEFAULT_METRICS_PORT,
+    Env,
+    JobRef,
+    Member,
+    Report,
+    ReportKind,
+    StoreAddress,
+    World,
+)
 
 NOW = 2_000_000.0
 SETTINGS = OperatorSettings(settle_seconds=0, backoff_base_seconds=1)
@@ -142,3 +151,11 @@ def test_metrics_are_served_over_http() -> None:
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"ringwright_operator_api_errors", "ringwright_operator_reconcile_seconds",
             "ringwright_operator_jobs", "ringwright_operator_pods_created"} <= names
+
+
+def test_training_pods_expose_the_runtime_metrics_port() -> None:
+    obs = observed(job(), [])
+    created = round_(obs).create[0]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"} \
+        in created["ports"]
+    assert {"name": Env.METRICS_PORT, "value": str(DEFAULT_METRICS_PORT)} in created["env"]

@@ -17,7 +17,7 @@ from ringwright.runtime.metrics import RuntimeMetrics
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.state import State
-from ringwright.world import ReportKind
+from ringwright.world import Env, ReportKind
 from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -129,3 +129,9 @@ def test_the_elastic_loop_feeds_steps_collectives_and_a_recovery() -> None:
     assert got[("ringwright_runtime_collective_seconds_count", grads)] == backend.gradient_calls
     assert got[("ringwright_runtime_step_seconds_count", ())] > 0
 
+
+
+def test_the_pod_environment_puts_metrics_on_the_pod_ip() -> None:
+    settings = RuntimeSettings.from_env({Env.METRICS_PORT: "9401", Env.POD_IP: "10.1.2.3"})
+    assert (settings.metrics_port, settings.metrics_address) == (9401, "10.1.2.3")
+    assert RuntimeSettings.from_env({}).metrics_port == 0
