@@ -39,7 +39,13 @@ from ringwright.devcluster.scrape import Scrape, scrape
 from ringwright.devcluster.timeline import LogLine, draw, fields, merge, read_log, read_timeline
 from ringwright.kube import ApiError, KubeClient, Obj, api_path
 from ringwright.operator.apibase import API_VERSION
-from ringwright.world import DEFAULT_METRICS_PORT, World, parse_world, world_configmap_name
+from ringwright.world import (
+    DEFAULT_METRICS_PORT,
+    ReportKind,
+    World,
+    parse_world,
+    world_configmap_name,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "trainingjob-demo.yaml"
@@ -147,7 +153,7 @@ class DemoRun:
 def show_metrics(run: DemoRun) -> None:
     """The recovery as the runtime and the operator count it."""
     for pod, got in sorted(run.runtime.items()):
-        cause = "collective-failed"
+        cause = ReportKind.COLLECTIVE_FAILED.value
         print(f"  {pod:<18} world epoch {got.get('ringwright_runtime_world_epoch'):.0f} "
               f"size {got.get('ringwright_runtime_world_size'):.0f}, "
               f"recoveries {got.get('ringwright_runtime_recoveries_total', cause=cause):.0f} "

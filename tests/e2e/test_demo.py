@@ -16,11 +16,14 @@ import pytest
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.demo import run_job
 from ringwright.kube import KubeClient
+from ringwright.operator.metrics import LossCause
+from ringwright.world import ReportKind
 from tests.jobs import OperatorProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FAILED = ReportKind.COLLECTIVE_FAILED.value
 
 
 def test_demo_survives_a_deleted_pod_and_draws_its_timeline(
@@ -35,18 +38,18 @@ def test_demo_survives_a_deleted_pod_and_draws_its_timeline(
     assert run.png.read_bytes()[:8] == PNG_MAGIC
     assert len(run.runtime) == 4, f"metrics of every training process: {sorted(run.runtime)}"
     survivors = [pod for pod, got in run.runtime.items()
-                 if got.get("ringwright_runtime_recoveries_total", cause="collective-failed")]
+                 if got.get("ringwright_runtime_recoveries_total", cause=FAILED)]
     assert len(survivors) >= 2, "the survivors count the failure as a recovery"
     for pod in survivors:
         got = run.runtime[pod]
         assert got.get("ringwright_runtime_rollbacks_total") >= 1
         assert got.get("ringwright_runtime_recovery_seconds_count",
-                       cause="collective-failed") >= 1
+                       cause=FAILED) >= 1
     for pod, got in run.runtime.items():
         assert got.get("ringwright_runtime_world_epoch") >= healed, pod
         assert got.get("ringwright_runtime_world_size") == 4, pod
         assert got.get("ringwright_runtime_step_seconds_count") > 0, pod
     assert run.operator is not None
-    assert run.operator.get("ringwright_operator_members_lost_total", cause="pod_gone") >= 1
+    assert run.operator.get("ringwright_operator_members_lost_total", cause=LossCause.POD_GONE) >= 1
     assert run.operator.get("ringwright_operator_world_epochs_published_total") >= healed
     assert run.operator.get("ringwright_operator_pods_created_total", role="worker") >= 5
