@@ -227,11 +227,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = NAMESPACE,
             operator_log: Path | None = None, operator_metrics: str = "",
-            png: Path | None = None) -> DemoRun:
+            png: Path | None = None,
+            before_failure: Callable[[World], None] | None = None) -> DemoRun:
     """Apply the example job, show placement, inject a failure, show the recovery.
 
     Needs a running operator; ``operator_log`` and ``operator_metrics`` (its /metrics
-    URL) are read when given. Raises :class:`DemoTimeout` when a step never comes.
+    URL) are read when given. ``before_failure`` is called with the first world just
+    before its last member's pod is deleted. Raises :class:`DemoTimeout` when a step
+    never comes.
     """
     manifest: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     name = manifest["metadata"]["name"]
@@ -283,6 +286,8 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
 
         say("training: waiting for a few data epochs")
         trained_in(world.epoch, 3)
+        if before_failure is not None:
+            before_failure(world)
         victim = world.members[-1].pod
         say(f"failure: kubectl delete pod {victim} (rank {world.members[-1].rank})")
         failure_at = time.time()
