@@ -27,7 +27,7 @@ import yaml
 from ringwright.devcluster.build import Binaries, ensure_binaries
 from ringwright.devcluster.inventory import load_inventory, node_manifests
 from ringwright.devcluster.pki import Pki, ensure_pki
-from ringwright.devcluster.versions import cache_root
+from ringwright.devcluster.versions import CONTROL_PLANE, cache_root
 from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig
 
 log = logging.getLogger("ringwright.devcluster")
@@ -101,7 +101,7 @@ class Cluster:
             self._ensure_nodes(inventory)
             return
         self.down()
-        bins = binaries or ensure_binaries()
+        bins = binaries or ensure_binaries(CONTROL_PLANE)
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         pki = ensure_pki(self.dir / "pki")

@@ -6,8 +6,12 @@
 4. show where each worker landed and the ring order;
 5. delete one worker's pod mid-training and show the new epoch, the rebuilt ring, the
    rescaled learning rate, training continuing from the last commit, and the replacement
-   joining again.
+   joining again;
+6. print the log lines of every process merged by time, the recovery as the runtime's
+   and the operator's Prometheus metrics count it, and draw a PNG timeline.
 The cluster is left running (``python -m ringwright.devcluster down`` stops it).
+Every step waits for what it reads: the world ConfigMap and the job's status are
+written one after the other, so neither is read before it shows the awaited epoch.
 """
 
 from __future__ import annotations
@@ -21,25 +25,43 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
-from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.control_plane import Cluster, free_port
 from ringwright.devcluster.install import install_api
 from ringwright.devcluster.inventory import describe
 from ringwright.devcluster.podhost import PodHost
-from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.devcluster.scrape import Scrape, scrape
+from ringwright.devcluster.timeline import LogLine, draw, fields, merge, read_log, read_timeline
+from ringwright.kube import ApiError, KubeClient, Obj, api_path
 from ringwright.operator.apibase import API_VERSION
-from ringwright.world import World, parse_world, world_configmap_name
+from ringwright.world import (
+    DEFAULT_METRICS_PORT,
+    ReportKind,
+    World,
+    parse_world,
+    world_configmap_name,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "trainingjob-demo.yaml"
 NAMESPACE = "demo"
 PROGRESS = r" epoch_done "
 """The line rank 0 prints after every data epoch."""
+SAMPLES = 1024
+"""Samples per data epoch of the demo's training script."""
+SHOWN = ("rolled_back", "lr_rescale", "world_ready", "left_world", "published world",
+         "created pod", "MemberLost")
+"""Log lines worth reading in the merged log (runtime events and operator decisions)."""
 T = TypeVar("T")
+
+
+class DemoTimeout(RuntimeError):
+    """Something the demo waits for did not happen in time."""
 
 
 def say(text: str) -> None:
@@ -57,13 +79,25 @@ def wait(probe: Callable[[], T | None], what: str, host: PodHost | None = None,
         if value:
             return value
         time.sleep(0.2)
-    raise SystemExit(f"demo: timed out waiting for {what}")
+    raise DemoTimeout(f"demo: timed out waiting for {what}")
 
 
-def current_world(kube: KubeClient, name: str) -> World | None:
-    cm = kube.get_or_none(api_path("v1", "configmaps", NAMESPACE, world_configmap_name(name)))
+def current_world(kube: KubeClient, namespace: str, name: str) -> World | None:
+    cm = kube.get_or_none(api_path("v1", "configmaps", namespace, world_configmap_name(name)))
     text = ((cm or {}).get("data") or {}).get("world.json")
     return parse_world(text) if text else None
+
+
+def world_summary(job: Obj | None, epoch: int) -> Obj | None:
+    """The job's status.world once the operator has written it for ``epoch`` (or later).
+
+    The operator publishes the world ConfigMap before it writes the status, so a
+    reader that saw the world must wait for the status to catch up.
+    """
+    summary: Obj = ((job or {}).get("status") or {}).get("world") or {}
+    if summary.get("epoch", 0) >= epoch and "crossRackEdges" in summary:
+        return summary
+    return None
 
 
 def show_world(world: World, edges: int) -> None:
@@ -85,20 +119,67 @@ def kubectl(cluster: Cluster, *args: str) -> None:
     subprocess.run([exe, "--kubeconfig", str(cluster.kubeconfig), *args], check=False)
 
 
-def grep_logs(host: PodHost, pattern: str) -> list[str]:
-    """Runtime log lines matching ``pattern`` from every pod's process log."""
-    found = []
-    for path in sorted(host.workdir.glob("*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            if re.search(pattern, line):
-                found.append(f"{path.stem}: {line.strip()}")
-    return found
+def pod_lines(host: PodHost) -> list[LogLine]:
+    """Every pod process's timestamped log lines, merged by time."""
+    return merge(read_log(path, path.stem) for path in sorted(host.workdir.glob("*.log")))
+
+
+def grep_logs(host: PodHost, pattern: str) -> list[LogLine]:
+    """Pod log lines matching ``pattern``, in time order."""
+    return [line for line in pod_lines(host) if re.search(pattern, line.text)]
+
+
+def show_merged(lines: list[LogLine], since: float) -> None:
+    """The lines worth reading from ``since`` on, every process's, in time order."""
+    for line in lines:
+        if line.at >= since and any(key in line.text for key in SHOWN):
+            stamp = time.strftime("%H:%M:%S", time.localtime(line.at))
+            print(f"  {stamp}.{int(line.at * 1000) % 1000:03d} {line.source:<18} "
+                  f"{line.text[:150]}")
+
+
+@dataclass
+class DemoRun:
+    """What the demo saw: the timeline it drew and the metrics it read at the end."""
+
+    png: Path
+    failure_at: float
+    epochs: list[int]
+    runtime: dict[str, Scrape] = field(default_factory=dict)
+    """The runtime metrics of every training process, by pod."""
+    operator: Scrape | None = None
+
+
+def show_metrics(run: DemoRun) -> None:
+    """The recovery as the runtime and the operator count it."""
+    for pod, got in sorted(run.runtime.items()):
+        cause = ReportKind.COLLECTIVE_FAILED.value
+        print(f"  {pod:<18} world epoch {got.get('ringwright_runtime_world_epoch'):.0f} "
+              f"size {got.get('ringwright_runtime_world_size'):.0f}, "
+              f"recoveries {got.get('ringwright_runtime_recoveries_total', cause=cause):.0f} "
+              f"({got.get('ringwright_runtime_recovery_seconds_sum', cause=cause):.2f} s), "
+              f"steps lost {got.get('ringwright_runtime_steps_lost_total'):.0f}, "
+              f"mean step {_mean(got, 'ringwright_runtime_step_seconds') * 1000:.0f} ms")
+    if run.operator is not None:
+        op = run.operator
+        print(f"  operator           epochs published "
+              f"{op.get('ringwright_operator_world_epochs_published_total'):.0f}, members lost "
+              f"{op.get('ringwright_operator_members_lost_total'):.0f}, pods created "
+              f"{op.get('ringwright_operator_pods_created_total'):.0f}, reconcile rounds "
+              f"{op.get('ringwright_operator_reconcile_seconds_count'):.0f}")
+
+
+def _mean(got: Scrape, histogram: str) -> float:
+    count = got.get(f"{histogram}_count")
+    return got.get(f"{histogram}_sum") / count if count else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo end to end; returns a process exit code."""
     parser = argparse.ArgumentParser(prog="ringwright-demo", description=__doc__)
     parser.add_argument("--inventory", default="default")
+    parser.add_argument("--png", type=Path, default=None,
+                        help="where to write the timeline (default: in the demo's folder)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
@@ -114,78 +195,137 @@ def main(argv: list[str] | None = None) -> int:
     work = cluster.dir / "demo"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    metrics_port = free_port()
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
            "RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15",
            # Replace a lost pod only after the smaller world is out, so the demo shows
            # both steps: the ring shrinking and the replacement joining.
            "RINGWRIGHT_BACKOFF_BASE_SECONDS": "4"}
-    operator_log = (work / "operator.log").open("ab")
-    operator = subprocess.Popen([sys.executable, "-m", "ringwright.operator"], env=env,
-                                stdout=operator_log, stderr=subprocess.STDOUT)
-    print(f"operator pid {operator.pid}, log {work / 'operator.log'}")
+    operator_log = work / "operator.log"
+    with operator_log.open("ab") as out:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "ringwright.operator", "--metrics-port", str(metrics_port),
+             "--metrics-address", "127.0.0.1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    print(f"operator pid {operator.pid}, log {operator_log}, "
+          f"metrics http://127.0.0.1:{metrics_port}/metrics")
     try:
-        return run_job(cluster, kube, work)
+        run = run_job(cluster, kube, work, operator_log=operator_log,
+                      operator_metrics=f"http://127.0.0.1:{metrics_port}/metrics",
+                      png=args.png)
+    except (ApiError, DemoTimeout) as err:
+        print(f"demo: {err}", file=sys.stderr)
+        return 1
     finally:
         operator.terminate()
         operator.wait(timeout=15)
+    say(f"timeline: {run.png}")
+    say(f"done. The cluster keeps running: export KUBECONFIG={cluster.kubeconfig}; "
+        "stop it with: python -m ringwright.devcluster down")
+    return 0
 
 
-def run_job(cluster: Cluster, kube: KubeClient, work: Path) -> int:
-    """Apply the example job, show placement, inject a failure, show recovery."""
+def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = NAMESPACE,
+            operator_log: Path | None = None, operator_metrics: str = "",
+            png: Path | None = None,
+            before_failure: Callable[[World], None] | None = None) -> DemoRun:
+    """Apply the example job, show placement, inject a failure, show the recovery.
+
+    Needs a running operator; ``operator_log`` and ``operator_metrics`` (its /metrics
+    URL) are read when given. ``before_failure`` is called with the first world just
+    before its last member's pod is deleted. Raises :class:`DemoTimeout` when a step
+    never comes.
+    """
     manifest: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     name = manifest["metadata"]["name"]
     # The pods run on this machine: the job's checkpoint path is a folder of the demo's.
     manifest["spec"]["checkpoint"]["path"] = str(work / "checkpoints")
-    if kube.get_or_none(api_path("v1", "namespaces", name=NAMESPACE)) is None:
-        kube.create(api_path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
-    job_path = api_path(API_VERSION, "trainingjobs", NAMESPACE, name)
+    if kube.get_or_none(api_path("v1", "namespaces", name=namespace)) is None:
+        kube.create(api_path("v1", "namespaces"), {"metadata": {"name": namespace}})
+    job_path = api_path(API_VERSION, "trainingjobs", namespace, name)
     if kube.delete(job_path, propagation="Foreground"):
         wait(lambda: kube.get_or_none(job_path) is None, "the previous demo job to go")
     say(f"kubectl apply -f {EXAMPLE.relative_to(ROOT)}")
-    kube.create(api_path(API_VERSION, "trainingjobs", NAMESPACE), manifest)
+    kube.create(api_path(API_VERSION, "trainingjobs", namespace), manifest)
 
     command = [sys.executable, str(ROOT / "examples" / "train_elastic.py"), "--epochs", "200",
-               "--samples", "2048"]
-    host = PodHost(kube, NAMESPACE, name, command, work / "pods", readiness_grace=60)
-    try:
-        world = wait(lambda: (w := current_world(kube, name)) is not None
-                     and w.size == manifest["spec"]["workers"]["replicas"] and w,
-                     "the first world", host)
-        status = kube.get(job_path)["status"]
-        say("placement: one GPU model, fewest racks, ring in rack order")
-        show_world(world, status["world"]["crossRackEdges"])
-        kubectl(cluster, "-n", NAMESPACE, "get", "tj")
-        kubectl(cluster, "-n", NAMESPACE, "get", "pods", "-o", "wide")
+               "--samples", str(SAMPLES)]
+    host = PodHost(kube, namespace, name, command, work / "pods", readiness_grace=60)
+    replicas = manifest["spec"]["workers"]["replicas"]
 
-        say("training: waiting for a few committed steps")
-        wait(lambda: len(grep_logs(host, PROGRESS)) >= 2, "training progress", host)
+    def next_world(after: int, size: int | None = None) -> World:
+        def probe() -> World | None:
+            w = current_world(kube, namespace, name)
+            ok = w is not None and w.epoch > after and (size is None or w.size == size)
+            return w if ok else None
+
+        what = f"a world after epoch {after}" + (f" with {size} workers" if size else "")
+        return wait(probe, what, host)
+
+    def show(world: World) -> None:
+        summary = wait(lambda: world_summary(kube.get_or_none(job_path), world.epoch),
+                       f"the job status to show epoch {world.epoch}", host)
+        show_world(world, int(summary["crossRackEdges"]))
+
+    def trained_in(epoch: int, epochs_done: int) -> None:
+        def started() -> float | None:
+            for line in grep_logs(host, r" world_ready "):
+                found = fields(line.text, "world_ready")
+                if found is not None and int(found.get("epoch", -1)) >= epoch:
+                    return line.at
+            return None
+
+        ready = wait(started, f"training in epoch {epoch}", host)
+        wait(lambda: sum(1 for line in grep_logs(host, PROGRESS) if line.at > ready)
+             >= epochs_done, f"{epochs_done} data epochs in world epoch {epoch}", host)
+
+    try:
+        world = next_world(0, replicas)
+        say("placement: one GPU model, fewest racks, ring in rack order")
+        show(world)
+        kubectl(cluster, "-n", namespace, "get", "tj", "-o", "wide")
+        kubectl(cluster, "-n", namespace, "get", "pods", "-o", "wide")
+
+        say("training: waiting for a few data epochs")
+        trained_in(world.epoch, 3)
+        if before_failure is not None:
+            before_failure(world)
         victim = world.members[-1].pod
         say(f"failure: kubectl delete pod {victim} (rank {world.members[-1].rank})")
-        kube.delete(api_path("v1", "pods", NAMESPACE, victim), grace=0)
-        shrunk = wait(lambda: (w := current_world(kube, name)) is not None
-                      and w.epoch > world.epoch and w, "the next epoch", host)
-        show_world(shrunk, kube.get(job_path)["status"]["world"]["crossRackEdges"])
-        wait(lambda: grep_logs(host, rf" world_ready .*epoch={shrunk.epoch}\b"),
-             "survivors to rebuild the ring", host)
-        healed = wait(lambda: (w := current_world(kube, name)) is not None
-                      and w.size == world.size and w.epoch >= shrunk.epoch and w,
-                      "the replacement to join", host)
+        failure_at = time.time()
+        kube.delete(api_path("v1", "pods", namespace, victim), grace=0)
+        shrunk = next_world(world.epoch)
+        show(shrunk)
+        trained_in(shrunk.epoch, 1)
+        healed = shrunk if shrunk.size == replicas else next_world(shrunk.epoch, replicas)
         say("the replacement joined; the ring is whole again")
-        show_world(healed, kube.get(job_path)["status"]["world"]["crossRackEdges"])
-        wait(lambda: grep_logs(host, rf" world_ready .*epoch={healed.epoch}\b"),
-             "a rebuilt ring", host)
-        for pattern in (r" rolled_back ", r" lr_rescale ", r" world_ready ", PROGRESS):
-            for line in grep_logs(host, pattern)[-6:]:
-                print("  " + line)
-        kubectl(cluster, "-n", NAMESPACE, "describe", "tj", name)
-    except ApiError as err:
-        print(f"demo: API error: {err}", file=sys.stderr)
-        return 1
+        show(healed)
+        trained_in(healed.epoch, 3)
+
+        say("what every process logged, merged by time")
+        logs = pod_lines(host)
+        everything = merge([logs, read_log(operator_log, "operator")]) if operator_log \
+            else logs
+        show_merged(everything, since=failure_at - 2)
+        run = DemoRun(png=png or work / "timeline.png", failure_at=failure_at,
+                      epochs=[world.epoch, shrunk.epoch, healed.epoch])
+        say("the recovery in Prometheus metrics (runtime on each pod, and the operator)")
+        for pod, hosted in sorted(host.pods.items()):
+            got = scrape(f"http://{hosted.ip}:{DEFAULT_METRICS_PORT}/metrics")
+            if got is not None:
+                run.runtime[pod] = got
+        run.operator = scrape(operator_metrics) if operator_metrics else None
+        show_metrics(run)
+
+        timeline = read_timeline(logs, SAMPLES)
+        draw(timeline, run.png, failure_at=failure_at, rejoin_epoch=healed.epoch,
+             title=f"TrainingJob {name}: {victim} deleted, world {world.size} -> "
+                   f"{shrunk.size} -> {healed.size}")
+        kubectl(cluster, "-n", namespace, "get", "tj", "-o", "wide")
+        kubectl(cluster, "-n", namespace, "describe", "tj", name)
+        return run
     finally:
         host.close()
-    say(f"done. The cluster keeps running: export KUBECONFIG={cluster.kubeconfig}; "
-        "stop it with: python -m ringwright.devcluster down")
-    return 0
 
 
 if __name__ == "__main__":

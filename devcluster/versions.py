@@ -11,6 +11,8 @@ KUBERNETES = "v1.33.13"
 ETCD = "v3.5.35"
 KWOK = "v0.7.0"
 HELM = "v3.19.0"
+PROMETHEUS = "v0.315.1"
+"""The Go module version of Prometheus 3.15.1 (Prometheus tags v3.x.y as v0.3xx.y)."""
 
 GO_DIR = Path(__file__).resolve().parent / "go"
 
@@ -30,6 +32,8 @@ class Component:
     """Folder under ``GO_DIR`` holding our go.mod, or "" for `go install pkg@version`."""
     package: str
     ldflags: tuple[str, ...] = ()
+    control_plane: bool = True
+    """Needed to start the local cluster; False for test tools (Prometheus)."""
 
     def key(self) -> str:
         """Version plus a digest of our build inputs, so editing them rebuilds."""
@@ -66,4 +70,11 @@ COMPONENTS: tuple[Component, ...] = (
         "helm", HELM, "", f"helm.sh/helm/v3/cmd/helm@{HELM}",
         (f"-X helm.sh/helm/v3/internal/version.version={HELM}",),
     ),
+    # A real Prometheus for the metrics tests. Its module carries replace directives,
+    # which `go install pkg@version` refuses, so it builds inside our own go.mod.
+    Component("prometheus", PROMETHEUS, "prometheus",
+              "github.com/prometheus/prometheus/cmd/prometheus", control_plane=False),
 )
+
+CONTROL_PLANE = tuple(c.name for c in COMPONENTS if c.control_plane)
+"""The binaries a local cluster runs."""

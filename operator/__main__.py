@@ -11,6 +11,7 @@ from typing import Any
 
 import kopf
 
+from ringwright.exposition import serve
 from ringwright.kube import KubeClient, KubeConfig, default_config
 from ringwright.operator.handlers import OperatorContext, register
 from ringwright.operator.settings import OperatorSettings
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="watch only this namespace (repeatable); default: all")
     parser.add_argument("--liveness", default="",
                         help="serve kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus metrics on this port at /metrics; 0: off")
+    parser.add_argument("--metrics-address", default="0.0.0.0",
+                        help="address the metrics server binds")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -47,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     config = default_config()
     ctx = OperatorContext(kube=KubeClient(config),
                           settings=OperatorSettings.from_env(dict(os.environ)))
+    if args.metrics_port:
+        serve(ctx.metrics.registry, args.metrics_port, args.metrics_address)
     registry = kopf.OperatorRegistry()
     register(registry)
 

@@ -227,6 +227,10 @@ def trainingjob_crd() -> dict[str, Any]:
                 "Ring edges crossing a rack boundary.", wide=True,
             ),
             _column("Restarts", ".status.restarts", "integer", "Pods replaced.", wide=True),
+            _column(
+                "Recovery", ".status.lastRecovery.seconds", "number",
+                "Seconds from the last pod loss to the next world epoch.", wide=True,
+            ),
         ],
     )
 

@@ -22,6 +22,7 @@ from ringwright.kube import ApiError, KubeClient
 from ringwright.operator.apibase import GROUP, VERSION
 from ringwright.operator.apply import Applier
 from ringwright.operator.manifests import JOB_LABEL
+from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.observe import observe
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import plan
@@ -37,6 +38,7 @@ class OperatorContext:
     kube: KubeClient
     settings: OperatorSettings
     clock: Callable[[], float] = time.time
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     stopping: threading.Event = field(default_factory=threading.Event)
     wakers: dict[tuple[str, str], threading.Event] = field(default_factory=dict)
     loops: dict[tuple[str, str], threading.Thread] = field(default_factory=dict)
@@ -60,8 +62,10 @@ class OperatorContext:
         while not self.stopping.is_set():
             waker.clear()
             try:
-                delay = reconcile_once(self, namespace, name)
+                with self.metrics.round():
+                    delay = reconcile_once(self, namespace, name)
             except ApiError as err:
+                self.metrics.api_error(err.verb, err.status)
                 # Conflicts and transient API errors: observe again shortly.
                 log.warning("reconcile %s/%s: %s", namespace, name, err)
                 delay = 1.0
@@ -79,12 +83,15 @@ def reconcile_once(ctx: OperatorContext, namespace: str, name: str) -> float | N
     """One observe -> plan -> apply round; returns when to run again (None: job gone)."""
     observed = observe(ctx.kube, namespace, name)
     if observed is None:
+        ctx.metrics.forget(namespace, name)
         return None
     applier = Applier(ctx.kube, ctx.clock)
     if observed.world is None:
         applier.ensure_scaffold(observed.job)
-    decided = plan(observed, ctx.settings, ctx.clock(), place)
+    with ctx.metrics.planning():
+        decided = plan(observed, ctx.settings, ctx.clock(), place)
     applier.perform(observed.job, decided)
+    ctx.metrics.applied(namespace, name, observed, decided)
     if decided.delete_job:
         return None
     resync: float = ctx.settings.resync_seconds

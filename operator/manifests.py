@@ -10,7 +10,12 @@ import copy
 from typing import Any
 
 from ringwright.kube import Obj
-from ringwright.world import Env, reports_configmap_name, world_configmap_name
+from ringwright.world import (
+    DEFAULT_METRICS_PORT,
+    Env,
+    reports_configmap_name,
+    world_configmap_name,
+)
 
 JOB_LABEL = "ringwright.dev/job"
 ROLE_LABEL = "ringwright.dev/role"
@@ -111,6 +116,9 @@ def world_configmap(job: Obj, world_json: str) -> Obj:
     }
 
 
+METRICS_PORT_NAME = "metrics"
+"""The training container's port that a PodMonitor scrapes."""
+
 DEFAULT_GRACE_SECONDS = 30
 """Kubernetes' terminationGracePeriodSeconds when the template sets none."""
 
@@ -134,6 +142,7 @@ def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
         {"name": Env.READINESS_PORT, "value": str(READINESS_PORT)},
         {"name": Env.TERMINATION_GRACE, "value": str(grace_seconds)},
         *_fault_tolerance_env(job),
+        {"name": Env.METRICS_PORT, "value": str(DEFAULT_METRICS_PORT)},
     ]
 
 
@@ -170,6 +179,9 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     main["env"] = [e for e in main.get("env", []) if e.get("name") not in known] + env
     if "resources" in placement:
         main["resources"] = placement["resources"]
+    ports = [p for p in main.get("ports") or [] if p.get("name") != METRICS_PORT_NAME]
+    main["ports"] = [*ports, {"name": METRICS_PORT_NAME, "containerPort": DEFAULT_METRICS_PORT,
+                              "protocol": "TCP"}]
     main.setdefault("readinessProbe", {
         # Served by the runtime itself: a stopped or stalled process fails it.
         "httpGet": {"path": "/readyz", "port": READINESS_PORT},

@@ -461,6 +461,18 @@ class PendingMembership(ApiModel):
     since: float = Field(description="When it was first seen (seconds since the Unix epoch).")
 
 
+class RecoveryStatus(ApiModel):
+    """How long the last recovery from a lost pod took, as the operator saw it."""
+
+    failure_time: str = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When the loss was noticed (the lastFailureTime it answers).",
+    )
+    seconds: float = Field(
+        ge=0, description="From noticing the loss to publishing the next world epoch."
+    )
+
+
 class TrainingJobStatus(ApiModel):
     """What the operator observed; written by the operator only."""
 
@@ -491,6 +503,9 @@ class TrainingJobStatus(ApiModel):
         default=None,
         json_schema_extra={"format": "date-time"},
         description="When a pod was last lost; replacements back off from here.",
+    )
+    last_recovery: RecoveryStatus | None = Field(
+        default=None, description="The last recovery from a lost pod."
     )
     below_min_since: str | None = Field(
         default=None,

@@ -21,6 +21,7 @@ from ringwright.operator.manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
 from ringwright.operator.models import CleanPodPolicy, JobPhase, TrainingJobSpec
 from ringwright.operator.phases import TERMINAL, check_transition
 from ringwright.operator.pods import PodState, PodView, view
+from ringwright.operator.recovery import recovery
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
 from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
@@ -413,6 +414,8 @@ class _Round:
             self.move(JobPhase.RUNNING, "Running", f"world epoch {epoch} has {world.size} "
                       f"workers (min {spec.workers.min})")
             self.status.setdefault("startTime", rfc3339(self.now))
+        if (recovered := recovery(self.status, self.now)) is not None:
+            self.status["lastRecovery"] = recovered
         self.status["world"] = {
             **(self.status.get("world") or {}),
             "epoch": epoch, "size": world.size, "racks": racks, "crossRackEdges": edges,

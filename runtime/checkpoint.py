@@ -137,6 +137,17 @@ WRITER_NICE = 10
 """Default niceness of the background writer thread (see ``Checkpointer.writer_nice``)."""
 
 
+class CheckpointWritten(NamedTuple):
+    """One checkpoint committed to storage, for listeners (metrics)."""
+
+    step: int
+    nbytes: int
+    stall_s: float
+    """How long taking the snapshot held up training."""
+    write_s: float
+    """How long the background write took."""
+
+
 class Checkpointer:
     """Saves payloads in the background and restores the newest one that verifies.
 
@@ -189,6 +200,11 @@ class Checkpointer:
         self._invalid: set[int] = set()
         self._last_saved: int | None = None
         self._closed = False
+        self._listeners: list[Callable[[CheckpointWritten], None]] = []
+
+    def add_listener(self, listener: Callable[[CheckpointWritten], None]) -> None:
+        """Call ``listener`` (from the writer thread) after every committed write."""
+        self._listeners.append(listener)
 
     @property
     def last_saved_step(self) -> int | None:
@@ -294,10 +310,14 @@ class Checkpointer:
             with self._error_lock:
                 self._error = exc
             return
+        written = CheckpointWritten(meta.step, snapshot.nbytes, stall,
+                                    time.perf_counter() - started)
         self._log.info(
             "checkpoint %s step %d committed: %.1f MB, training stalled %.3fs, written in %.2fs",
-            self.shard, meta.step, snapshot.nbytes / 1e6, stall, time.perf_counter() - started,
+            self.shard, meta.step, written.nbytes / 1e6, written.stall_s, written.write_s,
         )
+        for listener in self._listeners:
+            listener(written)
         try:
             self._prune(meta.step)
         except OSError as exc:

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ringwright.exposition import MetricsEndpoint, serve
 from ringwright.kube import KubeClient, KubeConfig, in_cluster_config, load_kubeconfig
 from ringwright.world import (
     Backend,
@@ -60,6 +61,7 @@ from .health import HealthFile, ReadinessServer, StallWatchdog
 from .kube_source import KubeMembershipSource
 from .kvlog import log_event, runtime_logger
 from .membership import MembershipSource
+from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
 from .reporter import FileReporter, KubeReporter, LogReporter, Reporter
 from .settings import RuntimeSettings
 from .state import State, Terminated
@@ -136,6 +138,7 @@ class ElasticRuntime:
         backend_kind: Backend = Backend.TORCH,
         backend_factory: BackendFactory = default_backend,
         clock: Callable[[], float] = time.monotonic,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.source = source
         self.pod = pod
@@ -146,6 +149,8 @@ class ElasticRuntime:
         self._clock = clock
         self.watchdog = StallWatchdog(self.settings.stall_timeout_s, clock=clock)
         self._readiness: ReadinessServer | None = None
+        self.metrics = metrics or RuntimeMetrics(clock=clock)
+        self._metrics_endpoint: MetricsEndpoint | None = None
         self._backend: CollectiveBackend | None = None
         self._started = False
         self._interrupter = _Interrupter()
@@ -201,11 +206,14 @@ class ElasticRuntime:
         commit and rejoins.
         """
         if self._backend is None:
-            self._backend = self._backend_factory(self._backend_kind, state.device,
-                                                  self.settings)
+            self._backend = MeteredBackend(
+                self._backend_factory(self._backend_kind, state.device, self.settings),
+                self.metrics)
         manager = GroupManager(self.source, self._backend, self.pod, self.settings,
                                self.reporter, self.watchdog, clock=self._clock)
-        state.bind(manager)
+        state.bind(StepMeter(manager, state, self.metrics))
+        if isinstance(state.checkpointer, Checkpointer):
+            state.checkpointer.add_listener(self.metrics.checkpoint_written)
         self._start_health(manager)
         stop = self._termination_signal()
         state.stop = stop
@@ -230,7 +238,10 @@ class ElasticRuntime:
                     if err is None:
                         raise
                     manager.failed(err)
+                    before = state.step
                     state.restore()
+                    self.metrics.rolled_back(ReportKind.COLLECTIVE_FAILED.value,
+                                             before - state.step)
                     log_event(_log, logging.WARNING, "rolled_back", epoch=manager.epoch,
                               step=state.step, error=err)
                     # Peers failing because the whole job is being stopped: keep the
@@ -274,6 +285,8 @@ class ElasticRuntime:
         self.watchdog.stop()
         if self._readiness is not None:
             self._readiness.stop()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
         self.source.close()
         self.reporter.close()
 
@@ -312,6 +325,7 @@ class ElasticRuntime:
                     state.restore()
                 continue
             state.follow_world(world, manager.rank)
+            self.metrics.world_ready(world, manager.rank, state.lr.factor(state.step))
             log_event(_log, logging.INFO, "world_ready", epoch=world.epoch, size=world.size,
                       rank=manager.rank, source_rank=src, source_pod=infos[src].pod,
                       from_checkpoint=restored, step=state.step, synced_bytes=state.sync_bytes,
@@ -353,6 +367,14 @@ class ElasticRuntime:
                           address=f"{s.readiness_address}:{s.readiness_port}", error=err)
             else:
                 self._readiness.start()
+        if s.metrics_port:
+            try:
+                self._metrics_endpoint = serve(self.metrics.registry, s.metrics_port,
+                                               s.metrics_address)
+            except OSError as err:
+                # Metrics are for people watching; training goes on without them.
+                log_event(_log, logging.WARNING, "metrics_not_served", port=s.metrics_port,
+                          address=s.metrics_address, error=err)
 
         def report_stall(ready: bool, idle_s: float) -> None:
             if not ready:

@@ -65,6 +65,12 @@ class RuntimeSettings(BaseModel):
     """Address the readiness endpoint listens on: the pod's IP when known, so that
     pods standing in on one machine's loopback addresses do not collide."""
 
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Serve Prometheus metrics at ``/metrics`` over HTTP on this port; 0 disables."""
+
+    metrics_address: str = "0.0.0.0"
+    """Address the metrics server binds: the pod's IP when the operator sets it."""
+
     termination_grace_s: Annotated[float, Field(gt=0)] = 30.0
     """The pod's terminationGracePeriodSeconds: how long after SIGTERM a final
     checkpoint may take before the kubelet kills the container."""
@@ -106,6 +112,8 @@ class RuntimeSettings(BaseModel):
             "stall_timeout_s": SettingsEnv.STALL_TIMEOUT,
             "readiness_port": SettingsEnv.READINESS_PORT,
             "readiness_address": Env.POD_IP,
+            "metrics_port": Env.METRICS_PORT,
+            "metrics_address": Env.POD_IP,
             "health_file": Env.HEALTH_FILE,
             "termination_grace_s": Env.TERMINATION_GRACE,
         }

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.control_plane import Cluster, free_port
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.apibase import API_VERSION
 
@@ -30,12 +30,21 @@ class OperatorProcess:
     def __init__(self, cluster: Cluster, log: Path) -> None:
         self.cluster, self.log = cluster, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the running operator serves its Prometheus metrics."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
         env = {**os.environ, **FAST, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        self.metrics_port = free_port()
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ringwright.operator"],
-                                         env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ringwright.operator", "--metrics-address", "127.0.0.1",
+                 "--metrics-port", str(self.metrics_port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

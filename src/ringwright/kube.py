@@ -36,6 +36,8 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+        self.verb = where.split(" ", 1)[0]
+        """The request's method (GET, POST, PATCH, DELETE, WATCH)."""
 
 
 @dataclass(frozen=True)

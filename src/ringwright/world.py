@@ -21,6 +21,8 @@ WORLD_KEY = "world.json"
 """Key of the world document inside the world ConfigMap."""
 
 DEFAULT_STORE_PORT = 29400
+DEFAULT_METRICS_PORT = 9401
+"""Where every training process serves its Prometheus metrics (the pod port ``metrics``)."""
 
 
 def world_configmap_name(job: str) -> str:
@@ -46,6 +48,8 @@ class Env:
     BACKEND = "RINGWRIGHT_BACKEND"
     HEALTH_FILE = "RINGWRIGHT_HEALTH_FILE"
     TERMINATION_GRACE = "RINGWRIGHT_TERMINATION_GRACE_SECONDS"
+    METRICS_PORT = "RINGWRIGHT_METRICS_PORT"
+    """Serve the runtime's Prometheus metrics on this port of the pod IP (0: off)."""
     """The pod's terminationGracePeriodSeconds, for the final checkpoint on SIGTERM."""
     WORLD_FILE = "RINGWRIGHT_WORLD_FILE"
     """Local runs only: follow a world file instead of the Kubernetes API."""

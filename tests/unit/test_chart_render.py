@@ -292,7 +292,7 @@ def test_deployment_runs_one_standalone_operator(defaults: list[Obj]) -> None:
     assert main["command"] == ["python", "-m", "ringwright.operator"]
     assert main["image"] == "ringwright/operator:0.1.0"
     # No --namespace: the operator serves every namespace.
-    assert main["args"] == ["--liveness=http://0.0.0.0:8080/healthz"]
+    assert main["args"] == ["--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9400"]
 
 
 def test_chart_passes_only_flags_and_settings_the_operator_accepts(
@@ -337,7 +337,7 @@ def test_deployment_is_non_root_with_a_read_only_root_filesystem(defaults: list[
 def test_deployment_probes_kopf_health_endpoint_and_sets_resources(defaults: list[Obj]) -> None:
     main = container(defaults)
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
-    assert ports == {"health": 8080}
+    assert ports == {"health": 8080, "metrics": 9400}
     for probe in ("livenessProbe", "startupProbe"):
         assert main[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     for kind in ("requests", "limits"):
@@ -366,7 +366,8 @@ def test_values_configure_image_resources_port_and_pod_placement(
     assert deployment["nodeSelector"] == {"pool": "system"}
     assert "--liveness=http://0.0.0.0:9090/healthz" in main["args"]
     assert main["args"][-1] == "--verbose"
-    assert main["ports"] == [{"name": "health", "containerPort": 9090, "protocol": "TCP"}]
+    assert main["ports"] == [{"name": "health", "containerPort": 9090, "protocol": "TCP"},
+                             {"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     assert main["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"},
                                  "limits": {"memory": "2Gi"}}
     assert {"name": "EXTRA", "value": "1"} in main["env"]
@@ -378,6 +379,7 @@ def test_create_switches_leave_out_their_objects(helm: Path, tmp_path: Path) -> 
         "rbac": {"create": False},
         "priorityClasses": {"create": False},
         "schedulingPolicy": {"create": False},
+        "metrics": {"port": 9400, "service": {"enabled": False}},
     })
     assert sorted(o["kind"] for o in objs) == ["Deployment"]
     assert one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
@@ -509,6 +511,9 @@ _BAD_VALUES: list[tuple[str, Obj, str]] = [
      "three different"),
     ("unknown-policy-field", {"schedulingPolicy": {"packing": "Required"}}, "packing"),
     ("sa-without-name", {"serviceAccount": {"create": False}}, "serviceAccount.name"),
+    ("metrics-interval", {"metrics": {"port": 9400, "serviceMonitor": {
+        "enabled": True, "interval": "soon"}}}, "interval"),
+    ("metrics-unknown-key", {"metrics": {"port": 9400, "grafana": True}}, "grafana"),
 ]
 
 

@@ -329,3 +329,19 @@ def test_phase_table_matches_the_lifecycle() -> None:
 @pytest.mark.parametrize(("restarts", "expected"), [(0, 1), (1, 1), (2, 2), (3, 4), (10, 8)])
 def test_backoff_doubles_up_to_cap(restarts: int, expected: float) -> None:
     assert backoff(restarts, 1, 8) == expected
+
+
+def test_first_world_after_a_loss_records_the_recovery_once() -> None:
+    running = {"phase": "Running", "restarts": 0}
+    survivors = [pod(i) for i in (0, 1, 3)]
+    lost = run(job(status=running), pods=survivors, world=world_of([0, 1, 2, 3]))
+    assert lost.world is None and "lastRecovery" not in lost.status  # settling
+    shrunk = run(job(status=lost.status), pods=survivors,
+                 world=world_of([0, 1, 2, 3]), now=NOW + 2.5)
+    assert shrunk.world is not None and shrunk.world.size == 3
+    assert shrunk.status["lastRecovery"] == {"failureTime": lost.status["lastFailureTime"],
+                                             "seconds": 2.5}
+    grown = run(job(status=shrunk.status), pods=[pod(i) for i in range(4)],
+                world=shrunk.world, now=NOW + 9)
+    assert grown.world is not None and grown.world.size == 4
+    assert grown.status["lastRecovery"]["seconds"] == 2.5

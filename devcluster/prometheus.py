@@ -1,0 +1,106 @@
+"""A real Prometheus for the local cluster: scrapes the operator and the training pods.
+
+The training pods are found the way the chart's PodMonitor finds them: Kubernetes
+service discovery (role ``pod``) through the API server, keeping pods that carry the
+job label and scraping their container port named ``metrics``. Pod IPs are loopback
+addresses, so the runtime processes standing in for the pods answer there.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import yaml
+
+from ringwright.devcluster.control_plane import free_port
+
+JOB_LABEL_META = "__meta_kubernetes_pod_label_ringwright_dev_job"
+"""The Kubernetes SD label of ``ringwright.dev/job``."""
+
+
+def config(operator_target: str, kubeconfig: Path, namespaces: list[str],
+           interval: str = "1s") -> dict[str, Any]:
+    """The scrape configuration: the operator by address, the training pods by discovery."""
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": [
+            {"job_name": "ringwright-operator",
+             "static_configs": [{"targets": [operator_target]}]},
+            {"job_name": "ringwright-training",
+             "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(kubeconfig),
+                                        "namespaces": {"names": namespaces}}],
+             "relabel_configs": [
+                 {"source_labels": [JOB_LABEL_META], "regex": ".+", "action": "keep"},
+                 {"source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                  "regex": "metrics", "action": "keep"},
+                 {"source_labels": [JOB_LABEL_META], "target_label": "job_name"},
+                 {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                 {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+             ]},
+        ],
+    }
+
+
+class Prometheus:
+    """One Prometheus process with its own data folder, on a free loopback port."""
+
+    def __init__(self, binary: Path, workdir: Path, scrape_config: dict[str, Any]) -> None:
+        self.binary, self.workdir = binary, workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config_file = workdir / "prometheus.yml"
+        self.config_file.write_text(yaml.safe_dump(scrape_config))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start and wait until it reports ready."""
+        self._log = (self.workdir / "prometheus.log").open("ab")
+        self._proc = subprocess.Popen(
+            [str(self.binary), f"--config.file={self.config_file}",
+             f"--storage.tsdb.path={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited {self._proc.returncode}; see "
+                                   f"{self.workdir / 'prometheus.log'}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"prometheus not ready within {timeout:.0f}s")
+
+    def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query through the HTTP API: (labels, value) per series."""
+        resp = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10)
+        resp.raise_for_status()
+        body = resp.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"query {promql!r} failed: {body}")
+        return [(dict(r["metric"]), float(r["value"][1])) for r in body["data"]["result"]]
+
+    def value(self, promql: str) -> float | None:
+        """The single value of a query that yields one series; None when it yields none."""
+        result = self.query(promql)
+        return result[0][1] if result else None
+
+    def stop(self) -> None:
+        """Stop the process."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._log is not None:
+            self._log.close()

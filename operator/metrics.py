@@ -1,0 +1,166 @@
+"""Operator metrics (Prometheus): how reconciling goes and what it did to jobs.
+
+What a round did is read from its plan, which is data, by :func:`effects` (pure); the
+handlers make three small calls per round: time it, time the planning, and record
+the effects once the plan is applied. API failures are counted where a round fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ringwright.kube import Obj
+from ringwright.operator.manifests import ROLE_LABEL
+from ringwright.operator.models import JobPhase
+from ringwright.operator.pods import PodState, view
+from ringwright.operator.reconcile import Observed, Plan
+from ringwright.world import ReportKind
+
+# Reconcile rounds take milliseconds to a few seconds (API round trips).
+ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+PLAN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class LossCause:
+    """Why a member was lost (the ``cause`` label)."""
+
+    POD_FAILED = "pod_failed"
+    POD_GONE = "pod_gone"
+    STALLED = "stalled"
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What one applied plan did, in the terms the metrics count."""
+
+    phase: str
+    created: dict[str, int] = field(default_factory=dict)
+    """New pods per role."""
+    deleted: dict[str, int] = field(default_factory=dict)
+    """Deleted pods per role."""
+    published: bool = False
+    lost: list[str] = field(default_factory=list)
+    """One cause per member newly counted as lost."""
+    unschedulable: str = ""
+    """The reason, when the job just became unschedulable."""
+
+
+def _schedulable(status: Obj) -> tuple[str, str]:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Schedulable":
+            return str(c.get("status", "")), str(c.get("reason", ""))
+    return "", ""
+
+
+def effects(observed: Observed, plan: Plan) -> Effects:
+    """Read from ``plan`` (and what it was planned from) what a round changed."""
+    before: Obj = observed.job.get("status") or {}
+    views = {v.name: v for v in (view(p) for p in observed.pods) if v is not None}
+    created = collections.Counter(
+        str(p["metadata"].get("labels", {}).get(ROLE_LABEL, "")) for p in plan.create)
+    deleted = collections.Counter(
+        views[name].role if name in views else "" for name in plan.delete)
+    fresh = sorted(set(plan.status.get("lostPods") or []) - set(before.get("lostPods") or []))
+    stalled = {name for name, r in observed.reports.items() if r.kind == ReportKind.STALLED}
+    by_key = {f"{v.name}/{v.uid}": v for v in views.values()}
+    lost = []
+    for key in fresh:
+        pod = by_key.get(key)
+        if pod is None:
+            lost.append(LossCause.POD_GONE)
+        elif pod.state == PodState.FAILED:
+            lost.append(LossCause.POD_FAILED)
+        elif pod.name in stalled:
+            lost.append(LossCause.STALLED)
+        else:
+            lost.append(LossCause.POD_GONE)
+    status, reason = _schedulable(plan.status)
+    newly = status == "False" and _schedulable(before) != (status, reason)
+    return Effects(
+        phase=str(plan.status.get("phase") or before.get("phase") or JobPhase.PENDING.value),
+        created=dict(created), deleted=dict(deleted), published=plan.world is not None,
+        lost=lost, unschedulable=reason if newly else "")
+
+
+class OperatorMetrics:
+    """The operator's metrics, in a registry of their own (several may live in a test)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.reconcile_seconds = Histogram(
+            "ringwright_operator_reconcile_seconds", "One observe-plan-apply round.",
+            buckets=ROUND_BUCKETS, registry=r)
+        self.planning_seconds = Histogram(
+            "ringwright_operator_planning_seconds", "The pure planning step of a round.",
+            buckets=PLAN_BUCKETS, registry=r)
+        self.api_errors = Counter(
+            "ringwright_operator_api_errors", "API requests that failed a round, by verb "
+            "and HTTP status code.", ["verb", "code"], registry=r)
+        self.jobs = Gauge(
+            "ringwright_operator_jobs", "TrainingJobs this operator reconciles, by phase.",
+            ["phase"], registry=r)
+        self.epochs_published = Counter(
+            "ringwright_operator_world_epochs_published", "World epochs published.",
+            registry=r)
+        self.members_lost = Counter(
+            "ringwright_operator_members_lost", "Pods counted as lost, by cause.", ["cause"],
+            registry=r)
+        self.placement_failures = Counter(
+            "ringwright_operator_placement_failures", "Times a job became unschedulable, by "
+            "reason.", ["reason"], registry=r)
+        self.pods_created = Counter(
+            "ringwright_operator_pods_created", "Pods created, by role.", ["role"], registry=r)
+        self.pods_deleted = Counter(
+            "ringwright_operator_pods_deleted", "Pods deleted, by role.", ["role"], registry=r)
+        self._phases: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        for phase in JobPhase:
+            self.jobs.labels(phase.value).set(0)
+
+    def round(self) -> contextlib.AbstractContextManager[object]:
+        """Time one reconcile round (observe, plan, apply)."""
+        return self.reconcile_seconds.time()
+
+    def planning(self) -> contextlib.AbstractContextManager[object]:
+        """Time the planning step."""
+        return self.planning_seconds.time()
+
+    def api_error(self, verb: str, code: int) -> None:
+        """Count an API request that failed a round."""
+        self.api_errors.labels(verb, str(code)).inc()
+
+    def applied(self, namespace: str, name: str, observed: Observed, plan: Plan) -> None:
+        """Count what an applied plan did."""
+        done = effects(observed, plan)
+        for role, n in done.created.items():
+            self.pods_created.labels(role).inc(n)
+        for role, n in done.deleted.items():
+            self.pods_deleted.labels(role).inc(n)
+        if done.published:
+            self.epochs_published.inc()
+        for cause in done.lost:
+            self.members_lost.labels(cause).inc()
+        if done.unschedulable:
+            self.placement_failures.labels(done.unschedulable).inc()
+        self._set_phase((namespace, name), done.phase)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The job is gone: stop counting it in ``jobs``."""
+        self._set_phase((namespace, name), None)
+
+    def _set_phase(self, key: tuple[str, str], phase: str | None) -> None:
+        with self._lock:
+            if phase is None:
+                self._phases.pop(key, None)
+            else:
+                self._phases[key] = phase
+            counts = collections.Counter(self._phases.values())
+            for p in {*counts, *(ph.value for ph in JobPhase)}:
+                self.jobs.labels(p).set(counts.get(p, 0))
+
