@@ -112,7 +112,8 @@ class Partition:
     def rows_on(self, name: str, shard: int) -> npt.NDArray[np.int64]:
         """All row ids of table ``name`` that ``shard`` holds, ascending."""
         rows = np.arange(self.spec(name).shape[0], dtype=np.int64)
-        return rows[self.row_shards(name, rows) == shard]
+        held: npt.NDArray[np.int64] = rows[self.row_shards(name, rows) == shard]
+        return held
 
 
 def bucket_of(rows: npt.NDArray[np.int64], buckets: int) -> npt.NDArray[np.int64]:
