@@ -123,15 +123,19 @@ def bucket_of(rows: npt.NDArray[np.int64], buckets: int) -> npt.NDArray[np.int64
 
 
 def partition(specs: Sequence[TensorSpec], shards: int, *,
-              granularity: float = 0.02, buckets_per_shard: int = 64) -> Partition:
-    """Place ``specs`` on ``shards`` servers with balanced bytes (see the module doc)."""
+              granularity: float = 0.02, buckets_per_shard: int = 64,
+              min_piece_bytes: int = 1 << 16) -> Partition:
+    """Place ``specs`` on ``shards`` servers with balanced bytes (see the module doc).
+
+    Dense pieces are never cut below ``min_piece_bytes``: a small model stays in few
+    messages, at the price of balance that only large models need."""
     if shards < 1:
         raise ValueError(f"need at least one shard, got {shards}")
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError("tensor names must be unique")
     total = sum(s.nbytes for s in specs)
-    cap = max(1, int(granularity * total / shards))
+    cap = max(1, min_piece_bytes, int(granularity * total / shards))
     pieces: list[Piece] = []
     for spec in specs:
         pieces.extend(_cut(spec, cap, shards * buckets_per_shard))

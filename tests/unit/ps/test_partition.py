@@ -25,7 +25,7 @@ def _specs(dense: list[tuple[int, int]], emb: list[tuple[int, int]]) -> list[Ten
 def test_every_element_and_row_is_placed_exactly_once(
         dense: list[tuple[int, int]], emb: list[tuple[int, int]], shards: int) -> None:
     specs = _specs(dense, emb)
-    part = partition(specs, shards)
+    part = partition(specs, shards, min_piece_bytes=1)
     for spec in specs:
         if spec.kind is Kind.DENSE:
             covered = np.zeros(spec.numel, dtype=np.int64)
@@ -46,7 +46,7 @@ def test_largest_first_bound(
         dense: list[tuple[int, int]], emb: list[tuple[int, int]], shards: int) -> None:
     """max load <= mean + the largest indivisible unit (an element or a row) + the cap."""
     specs = _specs(dense, emb)
-    part = partition(specs, shards, granularity=0.02)
+    part = partition(specs, shards, granularity=0.02, min_piece_bytes=1)
     mean = sum(part.loads) / shards
     unit = max(s.row_numel * s.itemsize if s.kind is Kind.EMBEDDING else s.itemsize
                for s in specs)
@@ -97,3 +97,8 @@ def test_refuses_bad_input() -> None:
         partition([TensorSpec("a", (3,)), TensorSpec("a", (4,))], 2)
     with pytest.raises(ValueError, match="rows x dim"):
         partition([TensorSpec("e", (3, 2, 2), kind=Kind.EMBEDDING)], 2)
+
+
+def test_small_tensors_are_not_cut_into_tiny_pieces() -> None:
+    part = partition([TensorSpec("w", (4, 3)), TensorSpec("b", (3,))], 4)
+    assert [(d.name, d.start, d.stop) for d in part.dense] == [("b", 0, 3), ("w", 0, 12)]
