@@ -64,6 +64,10 @@ class JobConfig:
                    Consistency.from_json(doc["consistency"]), dict(doc["data"]))
 
 
+Gradients = tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]
+"""Dense gradients by slice key, and (ids, rows) per table."""
+
+
 @dataclass
 class Hosted:
     """One shard on this server, primary or replica."""
@@ -72,9 +76,8 @@ class Hosted:
     version: int
     role: Role
     cond: threading.Condition = field(default_factory=threading.Condition)
-    round: dict[str, tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]] \
-        = field(default_factory=dict)
-    """Sync: pushes of the current round by worker."""
+    round: dict[str, Gradients | None] = field(default_factory=dict)
+    """Sync: pushes of the current round by worker (None: a worker without data)."""
     replicated: int = -1
     """Version last sent to (primary) or received from (replica) the other copy."""
 
@@ -97,6 +100,8 @@ class ParameterServer:
         self.partition: Partition | None = None
         self.hosted: dict[int, Hosted] = {}
         self.workers: frozenset[str] = frozenset()
+        self.retired: set[str] = set()
+        """Workers that are done with the data: sync rounds no longer wait for them."""
         self.stats = Stats()
         self.data: DataShardService | None = None
         self.finished = threading.Event()
@@ -191,25 +196,36 @@ class ParameterServer:
         shard, worker = int(header["shard"]), str(header["worker"])
         h = self._primary(shard)
         assert self.config is not None
+        if header.get("retire"):
+            with self._lock:
+                self.retired.add(worker)
+            with h.cond:
+                h.round.pop(worker, None)
+                self._maybe_complete(h)
+                return {"verdict": "retired", "staleness": 0, "version": h.version}
+        skip = bool(header.get("skip"))
         dense = {k[2:]: v for k, v in tensors.items() if k.startswith("g/")}
         sparse = {k[2:]: (v, tensors[f"r/{k[2:]}"]) for k, v in tensors.items()
                   if k.startswith("i/")}
         with h.cond:
             pushed_from = min(int(header["version"]), h.version)
             with self._lock:
-                workers = len(self.workers | {worker})
+                workers = len((self.workers | {worker}) - self.retired)
             verdict = judge(self.config.consistency, h.version, pushed_from, worker in h.round,
                             len(h.round), workers)
             staleness = h.version - pushed_from
-            if verdict is Verdict.STALE:
+            if skip:
+                pass  # no gradient: counts only towards completing a sync round
+            elif verdict is Verdict.STALE:
                 self.stats.stale += 1
             elif verdict is not Verdict.DUPLICATE:
                 self.stats.staleness[staleness] += 1
             if verdict is Verdict.APPLY and self.config.consistency.mode is Mode.ASYNC:
-                h.state.apply(dense, sparse, 1.0)
-                self._bump(h)
+                if not skip:
+                    h.state.apply(dense, sparse, 1.0)
+                    self._bump(h)
             elif verdict in (Verdict.APPLY, Verdict.BUFFER):
-                h.round[worker] = (dense, sparse)
+                h.round[worker] = None if skip else (dense, sparse)
                 self._maybe_complete(h)
             if "data" in header and shard == DATA_SHARD and verdict is not Verdict.DUPLICATE:
                 d = header["data"]
@@ -230,11 +246,15 @@ class ParameterServer:
         if self.config is None or self.config.consistency.mode is not Mode.SYNC:
             return
         with self._lock:
-            workers = len(self.workers)
+            workers = len(self.workers - self.retired)
         if not round_complete(self.config.consistency, len(h.round), workers):
             return
-        pushes = list(h.round.values())
+        pushes = [p for p in h.round.values() if p is not None]
+        h.round.clear()
         count = len(pushes)
+        if count == 0:
+            self._bump(h)  # every worker was without data: keep the round count in step
+            return
         dense: dict[str, torch.Tensor] = {}
         for grads, _ in pushes:
             for key, g in grads.items():
@@ -243,7 +263,6 @@ class ParameterServer:
         sparse = {name: reduce_sparse([sp[name] for _, sp in pushes if name in sp])
                   for name in names}
         h.state.apply(dense, sparse, 1.0 / count)
-        h.round.clear()
         self._bump(h)
 
     def lease(self, header: Header) -> Header:
@@ -307,6 +326,32 @@ class ParameterServer:
                     for worker in self.data.holders() - self.workers:
                         self.data.release(worker)
             return {"version": h.version}
+
+    def primaries(self) -> list[int]:
+        """Shards served here as primary."""
+        with self._lock:
+            return [s for s, h in self.hosted.items() if h.role is Role.PRIMARY]
+
+    def resend(self, shard: int) -> None:
+        """Send ``shard`` to its replica next time even if unchanged (a new replica host)."""
+        with self._lock:
+            h = self.hosted.get(shard)
+        if h is not None:
+            with h.cond:
+                h.replicated = -1
+
+    def checkpoint_payload(self, shard: int, min_version: int = 0
+                           ) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """A private copy of a primary shard's state and its version, once the shard
+        reached ``min_version``."""
+        with self._lock:
+            h = self.hosted.get(shard)
+        if h is None or h.role is not Role.PRIMARY:
+            return None
+        with h.cond:
+            if h.version < min_version:
+                return None
+            return h.version, {k: v.clone() for k, v in h.state.payload().items()}
 
     def finish(self) -> None:
         """A worker saw the last epoch end: the PS may exit."""
