@@ -4,3 +4,11 @@ See :mod:`.api` for the user API, :mod:`.partition` for how parameters are sprea
 over the servers, :mod:`.server` for the PS process and :mod:`.client` for a worker's
 side of the transport.
 """
+
+from .api import run
+from .consistency import Consistency, Mode
+from .optim import OptimizerKind, ServerOptimizer
+from .worker import PSJob, StepInfo, WorkerReport
+
+__all__ = ["Consistency", "Mode", "OptimizerKind", "PSJob", "ServerOptimizer", "StepInfo",
+           "WorkerReport", "run"]

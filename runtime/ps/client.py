@@ -99,6 +99,15 @@ class PSClient:
 
     # -- set-up ----------------------------------------------------------------------
 
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until every server accepts connections (servers start beside workers)."""
+        for stub in self.stubs:
+            try:
+                grpc.channel_ready_future(stub.channel).result(timeout=timeout)
+            except grpc.FutureTimeoutError as exc:
+                raise TimeoutError(f"parameter server {stub.address} not reachable "
+                                   f"within {timeout:.0f}s") from exc
+
     def discover(self) -> dict[int, int]:
         """Route each shard to the server that serves it as primary; returns the route."""
         for i, stub in enumerate(self.stubs):
@@ -232,21 +241,29 @@ class PSClient:
 
     # -- push ------------------------------------------------------------------------
 
+    def versions_map(self) -> dict[int, int]:
+        """The last version seen of every shard."""
+        return dict(enumerate(self.versions))
+
     def push(self, dense: Mapping[str, torch.Tensor],
              sparse: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-             versions: Mapping[int, int], data: Mapping[str, int] | None = None) -> PushResult:
+             versions: Mapping[int, int], data: Mapping[str, int] | None = None,
+             *, skip: bool = False, retire: bool = False) -> PushResult:
         """Push gradients computed from ``versions`` to every shard, in parallel.
 
         ``sparse``: per table, unique row ids and their gradient rows. ``data``: the
         samples this push trained (piece, start, stop), for the data-shard service.
+        ``skip``: no gradient, this worker only takes part in the sync round;
+        ``retire``: this worker is done, rounds stop waiting for it.
         """
         part = self._partition()
         requests: dict[int, tuple[Header, Tensors]] = {
-            s: ({"shard": s, "worker": self.worker, "version": versions.get(s, 0)}, {})
+            s: ({"shard": s, "worker": self.worker, "version": versions.get(s, 0),
+                 "skip": skip, "retire": retire}, {})
             for s in range(self.servers)}
         if data is not None:
             requests[0][0]["data"] = dict(data)
-        for d in part.dense:
+        for d in part.dense if dense else ():
             grad = dense[d.name].reshape(-1)[d.start:d.stop]
             requests[d.shard][1][f"g/{dense_key(d.name, d.start)}"] = grad
         for name, (ids, rows) in sparse.items():

@@ -123,6 +123,8 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     cpus = pinned_cpus()
     torch.set_num_threads(len(cpus))
     ps = ParameterServer(me.rank, clock=clock)
+    # Know the workers before the first push: a sync round must not complete early.
+    ps.set_workers(frozenset(m.pod for m in world.members))
     server = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
