@@ -47,6 +47,8 @@ class Pulled:
 class PushResult:
     verdicts: dict[int, str]
     staleness: dict[int, int]
+    data_accepted: bool = True
+    """False when the data-shard service refused the progress (the lease is void)."""
 
     @property
     def dropped(self) -> bool:
@@ -59,6 +61,8 @@ class PendingPull:
 
     request: dict[int, tuple[Header, Tensors]]
     futures: dict[int, grpc.Future[bytes]]
+    servers: dict[int, int]
+    """The server each shard's request went to."""
     ids: dict[str, tuple[torch.Tensor, np.ndarray[Any, Any]]]
     dense: bool
 
@@ -139,15 +143,18 @@ class PSClient:
     def _call(self, shard: int, method: str, header: Header,
               tensors: Tensors | None = None) -> tuple[Header, Tensors]:
         while True:
+            used = self.route[shard]
             try:
-                return self.stubs[self.route[shard]].call(method, header, tensors,
-                                                          timeout=self.call_timeout)
+                return self.stubs[used].call(method, header, tensors, timeout=self.call_timeout)
             except grpc.RpcError as exc:
-                if not self._recover(shard, exc):
+                if not self._recover(shard, exc, used):
                     raise
 
-    def _recover(self, shard: int, exc: grpc.RpcError) -> bool:
-        """After a failed call: fail over to the replica (True: retry) or give up."""
+    def _recover(self, shard: int, exc: grpc.RpcError, used: int) -> bool:
+        """After a failed call to server ``used``: fail over to the replica (True: retry)
+        or give up."""
+        if self.route[shard] != used:
+            return True  # failed over meanwhile (a call in flight to the dead server)
         if unavailable(exc):
             return self.failover(shard)
         if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:
@@ -196,9 +203,10 @@ class PSClient:
             unique[name] = (u, owners)
             for s in range(self.servers):
                 request[s][1][f"i/{name}"] = u[torch.from_numpy(owners == s)]
-        futures = {s: self.stubs[self.route[s]].start("Pull", *req, timeout=self.call_timeout)
+        servers = dict(enumerate(self.route))
+        futures = {s: self.stubs[servers[s]].start("Pull", *req, timeout=self.call_timeout)
                    for s, req in request.items()}
-        return PendingPull(request, futures, unique, dense)
+        return PendingPull(request, futures, servers, unique, dense)
 
     def finish_pull(self, pending: PendingPull) -> Pulled:
         """Wait for a pull started with :meth:`start_pull` and assemble its tensors."""
@@ -208,7 +216,7 @@ class PSClient:
             try:
                 replies[s] = result(future)
             except grpc.RpcError as exc:
-                if not self._recover(s, exc):
+                if not self._recover(s, exc, pending.servers[s]):
                     raise
                 header, tensors = pending.request[s]
                 header = {**header, "minVersion": min(header["minVersion"], self.versions[s])}
@@ -272,18 +280,22 @@ class PSClient:
                 mask = owners == s
                 requests[s][1][f"i/{name}"] = ids[mask]
                 requests[s][1][f"r/{name}"] = rows[mask]
-        futures = {s: self.stubs[self.route[s]].start("Push", *req, timeout=self.call_timeout)
+        servers = dict(enumerate(self.route))
+        futures = {s: self.stubs[servers[s]].start("Push", *req, timeout=self.call_timeout)
                    for s, req in requests.items()}
         verdicts, staleness = {}, {}
+        accepted = True
         for s, future in futures.items():
             try:
                 reply, _ = result(future)
             except grpc.RpcError as exc:
-                if not self._recover(s, exc):
+                if not self._recover(s, exc, servers[s]):
                     raise
                 reply, _ = self._call(s, "Push", *requests[s])
             verdicts[s], staleness[s] = str(reply["verdict"]), int(reply["staleness"])
-        return PushResult(verdicts, staleness)
+            if reply.get("dataAccepted") is False:
+                accepted = False
+        return PushResult(verdicts, staleness, accepted)
 
     # -- data and end ----------------------------------------------------------------
 

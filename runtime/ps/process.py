@@ -158,9 +158,20 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
 
 
 def _summary(ps: ParameterServer) -> dict[str, object]:
+    """Counters for the last log line: pushes, staleness, and the data accounting
+    (``epoch:samples`` pairs) when this server holds the data-shard service."""
     status = ps.status()
-    return {"applied": status["applied"], "stale": status["stale"],
-            "staleness": status["staleness"]}
+
+    def pairs(table: Mapping[str, int]) -> str:
+        return ",".join(f"{k}:{v}" for k, v in sorted(table.items())) or "-"
+
+    out: dict[str, object] = {"applied": status["applied"], "stale": status["stale"],
+                              "staleness": pairs(status["staleness"])}
+    data = status["data"]
+    if data is not None:
+        out.update(trained=pairs(data["trained"]), dropped=pairs(data["dropped"]),
+                   requeued=pairs(data["requeued"]))
+    return out
 
 
 def _wait_for_me(source: MembershipSource, pod: str, timeout: float) -> World:

@@ -227,13 +227,17 @@ class ParameterServer:
             elif verdict in (Verdict.APPLY, Verdict.BUFFER):
                 h.round[worker] = None if skip else (dense, sparse)
                 self._maybe_complete(h)
+            reply: Header = {"verdict": verdict.value, "staleness": staleness,
+                             "version": h.version}
             if "data" in header and shard == DATA_SHARD and verdict is not Verdict.DUPLICATE:
                 d = header["data"]
                 with self._lock:
-                    if self.data is not None:
-                        self.data.report(worker, int(d["piece"]), int(d["start"]),
-                                         int(d["stop"]), dropped=verdict is Verdict.STALE)
-            return {"verdict": verdict.value, "staleness": staleness, "version": h.version}
+                    # Refused when the lease is void (the data service failed over):
+                    # the worker then drops the rest of that piece.
+                    reply["dataAccepted"] = self.data is not None and self.data.report(
+                        worker, int(d["piece"]), int(d["start"]), int(d["stop"]),
+                        dropped=verdict is Verdict.STALE)
+            return reply
 
     def _bump(self, h: Hosted) -> None:
         h.version += 1
@@ -323,7 +327,9 @@ class ParameterServer:
                 h.replicated = -1
                 if shard == DATA_SHARD and self._replica_data is not None:
                     self.data = DataShardService.from_json(self._replica_data)
-                    for worker in self.data.holders() - self.workers:
+                    # Leases may have moved on since the replica was taken: void them
+                    # all; their unreported samples go back to the queue.
+                    for worker in self.data.holders():
                         self.data.release(worker)
             return {"version": h.version}
 

@@ -177,10 +177,10 @@ class Worker(Generic[B]):
                          if result.verdicts.get(s) in ("apply", "buffer")}
                 next_batch = self.job.fetch(torch.arange(*following))
                 pending = client.start_pull(self._ids(next_batch), min_versions=waits)
-            self._account(int(lease["epoch"]), stop - start, float(loss), result.dropped,
+            self._account(int(lease["epoch"]), stop - start, loss.item(), result.dropped,
                           max(result.staleness.values(), default=0))
             current, batch = following, next_batch
-            if following is not None and self._left(client):
+            if following is not None and (not result.data_accepted or self._left(client)):
                 if pending is not None:
                     client.finish_pull(pending)
                 return

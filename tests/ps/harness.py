@@ -138,3 +138,18 @@ class LocalPSJob:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def ps_done(log: str) -> dict[str, dict[int, int]]:
+    """The counters of a PS's ``ps_done`` line: name -> {key: count}."""
+    import re
+
+    for line in reversed(log.splitlines()):
+        if " ps_done " in line:
+            out: dict[str, dict[int, int]] = {}
+            for key, value in re.findall(r"(\w+)=(\S+)", line.split(" ps_done ", 1)[1]):
+                if ":" in value or value == "-":
+                    out[key] = {int(k): int(v) for k, v in
+                                (p.split(":") for p in value.split(",") if p != "-")}
+            return out
+    raise AssertionError("no ps_done line")
