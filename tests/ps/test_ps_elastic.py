@@ -119,3 +119,23 @@ def test_killed_ps_fails_over_to_its_replica_and_is_reseeded(make_job) -> None: 
         # queue are trained again.
         got = counts["trained"].get(epoch, 0) + counts["dropped"].get(epoch, 0)
         assert SAMPLES <= got <= SAMPLES * 1.25, counts
+
+
+def test_async_straggler_pushes_beyond_tau_are_dropped_and_counted(make_job) -> None:  # type: ignore[no-untyped-def]
+    args = [*ARGS]
+    args[args.index("--tau") + 1] = "2"
+    args[args.index("--epochs") + 1] = "1"
+    job: LocalPSJob = make_job(1, args)
+    job.start_all(["fast", "slow"], extra={"slow": ["--slow", "0.05"]})
+    codes = job.wait_all()
+    assert all(c == 0 for c in codes.values()), job.logs()
+    counts = ps_done((job.root / "ps-0.log").read_text())
+    dropped_pushes = job.result("fast")["dropped"] + job.result("slow")["dropped"]
+    assert job.result("slow")["dropped"] > 0
+    # Every dropped push is one whole batch; the server and the workers agree.
+    assert counts["dropped"][0] == dropped_pushes * 32
+    assert counts["trained"][0] + counts["dropped"][0] == SAMPLES
+    traced = job.steps("fast") + job.steps("slow")
+    assert all(s["staleness"] > 2 for s in traced if s["dropped"])
+    assert all(s["staleness"] <= 2 for s in traced if not s["dropped"])
+    assert max(counts["staleness"]) <= 2  # applied pushes only
