@@ -166,7 +166,8 @@ def _summary(ps: ParameterServer) -> dict[str, object]:
         return ",".join(f"{k}:{v}" for k, v in sorted(table.items())) or "-"
 
     out: dict[str, object] = {"applied": status["applied"], "stale": status["stale"],
-                              "staleness": pairs(status["staleness"])}
+                              "staleness": pairs(status["staleness"]),
+                              "dropped_staleness": pairs(status["droppedStaleness"])}
     data = status["data"]
     if data is not None:
         out.update(trained=pairs(data["trained"]), dropped=pairs(data["dropped"]),

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .codec import Header, Tensors
+from .codec import Header, Tensors, encode
 from .consistency import Consistency, Mode, Verdict, judge, round_complete
 from .dataservice import DataShardService, Lease, LeaseStatus
 from .optim import ServerOptimizer
@@ -87,7 +87,9 @@ class Stats:
     applied: int = 0
     stale: int = 0
     staleness: Counter[int] = field(default_factory=Counter)
-    """Applied and dropped pushes by staleness (versions behind)."""
+    """Applied pushes by staleness (versions behind)."""
+    stale_staleness: Counter[int] = field(default_factory=Counter)
+    """Dropped pushes by staleness."""
 
 
 class ParameterServer:
@@ -143,6 +145,8 @@ class ParameterServer:
                                for s, h in self.hosted.items()},
                     "applied": self.stats.applied, "stale": self.stats.stale,
                     "staleness": {str(k): v for k, v in sorted(self.stats.staleness.items())},
+                    "droppedStaleness": {str(k): v for k, v in
+                                         sorted(self.stats.stale_staleness.items())},
                     "data": self._data_summary()}
 
     def _data_summary(self) -> dict[str, Any] | None:
@@ -176,8 +180,9 @@ class ParameterServer:
             raise NotServing(f"ps {self.index} does not serve shard {shard}")
         return h
 
-    def pull(self, header: Header, tensors: Tensors) -> tuple[Header, Tensors]:
-        """Dense slices and requested rows of a shard, once it reaches ``minVersion``."""
+    def pull(self, header: Header, tensors: Tensors) -> bytes:
+        """Dense slices and requested rows of a shard, once it reaches ``minVersion``,
+        as one encoded message (encoded under the shard's lock: no extra copy)."""
         h = self._primary(int(header["shard"]))
         deadline = self.clock() + float(header.get("timeout", 30.0))
         with h.cond:
@@ -189,7 +194,7 @@ class ParameterServer:
                 h.cond.wait(left)
             rows = {k.removeprefix("i/"): v for k, v in tensors.items() if k.startswith("i/")}
             values = h.state.read(bool(header.get("dense", True)), rows)
-            return {"version": h.version}, values
+            return encode({"version": h.version}, values)
 
     def push(self, header: Header, tensors: Tensors) -> Header:
         """Gradients computed from ``version``: applied, buffered for the round, or dropped."""
@@ -218,6 +223,7 @@ class ParameterServer:
                 pass  # no gradient: counts only towards completing a sync round
             elif verdict is Verdict.STALE:
                 self.stats.stale += 1
+                self.stats.stale_staleness[staleness] += 1
             elif verdict is not Verdict.DUPLICATE:
                 self.stats.staleness[staleness] += 1
             if verdict is Verdict.APPLY and self.config.consistency.mode is Mode.ASYNC:

@@ -73,10 +73,11 @@ class ShardState:
             self.tables[spec.name] = Table(rows, values, optimizer, spec.shape[0])
 
     def read(self, dense: bool, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Copies of the dense slices (when ``dense``) and of the given rows of each table."""
+        """The dense slices (when ``dense``; views: encode them before the next update)
+        and copies of the given rows of each table."""
         out: dict[str, torch.Tensor] = {}
         if dense:
-            out.update({k: v.reshape(-1).clone() for k, v in self.dense.items()})
+            out.update({k: v.reshape(-1) for k, v in self.dense.items()})
         for name, ids in rows.items():
             table = self.tables[name]
             out[name] = table.values.index_select(0, table.locate(ids))
@@ -88,7 +89,8 @@ class ShardState:
 
         Sparse ids must be unique per table (a combined push is reduced first)."""
         for key, grad in grads.items():
-            g = grad.reshape(1, -1).to(torch.float32) * scale
+            g = grad.reshape(1, -1).to(torch.float32)
+            g = g * scale if scale != 1.0 else g
             self.optimizer.apply(self.dense[key], g, self.dense_state[key],
                                  self.dense_steps[key])
         for name, (ids, rows) in sparse.items():
@@ -99,7 +101,8 @@ class ShardState:
             param = table.values.index_select(0, pos)
             state = {k: v.index_select(0, pos) for k, v in table.state.items()}
             steps = table.steps.index_select(0, pos)
-            self.optimizer.apply(param, rows.to(torch.float32) * scale, state, steps)
+            g = rows.to(torch.float32)
+            self.optimizer.apply(param, g * scale if scale != 1.0 else g, state, steps)
             table.values.index_copy_(0, pos, param)
             for k, v in state.items():
                 table.state[k].index_copy_(0, pos, v)

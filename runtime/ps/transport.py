@@ -28,7 +28,8 @@ CHANNEL_OPTIONS = [
 ]
 
 
-Handler = Callable[[Header, Tensors], tuple[Header, Tensors]]
+Handler = Callable[[Header, Tensors], tuple[Header, Tensors] | bytes]
+"""A call's reply: header and tensors, or a message already encoded."""
 
 
 def _handlers(ps: ParameterServer) -> dict[str, Handler]:
@@ -71,12 +72,12 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
     def wrap(fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         def call(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                header, tensors = fn(*decode(request))
+                reply = fn(*decode(request))
             except NotServing as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             except (KeyError, ValueError) as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
-            return encode(header, tensors)
+            return reply if isinstance(reply, bytes) else encode(*reply)
 
         return call
 

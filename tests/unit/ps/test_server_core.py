@@ -27,6 +27,11 @@ def _server(consistency: Consistency, optimizer: ServerOptimizer | None = None,
     return ps, config
 
 
+def _pull(ps: ParameterServer, header: dict[str, object],
+          tensors: dict[str, torch.Tensor]) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+    return decode(ps.pull(header, tensors))
+
+
 def _push(ps: ParameterServer, worker: str, version: int, value: float = 1.0) -> str:
     grads = {"g/w@0": torch.full((12,), value), "i/emb": torch.tensor([3, 7]),
              "r/emb": torch.full((2, 2), value)}
@@ -46,7 +51,7 @@ def test_async_drops_exactly_the_pushes_older_than_tau() -> None:
     status = ps.status()
     assert (status["applied"], status["stale"]) == (3, 3)
     assert status["staleness"] == {"0": 1, "1": 1, "2": 1}
-    header, _ = ps.pull({"shard": 0, "dense": True}, {})
+    header, _ = _pull(ps, {"shard": 0, "dense": True}, {})
     assert header["version"] == 3
 
 
@@ -55,7 +60,7 @@ def test_sync_round_applies_the_mean_once_everyone_pushed() -> None:
     assert _push(ps, "a", 0, 1.0) == "buffer"
     assert _push(ps, "a", 0, 1.0) == "duplicate"
     assert _push(ps, "b", 0, 3.0) == "apply"
-    header, values = ps.pull({"shard": 0, "minVersion": 1}, {"i/emb": torch.tensor([3, 4])})
+    header, values = _pull(ps, {"shard": 0, "minVersion": 1}, {"i/emb": torch.tensor([3, 4])})
     assert header["version"] == 1
     assert torch.allclose(values["w@0"], torch.full((12,), -0.2))  # lr 0.1 * mean 2
     assert torch.allclose(values["emb"], torch.tensor([[-0.2, -0.2], [0.0, 0.0]]))
@@ -73,7 +78,7 @@ def test_sync_round_completes_when_a_worker_leaves() -> None:
     ps, _ = _server(Consistency(Mode.SYNC))
     assert _push(ps, "a", 0) == "buffer"
     ps.set_workers(frozenset({"a"}))
-    assert ps.pull({"shard": 0, "minVersion": 1, "timeout": 0.0}, {})[0]["version"] == 1
+    assert _pull(ps, {"shard": 0, "minVersion": 1, "timeout": 0.0}, {})[0]["version"] == 1
 
 
 @pytest.mark.parametrize("kind", [OptimizerKind.SGD, OptimizerKind.ADAGRAD, OptimizerKind.ADAM])
@@ -97,7 +102,7 @@ def test_server_optimizers_match_torch_on_dense(kind: OptimizerKind) -> None:
         param.grad = g.clone()
         reference.step()
         ps.push({"shard": 0, "worker": "a", "version": 10**6}, {"g/w@0": g.reshape(-1)})
-    _, values = ps.pull({"shard": 0}, {})
+    _, values = _pull(ps, {"shard": 0}, {})
     diff = (values["w@0"].reshape(4, 3) - param.detach()).abs().max().item()
     assert diff <= 1e-5, diff
 
@@ -114,7 +119,7 @@ def test_adam_counts_steps_per_row() -> None:
     steps = table.steps[table.locate(torch.tensor([1, 2, 3]))].tolist()
     assert steps == [3, 1, 0]
     # A row's first Adam step moves it by lr whatever other rows did.
-    _, values = ps.pull({"shard": 0, "dense": False}, {"i/emb": torch.tensor([2])})
+    _, values = _pull(ps, {"shard": 0, "dense": False}, {"i/emb": torch.tensor([2])})
     assert torch.allclose(values["emb"], torch.full((1, 2), -0.1), atol=1e-6)
 
 
@@ -128,9 +133,9 @@ def test_replica_promotes_with_state_and_data_queue() -> None:
     backup.replicate(*snap)
     backup.set_workers(frozenset({"b"}))
     with pytest.raises(NotServing):
-        backup.pull({"shard": 0}, {})
+        _pull(backup, {"shard": 0}, {})
     assert backup.promote(0)["version"] == 1
-    _, values = backup.pull({"shard": 0}, {})
+    _, values = _pull(backup, {"shard": 0}, {})
     assert torch.allclose(values["w@0"], torch.full((12,), -0.1))
     # "a" left with its piece: the promoted data service gives it to "b".
     again = backup.lease({"worker": "b"})
