@@ -3,7 +3,7 @@
 Each benchmark measures its own baseline in the same run and prints ratios; this only
 sequences them and says which failed. Pass names to run a subset:
 
-    python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator]
+    python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator] [ps]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ BENCHES = {
     "checkpoint": "bench_checkpoint.py",
     "recovery": "bench_recovery.py",
     "operator": "bench_operator.py",
+    "ps": "bench_ps.py",
 }
 
 
