@@ -30,9 +30,15 @@ def ps_port(environ: Mapping[str, str]) -> int:
     return int(environ.get(PSEnv.PORT) or DEFAULT_PS_PORT)
 
 
+DOWN_ADDRESS = "127.0.0.1:1"
+"""Where calls to a server that is down go: refused at once, so clients fail over."""
+
+
 def ps_addresses(world: World, port: int) -> list[str]:
-    """host:port of every parameter server of ``world``, by PS index."""
-    return [f"{m.ip}:{port}" for m in sorted(world.ps, key=lambda m: m.rank)]
+    """host:port of every parameter server of ``world``, by PS index (a server that is
+    down, absent from the world, gets an address that refuses connections)."""
+    by_rank = {m.rank: f"{m.ip}:{port}" for m in world.ps}
+    return [by_rank.get(i, DOWN_ADDRESS) for i in range(world.ps_count)]
 
 
 def membership_source(environ: Mapping[str, str], poll: float = 0.05) -> MembershipSource:

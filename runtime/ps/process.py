@@ -119,7 +119,7 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     """Serve until the job's data is done or this pod leaves the world; exit status."""
     world = _wait_for_me(source, pod, settings.world_wait_s)
     me = next(m for m in world.ps if m.pod == pod)
-    servers = len(world.ps)
+    servers = world.ps_count
     cpus = pinned_cpus()
     torch.set_num_threads(len(cpus))
     ps = ParameterServer(me.rank, clock=clock)

@@ -110,7 +110,7 @@ class Worker(Generic[B]):
         try:
             client.wait_ready(self.world_wait_s)
             client.discover()
-            client.initialize(self.job.config(len(world.ps), self.binding.specs()),
+            client.initialize(self.job.config(world.ps_count, self.binding.specs()),
                               self.binding.initial())
             self.binding.release_tables()
             self._loop(client)
@@ -217,7 +217,9 @@ class Worker(Generic[B]):
         after = -1
         while True:
             world = self.source.wait_for_world(after, self.world_wait_s)
-            if world.member(self.pod) is not None and world.ps:
+            # Every server up: the first worker creates the shards on them.
+            if world.member(self.pod) is not None and world.ps and \
+                    len(world.ps) == world.ps_count:
                 return world
             after = world.epoch
 

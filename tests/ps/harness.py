@@ -60,8 +60,9 @@ class LocalPSJob:
             mode=Mode.PARAMETER_SERVER, store=StoreAddress(address="127.0.0.1"),
             members=tuple(Member(rank=i, pod=w, ip="127.0.0.1")
                           for i, w in enumerate(self.workers)),
-            ps=tuple(Member(rank=i, pod=p, ip=ip)
-                     for i, (p, ip) in enumerate(self.ps_ip.items())))
+            ps=tuple(Member(rank=int(p.rsplit("-", 1)[1]), pod=p, ip=ip)
+                     for p, ip in self.ps_ip.items()),
+            ps_replicas=len(self.ps))
         write_world_file(self.world_file, world)
 
     def start(self, pod: str, role: str, extra: list[str] | None = None) -> None:
