@@ -59,19 +59,35 @@ class PushResult:
 class PendingPull:
     """A pull in flight; :meth:`PSClient.finish_pull` waits for it."""
 
-    request: dict[int, tuple[Header, Tensors]]
-    futures: dict[int, grpc.Future[bytes]]
-    servers: dict[int, int]
-    """The server each shard's request went to."""
+    parts: list[tuple[int, Header, Tensors]]
+    """(shard, header, tensors) of each request: large shards are pulled in chunks."""
+    futures: list[grpc.Future[bytes]]
+    servers: list[int]
+    """The server each request went to."""
     ids: dict[str, tuple[torch.Tensor, np.ndarray[Any, Any]]]
     dense: bool
+
+
+def dense_chunks(part: Partition, shard: int, chunk_bytes: int) -> list[list[str]]:
+    """The dense slice keys of ``shard`` grouped into messages of about ``chunk_bytes``:
+    gRPC moves several medium messages in flight much faster than one huge one."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for d in part.dense_on(shard):
+        if size >= chunk_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(dense_key(d.name, d.start))
+        size += (d.stop - d.start) * part.spec(d.name).itemsize
+    return chunks
 
 
 class PSClient:
     """Talks to every parameter server of a job for one worker."""
 
     def __init__(self, addresses: Sequence[str], worker: str, *,
-                 call_timeout: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 call_timeout: float = 60.0, chunk_bytes: int = 8 << 20,
+                 clock: Callable[[], float] = time.monotonic,
                  logger: logging.Logger = _log) -> None:
         self.worker = worker
         self.stubs = [Stub(a) for a in addresses]
@@ -81,6 +97,8 @@ class PSClient:
         self.failovers: list[tuple[int, float]] = []
         """(shard, clock time) of each failover this client performed."""
         self.call_timeout = call_timeout
+        self.chunk_bytes = chunk_bytes
+        self._push_id = 0
         self.clock = clock
         self.log = logger
         self.config: JobConfig | None = None
@@ -193,35 +211,48 @@ class PSClient:
         """Start pulling the dense parameters and the rows ``ids`` touches, from every shard."""
         part = self._partition()
         unique: dict[str, tuple[torch.Tensor, np.ndarray[Any, Any]]] = {}
-        request: dict[int, tuple[Header, Tensors]] = {
-            s: ({"shard": s, "dense": dense, "timeout": timeout,
-                 "minVersion": (min_versions or {}).get(s, 0)}, {})
-            for s in range(self.servers)}
+        parts: list[tuple[int, Header, Tensors]] = []
+        first: dict[int, Tensors] = {}
+        for s in range(self.servers):
+            base = {"shard": s, "timeout": timeout,
+                    "minVersion": (min_versions or {}).get(s, 0)}
+            chunks = dense_chunks(part, s, self.chunk_bytes) if dense else [[]]
+            for i, keys in enumerate(chunks):
+                tensors: Tensors = {}
+                parts.append((s, {**base, "dense": keys}, tensors))
+                if i == 0:
+                    first[s] = tensors  # the rows travel with the first chunk
         for name, raw in ids.items():
             u = torch.unique(raw.reshape(-1))
             owners = part.row_shards(name, u.numpy())
             unique[name] = (u, owners)
             for s in range(self.servers):
-                request[s][1][f"i/{name}"] = u[torch.from_numpy(owners == s)]
-        servers = dict(enumerate(self.route))
-        futures = {s: self.stubs[servers[s]].start("Pull", *req, timeout=self.call_timeout)
-                   for s, req in request.items()}
-        return PendingPull(request, futures, servers, unique, dense)
+                first[s][f"i/{name}"] = u[torch.from_numpy(owners == s)]
+        servers = [self.route[s] for s, _, _ in parts]
+        futures = [self.stubs[server].start("Pull", header, tensors, timeout=self.call_timeout)
+                   for server, (_, header, tensors) in zip(servers, parts, strict=True)]
+        return PendingPull(parts, futures, servers, unique, dense)
 
     def finish_pull(self, pending: PendingPull) -> Pulled:
         """Wait for a pull started with :meth:`start_pull` and assemble its tensors."""
         part = self._partition()
-        replies: dict[int, tuple[Header, Tensors]] = {}
-        for s, future in pending.futures.items():
+        got: dict[str, torch.Tensor] = {}
+        versions: dict[int, int] = {}
+        rows_of: dict[int, Tensors] = {}
+        for (s, header, tensors), future, server in zip(
+                pending.parts, pending.futures, pending.servers, strict=True):
             try:
-                replies[s] = result(future)
+                reply = result(future)
             except grpc.RpcError as exc:
-                if not self._recover(s, exc, pending.servers[s]):
+                if not self._recover(s, exc, server):
                     raise
-                header, tensors = pending.request[s]
-                header = {**header, "minVersion": min(header["minVersion"], self.versions[s])}
-                replies[s] = self._call(s, "Pull", header, tensors)
-        versions = {s: int(h["version"]) for s, (h, _) in replies.items()}
+                retry = {**header, "minVersion": min(header["minVersion"], self.versions[s])}
+                reply = self._call(s, "Pull", retry, tensors)
+            # A chunked pull may straddle an update (async): claim the oldest version.
+            versions[s] = min(versions.get(s, 1 << 62), int(reply[0]["version"]))
+            got.update(reply[1])
+            if any(k.startswith("i/") for k in tensors):
+                rows_of[s] = reply[1]
         for s, v in versions.items():
             self.versions[s] = v
         out = Pulled({}, {}, versions)
@@ -230,7 +261,7 @@ class PSClient:
                 if spec.kind is Kind.DENSE:
                     out.dense[spec.name] = torch.empty(spec.numel, dtype=torch.float32)
             for d in part.dense:
-                out.dense[d.name][d.start:d.stop] = replies[d.shard][1][dense_key(d.name, d.start)]
+                out.dense[d.name][d.start:d.stop] = got[dense_key(d.name, d.start)]
             for spec in part.specs:
                 if spec.kind is Kind.DENSE:
                     out.dense[spec.name] = out.dense[spec.name].reshape(spec.shape)
@@ -239,7 +270,7 @@ class PSClient:
             for s in range(self.servers):
                 mask = torch.from_numpy(owners == s)
                 if bool(mask.any()):
-                    rows[mask] = replies[s][1][name]
+                    rows[mask] = rows_of[s][name]
             out.rows[name] = (u, rows)
         return out
 
@@ -280,6 +311,7 @@ class PSClient:
                 mask = owners == s
                 requests[s][1][f"i/{name}"] = ids[mask]
                 requests[s][1][f"r/{name}"] = rows[mask]
+        self._stage(requests)
         servers = dict(enumerate(self.route))
         futures = {s: self.stubs[servers[s]].start("Push", *req, timeout=self.call_timeout)
                    for s, req in requests.items()}
@@ -296,6 +328,31 @@ class PSClient:
             if reply.get("dataAccepted") is False:
                 accepted = False
         return PushResult(verdicts, staleness, accepted)
+
+    def _stage(self, requests: dict[int, tuple[Header, Tensors]]) -> None:
+        """Send all but the first chunk of each large push ahead, concurrently; the
+        ``Push`` then names them (and carries the first chunk and the rows)."""
+        part = self._partition()
+        staged: list[tuple[int, Header, Tensors]] = []
+        for s, (header, tensors) in requests.items():
+            chunks = dense_chunks(part, s, self.chunk_bytes)
+            if len(chunks) < 2:
+                continue
+            self._push_id += 1
+            header["staged"] = f"{self._push_id}"
+            for keys in chunks[1:]:
+                moved = {f"g/{k}": tensors.pop(f"g/{k}") for k in keys if f"g/{k}" in tensors}
+                staged.append((s, {"worker": self.worker, "staged": header["staged"]}, moved))
+        servers = [self.route[s] for s, _, _ in staged]
+        futures = [self.stubs[server].start("Stage", h, t, timeout=self.call_timeout)
+                   for server, (_, h, t) in zip(servers, staged, strict=True)]
+        for (s, h, t), future, server in zip(staged, futures, servers, strict=True):
+            try:
+                result(future)
+            except grpc.RpcError as exc:
+                if not self._recover(s, exc, server):
+                    raise
+                self._call(s, "Stage", h, t)
 
     # -- data and end ----------------------------------------------------------------
 

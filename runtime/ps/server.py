@@ -107,6 +107,8 @@ class ParameterServer:
         self.stats = Stats()
         self.data: DataShardService | None = None
         self.finished = threading.Event()
+        self._staged: dict[tuple[str, str], Tensors] = {}
+        """Parts of pushes in flight, by (worker, push id)."""
         self._replica_data: dict[str, Any] | None = None
         """The data-shard service's state as last replicated with shard 0."""
         self._lock = threading.Lock()
@@ -193,7 +195,8 @@ class ParameterServer:
                     break
                 h.cond.wait(left)
             rows = {k.removeprefix("i/"): v for k, v in tensors.items() if k.startswith("i/")}
-            values = h.state.read(bool(header.get("dense", True)), rows)
+            dense = header.get("dense", True)
+            values = h.state.read(dense if isinstance(dense, list) else bool(dense), rows)
             return encode({"version": h.version}, values)
 
     def push(self, header: Header, tensors: Tensors) -> Header:
@@ -209,6 +212,9 @@ class ParameterServer:
                 self._maybe_complete(h)
                 return {"verdict": "retired", "staleness": 0, "version": h.version}
         skip = bool(header.get("skip"))
+        if "staged" in header:
+            with self._lock:
+                tensors = {**self._staged.pop((worker, str(header["staged"])), {}), **tensors}
         dense = {k[2:]: v for k, v in tensors.items() if k.startswith("g/")}
         sparse = {k[2:]: (v, tensors[f"r/{k[2:]}"]) for k, v in tensors.items()
                   if k.startswith("i/")}
@@ -244,6 +250,16 @@ class ParameterServer:
                         worker, int(d["piece"]), int(d["start"]), int(d["stop"]),
                         dropped=verdict is Verdict.STALE)
             return reply
+
+    def stage(self, header: Header, tensors: Tensors) -> Header:
+        """Hold part of a large push until the ``Push`` naming it arrives (big pushes
+        travel as several concurrent messages, which gRPC moves much faster)."""
+        key = (str(header["worker"]), str(header["staged"]))
+        with self._lock:
+            # One staged push per worker at a time: older ones were abandoned.
+            self._staged = {k: v for k, v in self._staged.items() if k[0] != key[0] or k == key}
+            self._staged.setdefault(key, {}).update(tensors)
+        return {}
 
     def _bump(self, h: Hosted) -> None:
         h.version += 1

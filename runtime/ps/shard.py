@@ -8,7 +8,7 @@ optimizers treat them exactly like embedding rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -72,12 +72,15 @@ class ShardState:
                 raise ValueError(f"{spec.name}: expected rows {len(rows)} x {spec.shape[1]}")
             self.tables[spec.name] = Table(rows, values, optimizer, spec.shape[0])
 
-    def read(self, dense: bool, rows: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The dense slices (when ``dense``; views: encode them before the next update)
-        and copies of the given rows of each table."""
+    def read(self, dense: bool | Sequence[str], rows: Mapping[str, torch.Tensor]
+             ) -> dict[str, torch.Tensor]:
+        """The dense slices (all when ``dense`` is True, else those named; views: encode
+        them before the next update) and copies of the given rows of each table."""
         out: dict[str, torch.Tensor] = {}
-        if dense:
+        if dense is True:
             out.update({k: v.reshape(-1) for k, v in self.dense.items()})
+        elif dense:
+            out.update({k: self.dense[k].reshape(-1) for k in dense})
         for name, ids in rows.items():
             table = self.tables[name]
             out[name] = table.values.index_select(0, table.locate(ids))

@@ -17,7 +17,8 @@ from .codec import Header, Tensors, decode, encode
 from .server import NotServing, ParameterServer
 
 SERVICE = "ringwright.ps.ParameterServer"
-METHODS = ("Init", "Status", "Pull", "Push", "Lease", "Replicate", "Promote", "Finish")
+METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Promote",
+           "Finish")
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
@@ -40,6 +41,7 @@ def _handlers(ps: ParameterServer) -> dict[str, Handler]:
         "Init": lambda h, t: only(ps.init(h, t)),
         "Status": lambda h, t: only(ps.status()),
         "Pull": ps.pull,
+        "Stage": lambda h, t: only(ps.stage(h, t)),
         "Push": lambda h, t: only(ps.push(h, t)),
         "Lease": lambda h, t: only(ps.lease(h)),
         "Replicate": lambda h, t: only(ps.replicate(h, t)),
