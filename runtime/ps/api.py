@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ringwright.world import Env
 
+from ..health import HealthFile
 from .env import membership_source, ps_port
 from .process import PSSettings, run_server
 from .worker import PSJob, Worker, WorkerReport
@@ -37,10 +39,17 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
     if not pod:
         raise ValueError(f"{Env.POD_NAME} is not set: the runtime needs its pod's name")
     source = membership_source(env)
+    # Ready from the start: the operator lists only ready pods in the world, and a PS
+    # or worker waits for a world that lists it.
+    health = HealthFile(Path(env[Env.HEALTH_FILE])) if env.get(Env.HEALTH_FILE) else None
+    if health is not None:
+        health(True, 0.0)
     try:
         if env.get(Env.ROLE, "worker") == PS_ROLE:
             run_server(source, pod, ps_port(env), PSSettings.from_env(env))
             return None
         return Worker(job, source, pod, ps_port(env)).run()
     finally:
+        if health is not None:
+            health(False, 0.0)
         source.close()
