@@ -174,7 +174,7 @@ def _throughput(job: LocalPSJob, workers: list[str]) -> tuple[float, int]:
 
 
 def bench_throughput(root: Path) -> dict[str, float]:
-    base = ["--samples", "12288", "--vocab", "5000", "--dim", "16", "--batch-size", "64",
+    base = ["--samples", "6144", "--vocab", "5000", "--dim", "16", "--batch-size", "64",
             "--piece-batches", "4", "--epochs", "1", "--optimizer", "adagrad", "--slow", "0.03"]
     workers = ["w0", "w1", "w2", "w3"]
     results: dict[str, float] = {}
