@@ -113,7 +113,7 @@ def tcp_round_trip(send: int, receive: int, repeats: int) -> list[float]:
 
 def ps_client(specs: list[TensorSpec], params: dict[str, torch.Tensor],
               port: int) -> PSClient:
-    client = PSClient([f"127.0.0.1:{port}"], "bench")
+    client = PSClient([f"127.0.0.1:{port}"], "bench", call_timeout=600)
     client.wait_ready(60)
     config = JobConfig(tuple(specs), 1, ServerOptimizer(lr=1e-6), Consistency(Mode.ASYNC, 10**9),
                        {"samples": 1, "pieceSize": 1, "epochs": 1})
