@@ -73,6 +73,8 @@ class StepInfo:
     loss: float
     dropped: bool
     staleness: int
+    failovers: int = 0
+    """Shards this worker has failed over to a replica so far."""
 
 
 @dataclass
@@ -178,7 +180,7 @@ class Worker(Generic[B]):
                 next_batch = self.job.fetch(torch.arange(*following))
                 pending = client.start_pull(self._ids(next_batch), min_versions=waits)
             self._account(int(lease["epoch"]), stop - start, loss.item(), result.dropped,
-                          max(result.staleness.values(), default=0))
+                          max(result.staleness.values(), default=0), len(client.failovers))
             current, batch = following, next_batch
             if following is not None and (not result.data_accepted or self._left(client)):
                 if pending is not None:
@@ -198,13 +200,13 @@ class Worker(Generic[B]):
         return dict(self.job.ids(batch))
 
     def _account(self, epoch: int, samples: int, loss: float, dropped: bool,
-                 staleness: int) -> None:
+                 staleness: int, failovers: int) -> None:
         self.report.steps += 1
         self.report.samples += samples
         self.report.dropped_pushes += int(dropped)
         if self.job.on_step is not None:
             self.job.on_step(StepInfo(self.report.steps, epoch, samples, loss, dropped,
-                                      staleness))
+                                      staleness, failovers))
 
     def _left(self, client: PSClient) -> bool:
         world = self.source.latest()
