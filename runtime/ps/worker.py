@@ -103,6 +103,9 @@ class Worker(Generic[B]):
         self.binding = PSModel(job.model)
         self.report = WorkerReport()
         self.client: PSClient | None = None
+        self._round: dict[int, int] = {}
+        """Sync: the version per shard that completes the round this worker last
+        pushed into; every pull after a push waits for it."""
 
     def run(self) -> WorkerReport:
         """Train until the data is done or this worker leaves the world."""
@@ -141,17 +144,25 @@ class Worker(Generic[B]):
             if lease["status"] == "wait":
                 if sync:
                     # Without data this round: say so, so the others' round completes.
+                    self._sync_point(client)
                     versions = client.versions_map()
                     client.push({}, {}, versions, skip=True)
-                    client.pull({}, dense=False,
-                                min_versions={s: v + 1 for s, v in versions.items()})
+                    self._round = {s: v + 1 for s, v in versions.items()}
                 else:
                     time.sleep(0.02)
                 continue
             self._train_piece(client, lease)
 
+    def _sync_point(self, client: PSClient) -> None:
+        """Sync: wait until the round this worker last pushed into has completed."""
+        if self._round:
+            client.pull({}, dense=False, min_versions=self._round)
+            self._round = {}
+
     def _train_piece(self, client: PSClient, lease: Mapping[str, Any]) -> None:
         sync = self.job.consistency.mode is Mode.SYNC
+        if sync:
+            self._sync_point(client)
         bounds = _batches(int(lease["start"]), int(lease["stop"]), self.job.batch_size)
         current = next(bounds, None)
         pending: PendingPull | None = None
@@ -174,9 +185,11 @@ class Worker(Generic[B]):
             result = client.push(dense, sparse, pulled.versions,
                                  data={"piece": int(lease["piece"]), "start": start,
                                        "stop": stop})
+            if sync:
+                self._round = {s: v + 1 for s, v in pulled.versions.items()
+                               if result.verdicts.get(s) in ("apply", "buffer")}
             if following is not None and sync:
-                waits = {s: v + 1 for s, v in pulled.versions.items()
-                         if result.verdicts.get(s) in ("apply", "buffer")}
+                waits, self._round = self._round, {}
                 next_batch = self.job.fetch(torch.arange(*following))
                 pending = client.start_pull(self._ids(next_batch), min_versions=waits)
             self._account(int(lease["epoch"]), stop - start, loss.item(), result.dropped,
