@@ -370,22 +370,23 @@ class _Round:
         pending_doc = self.status.get("candidate") or {}
         pending = (Candidate(pending_doc["digest"], float(pending_doc["since"]))
                    if pending_doc.get("digest") else None)
+        ready_ps = [p for p in self.ps if p.state == PodState.READY and p.name not in doomed]
         publish, candidate, wait = decide(
             current, ready, self.spec.workers.replicas, self.spec.workers.min, pending,
-            self.now, self.settings.settle_seconds, force)
+            self.now, self.settings.settle_seconds, force, ready_ps)
         self.status["candidate"] = (
             {"digest": candidate.digest, "since": candidate.since} if candidate else None)
         if wait is not None:
             self.plan.soon(wait)
         if publish:
-            self.publish(ready)
+            self.publish(ready, ready_ps)
         running = self.phase in (JobPhase.RUNNING, JobPhase.RESTARTING)
         if running and len(ready) < self.spec.workers.min:
             self.below_min(len(ready))
         else:
             self.status["belowMinSince"] = None
 
-    def publish(self, ready: list[PodView]) -> None:
+    def publish(self, ready: list[PodView], ready_ps: list[PodView]) -> None:
         current = self.obs.world
         epoch = (current.epoch + 1) if current else 1
         spec = self.spec
@@ -402,7 +403,8 @@ class _Round:
             checkpoint=CheckpointSettings(
                 path=spec.checkpoint.path, interval_steps=spec.checkpoint.interval_steps,
                 interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),
-            ps=[p for p in self.ps if p.state == PodState.READY],
+            ps=ready_ps,
+            ps_replicas=spec.ps.replicas if spec.ps else 0,
             topology=TopologySettings(
                 hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
         )

@@ -54,7 +54,8 @@ def membership_digest(pods: Sequence[PodView]) -> str:
 
 
 def world_digest(world: World) -> str:
-    text = "|".join(sorted(f"{m.pod}/{m.pod_uid}/{m.ip}" for m in world.members))
+    """The :func:`membership_digest` of a world's workers and parameter servers."""
+    text = "|".join(sorted(f"{m.pod}/{m.pod_uid}/{m.ip}" for m in (*world.members, *world.ps)))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -72,6 +73,7 @@ def build_world(
     checkpoint: CheckpointSettings,
     ps: Sequence[PodView] = (),
     topology: TopologySettings | None = None,
+    ps_replicas: int = 0,
 ) -> World:
     """The world for ``members`` in ring order, survivors keeping their relative order."""
 
@@ -99,7 +101,8 @@ def build_world(
         )
 
     ring = tuple(member(rank, by_name[s.pod]) for rank, s in enumerate(ordered))
-    ps_members = tuple(member(i, p) for i, p in enumerate(sorted(ps, key=lambda p: p.index)))
+    # A PS keeps its pod index as its rank: shards are addressed by it.
+    ps_members = tuple(member(p.index, p) for p in sorted(ps, key=lambda p: p.index))
     return World(
         job=job,
         epoch=epoch,
@@ -108,6 +111,7 @@ def build_world(
         store=StoreAddress(address=ring[0].ip if ring else "", port=store_port),
         members=ring,
         ps=ps_members,
+        ps_replicas=ps_replicas,
         lr=lr,
         checkpoint=checkpoint,
         topology=topology or TopologySettings(),
@@ -123,16 +127,18 @@ def decide(
     now: float,
     settle: float,
     force_bump: bool,
+    ps: Sequence[PodView] = (),
 ) -> tuple[bool, Candidate | None, float | None]:
     """Whether to publish ``ready`` as the next world now.
 
     Returns (publish, candidate to remember, seconds to wait). Nothing is published
     below ``minimum``. ``force_bump`` republishes the same membership under a new
-    epoch (members reported a broken collective or a restart without state).
+    epoch (members reported a broken collective or a restart without state). A change
+    of the ready parameter servers ``ps`` is a membership change too.
     """
     if len(ready) < minimum:
         return False, None, None
-    digest = membership_digest(ready)
+    digest = membership_digest([*ready, *ps])
     if current is not None and world_digest(current) == digest:
         return force_bump, None, None
     if len(ready) >= wanted:

@@ -155,6 +155,10 @@ class World(_Wire):
     store: StoreAddress
     members: tuple[Member, ...]
     ps: tuple[Member, ...] = ()
+    """Parameter servers that are up, ``rank`` = PS index (the pod's index), so a
+    server keeps its index across epochs; a missing index is a server that is down."""
+    ps_replicas: Annotated[int, Field(ge=0, alias="psReplicas")] = 0
+    """How many parameter servers the job has (up or not); 0 outside PS mode."""
     lr: LRScaling = LRScaling()
     checkpoint: CheckpointSettings = CheckpointSettings()
     topology: TopologySettings = TopologySettings()
@@ -170,7 +174,16 @@ class World(_Wire):
             raise ValueError(f"members must be listed in rank order 0..n-1, got ranks {ranks}")
         if len({m.pod for m in self.members}) != len(self.members):
             raise ValueError("a pod appears twice in members")
+        if len({m.rank for m in self.ps}) != len(self.ps):
+            raise ValueError("two parameter servers share an index")
+        if self.ps_replicas and any(m.rank >= self.ps_replicas for m in self.ps):
+            raise ValueError(f"parameter-server index out of range 0..{self.ps_replicas - 1}")
         return self
+
+    @property
+    def ps_count(self) -> int:
+        """Parameter servers of the job: ``ps_replicas``, or those listed when unset."""
+        return self.ps_replicas or len(self.ps)
 
     def member(self, pod: str) -> Member | None:
         """The member entry for ``pod``, or None when the pod is not in this world."""

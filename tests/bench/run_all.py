@@ -4,6 +4,7 @@ Each benchmark measures its own baseline in the same run and prints ratios; this
 sequences them and says which failed. Pass names to run a subset:
 
     python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator] [network]
+                                  [ps]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ BENCHES = {
     "recovery": "bench_recovery.py",
     "operator": "bench_operator.py",
     "network": "bench_network.py",
+    "ps": "bench_ps.py",
 }
 
 

@@ -1,0 +1,139 @@
+"""Wide-and-deep click-through model trained on parameter servers (synthetic clicks).
+
+The same script runs in every pod of a ``mode: ParameterServer`` TrainingJob: PS pods
+(``RINGWRIGHT_ROLE=ps``) serve the shards, workers train. Locally, tests/ps starts it
+with a world file. The data is generated from a seed, identically in every process:
+categorical fields (user, item, ...) with Zipf-like ids, a few dense features, and
+clicks drawn from a hidden logistic model.
+
+    python examples/ps_wide_and_deep.py --samples 20000 --epochs 2 --mode async --tau 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import TypedDict
+
+import torch
+from torch import nn
+
+from ringwright.runtime import ps
+
+FIELDS = 6
+DENSE = 4
+
+
+class Batch(TypedDict):
+    ids: torch.Tensor
+    """samples x FIELDS categorical ids, already offset into one shared id space."""
+    dense: torch.Tensor
+    label: torch.Tensor
+
+
+class WideAndDeep(nn.Module):
+    """Wide: a learned weight per id, summed. Deep: embeddings of every field and the
+    dense features through an MLP."""
+
+    def __init__(self, vocab: int, dim: int = 16, hidden: int = 64) -> None:
+        super().__init__()
+        self.wide = nn.EmbeddingBag(vocab, 1, mode="sum")
+        self.deep = nn.Embedding(vocab, dim)
+        self.mlp = nn.Sequential(nn.Linear(FIELDS * dim + DENSE, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, 1))
+
+    def forward(self, ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        wide = self.wide(ids).squeeze(1)
+        deep = self.mlp(torch.cat([self.deep(ids).flatten(1), dense], dim=1)).squeeze(1)
+        return wide + deep
+
+
+def synthetic_clicks(samples: int, vocab_per_field: int, seed: int = 7) -> Batch:
+    """Clicks from a hidden logistic model over Zipf-like ids and dense features."""
+    g = torch.Generator().manual_seed(seed)
+    ranks = torch.arange(1, vocab_per_field + 1, dtype=torch.float64)
+    zipf = (1.0 / ranks) / (1.0 / ranks).sum()
+    ids = torch.multinomial(zipf, samples * FIELDS, replacement=True, generator=g)
+    ids = ids.view(samples, FIELDS) + torch.arange(FIELDS) * vocab_per_field
+    dense = torch.randn(samples, DENSE, generator=g)
+    hidden_wide = torch.randn(FIELDS * vocab_per_field, generator=g)
+    logits = hidden_wide[ids].sum(1) * 0.5 + dense @ torch.randn(DENSE, generator=g)
+    label = (torch.rand(samples, generator=g) < torch.sigmoid(logits)).float()
+    return {"ids": ids, "dense": dense, "label": label}
+
+
+def build(args: argparse.Namespace) -> ps.PSJob[Batch]:
+    """The model, the data and how to train it: what every pod of the job agrees on."""
+    torch.manual_seed(args.seed)
+    model = WideAndDeep(FIELDS * args.vocab, args.dim)
+    data = synthetic_clicks(args.samples, args.vocab, args.seed)
+    bce = nn.BCEWithLogitsLoss()
+    slow = args.slow if args.slow > 0 else 0.0
+
+    def fetch(index: torch.Tensor) -> Batch:
+        return {"ids": data["ids"][index], "dense": data["dense"][index],
+                "label": data["label"][index]}
+
+    def loss(m: nn.Module, b: Batch) -> torch.Tensor:
+        if slow:
+            time.sleep(slow)  # benchmarks: a straggler
+        logits: torch.Tensor = m(b["ids"], b["dense"])
+        return bce(logits, b["label"])
+
+    return ps.PSJob(
+        model, loss=loss, fetch=fetch, samples=args.samples, batch_size=args.batch_size,
+        epochs=args.epochs, piece_batches=args.piece_batches,
+        ids=lambda b: {"wide.weight": b["ids"], "deep.weight": b["ids"]},
+        optimizer=ps.ServerOptimizer(ps.OptimizerKind(args.optimizer), lr=args.lr),
+        consistency=ps.Consistency(ps.Mode(args.mode), tau=args.tau,
+                                   backup_workers=args.backup_workers),
+        requeue_stale=args.requeue_stale, final_state=bool(args.final))
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--samples", type=int, default=20_000)
+    p.add_argument("--vocab", type=int, default=5_000, help="ids per categorical field")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--piece-batches", type=int, default=8)
+    p.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad", "adam"])
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--mode", default="async", choices=["sync", "async"])
+    p.add_argument("--tau", type=int, default=8)
+    p.add_argument("--backup-workers", type=int, default=0)
+    p.add_argument("--requeue-stale", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slow", type=float, default=0.0, help="seconds of extra work per batch")
+    p.add_argument("--trace", default="", help="append one JSON line per step here")
+    p.add_argument("--final", default="", help="save every parameter here at the end")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse(argv)
+    job = build(args)
+    if args.trace:
+        trace = open(args.trace, "a", buffering=1)  # noqa: SIM115 (open for the whole run)
+
+        def on_step(info: ps.StepInfo) -> None:
+            trace.write(json.dumps({"t": time.time(), **info.__dict__}) + "\n")
+
+        job.on_step = on_step
+    report = ps.run(job)
+    if report is not None:
+        if args.final:
+            torch.save(report.final, args.final)
+        print(json.dumps({"steps": report.steps, "samples": report.samples,
+                          "dropped": report.dropped_pushes, "lost": report.lost_updates,
+                          "left": report.left}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

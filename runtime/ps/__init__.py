@@ -1,0 +1,14 @@
+"""Parameter-server mode: sharded parameters on PS pods, workers that push and pull.
+
+See :mod:`.api` for the user API, :mod:`.partition` for how parameters are spread
+over the servers, :mod:`.server` for the PS process and :mod:`.client` for a worker's
+side of the transport.
+"""
+
+from .api import run
+from .consistency import Consistency, Mode
+from .optim import OptimizerKind, ServerOptimizer
+from .worker import PSJob, StepInfo, WorkerReport
+
+__all__ = ["Consistency", "Mode", "OptimizerKind", "PSJob", "ServerOptimizer", "StepInfo",
+           "WorkerReport", "run"]

@@ -1,0 +1,55 @@
+"""The user API of parameter-server mode: one script for every pod of the job.
+
+::
+
+    from ringwright.runtime import ps
+
+    job = ps.PSJob(model, loss=loss_fn, fetch=lambda idx: data[idx], samples=len(data),
+                   ids=lambda batch: {"emb.weight": batch["ids"]},
+                   optimizer=ps.ServerOptimizer(ps.OptimizerKind.ADAGRAD, lr=0.05),
+                   consistency=ps.Consistency(ps.Mode.ASYNC, tau=4))
+    ps.run(job)
+
+In a PS pod (``RINGWRIGHT_ROLE=ps``) ``run`` serves shards and returns when the job's
+data is done; in a worker pod it trains the pieces of data the job hands it. The
+operator sets the role and the world; locally, a world file does (see tests/ps).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ringwright.world import Env
+
+from ..health import HealthFile
+from .env import membership_source, ps_port
+from .process import PSSettings, run_server
+from .worker import PSJob, Worker, WorkerReport
+
+PS_ROLE = "ps"
+
+
+def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerReport | None:
+    """Serve (role ps) or train (role worker) ``job``; a worker's report, None on a PS."""
+    env = os.environ if environ is None else environ
+    pod = env.get(Env.POD_NAME, "")
+    if not pod:
+        raise ValueError(f"{Env.POD_NAME} is not set: the runtime needs its pod's name")
+    source = membership_source(env)
+    # Ready from the start: the operator lists only ready pods in the world, and a PS
+    # or worker waits for a world that lists it.
+    health = HealthFile(Path(env[Env.HEALTH_FILE])) if env.get(Env.HEALTH_FILE) else None
+    if health is not None:
+        health(True, 0.0)
+    try:
+        if env.get(Env.ROLE, "worker") == PS_ROLE:
+            run_server(source, pod, ps_port(env), PSSettings.from_env(env))
+            return None
+        return Worker(job, source, pod, ps_port(env)).run()
+    finally:
+        if health is not None:
+            health(False, 0.0)
+        source.close()

@@ -1,0 +1,181 @@
+"""The data-shard service: pieces of each epoch handed to workers, with exact accounting.
+
+A worker leases a piece (a range of sample indices), trains it batch by batch and
+reports each batch with the push that carries its gradients, so the queue knows how far
+every lease got. When a worker leaves or dies, the rest of its pieces go back to the
+queue: every sample of an epoch is trained exactly once, except those whose gradients
+were dropped as stale, which are counted (and re-queued when ``requeue_stale``).
+Pure: the parameter server hosting it calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class LeaseStatus(StrEnum):
+    GRANTED = "granted"
+    WAIT = "wait"
+    """Nothing to hand out until other workers finish this epoch's pieces."""
+    DONE = "done"
+    """Every epoch is trained."""
+
+
+@dataclass
+class Piece:
+    id: int
+    epoch: int
+    start: int
+    stop: int
+    done_upto: int = -1
+    """First sample not yet reported (``start`` when nothing was)."""
+
+    def __post_init__(self) -> None:
+        if self.done_upto < 0:
+            self.done_upto = self.start
+
+
+@dataclass(frozen=True)
+class Lease:
+    status: LeaseStatus
+    piece: int = -1
+    epoch: int = -1
+    start: int = 0
+    stop: int = 0
+
+
+@dataclass
+class Accounting:
+    """Samples per epoch: trained, dropped as stale, re-queued after a worker left."""
+
+    trained: dict[int, int] = field(default_factory=dict)
+    dropped: dict[int, int] = field(default_factory=dict)
+    requeued: dict[int, int] = field(default_factory=dict)
+
+    def add(self, table: dict[int, int], epoch: int, count: int) -> None:
+        table[epoch] = table.get(epoch, 0) + count
+
+
+class DataShardService:
+    """Hands out pieces of ``epochs`` epochs of ``samples`` samples, ``piece_size`` each."""
+
+    def __init__(self, samples: int, piece_size: int, epochs: int,
+                 *, requeue_stale: bool = False) -> None:
+        if samples < 1 or piece_size < 1 or epochs < 1:
+            raise ValueError("samples, piece_size and epochs must be >= 1")
+        self.samples, self.piece_size, self.epochs = samples, piece_size, epochs
+        self.requeue_stale = requeue_stale
+        self.epoch = 0
+        self.accounting = Accounting()
+        self._next_id = 0
+        self._queue: deque[Piece] = deque()
+        self._leased: dict[int, tuple[str, Piece]] = {}
+        self._fill(0)
+
+    def _fill(self, epoch: int) -> None:
+        for start in range(0, self.samples, self.piece_size):
+            self._enqueue(epoch, start, min(start + self.piece_size, self.samples))
+
+    def _enqueue(self, epoch: int, start: int, stop: int) -> None:
+        self._queue.append(Piece(self._next_id, epoch, start, stop))
+        self._next_id += 1
+
+    @property
+    def done(self) -> bool:
+        return self.epoch >= self.epochs
+
+    def lease(self, worker: str) -> Lease:
+        """The next piece for ``worker``."""
+        if not self._queue and not self._leased and not self.done:
+            self.epoch += 1
+            if not self.done:
+                self._fill(self.epoch)
+        if self.done:
+            return Lease(LeaseStatus.DONE)
+        if not self._queue:
+            return Lease(LeaseStatus.WAIT)
+        piece = self._queue.popleft()
+        self._leased[piece.id] = (worker, piece)
+        return Lease(LeaseStatus.GRANTED, piece.id, piece.epoch, piece.done_upto, piece.stop)
+
+    def report(self, worker: str, piece_id: int, start: int, stop: int, *,
+               dropped: bool) -> bool:
+        """Samples ``[start, stop)`` of a leased piece are trained (or their gradients
+        were dropped). Returns False for a report that does not fit the lease (a
+        worker that was already given up on): it is ignored."""
+        held = self._leased.get(piece_id)
+        if held is None or held[0] != worker or start != held[1].done_upto:
+            return False
+        piece = held[1]
+        if not start < stop <= piece.stop:
+            return False
+        piece.done_upto = stop
+        if dropped:
+            self.accounting.add(self.accounting.dropped, piece.epoch, stop - start)
+            if self.requeue_stale:
+                self._enqueue(piece.epoch, start, stop)
+        else:
+            self.accounting.add(self.accounting.trained, piece.epoch, stop - start)
+        if stop == piece.stop:
+            del self._leased[piece_id]
+        return True
+
+    def release(self, worker: str) -> int:
+        """Return every unfinished piece of ``worker`` to the front of the queue;
+        the number of samples re-queued."""
+        count = 0
+        for piece_id, (holder, piece) in sorted(self._leased.items()):
+            if holder != worker:
+                continue
+            del self._leased[piece_id]
+            count += piece.stop - piece.done_upto
+            self.accounting.add(self.accounting.requeued, piece.epoch,
+                                piece.stop - piece.done_upto)
+            self._queue.appendleft(piece)
+        return count
+
+    def holders(self) -> set[str]:
+        """Workers holding a lease now."""
+        return {holder for holder, _ in self._leased.values()}
+
+    def to_json(self) -> dict[str, object]:
+        """The whole queue, for replication to the backup."""
+        def enc(p: Piece) -> list[int]:
+            return [p.id, p.epoch, p.start, p.stop, p.done_upto]
+
+        a = self.accounting
+        return {"samples": self.samples, "pieceSize": self.piece_size, "epochs": self.epochs,
+                "requeueStale": self.requeue_stale, "epoch": self.epoch, "nextId": self._next_id,
+                "queue": [enc(p) for p in self._queue],
+                "leased": [[w, enc(p)] for w, p in self._leased.values()],
+                "trained": _keys(a.trained), "dropped": _keys(a.dropped),
+                "requeued": _keys(a.requeued)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, object]) -> DataShardService:
+        """Rebuild a queue from :meth:`to_json`."""
+        def num(key: str) -> int:
+            value = doc[key]
+            assert isinstance(value, int)
+            return value
+
+        svc = cls(num("samples"), num("pieceSize"), num("epochs"),
+                  requeue_stale=bool(doc["requeueStale"]))
+        svc.epoch, svc._next_id = num("epoch"), num("nextId")
+        queue, leased = doc["queue"], doc["leased"]
+        assert isinstance(queue, list) and isinstance(leased, list)
+        svc._queue = deque(Piece(*p) for p in queue)
+        svc._leased = {p[0]: (w, Piece(*p)) for w, p in leased}
+        for key, table in (("trained", svc.accounting.trained),
+                           ("dropped", svc.accounting.dropped),
+                           ("requeued", svc.accounting.requeued)):
+            entries = doc[key]
+            assert isinstance(entries, dict)
+            table.update({int(k): int(v) for k, v in entries.items()})
+        return svc
+
+
+def _keys(table: dict[int, int]) -> dict[str, int]:
+    return {str(k): v for k, v in table.items()}

@@ -1,0 +1,66 @@
+"""Where a PS-mode process finds its world, its servers and its settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from ringwright.kube import KubeClient, KubeConfig, in_cluster_config, load_kubeconfig
+from ringwright.world import Env, World, world_configmap_name
+
+from ..file_source import FileMembershipSource
+from ..kube_source import KubeMembershipSource
+from ..membership import MembershipSource
+
+
+class PSEnv:
+    """Environment variables of parameter-server mode (all optional)."""
+
+    PORT = "RINGWRIGHT_PS_PORT"
+    REPLICATE_SECONDS = "RINGWRIGHT_PS_REPLICATE_SECONDS"
+    CHECKPOINT_DIR = "RINGWRIGHT_PS_CHECKPOINT_DIR"
+    CHECKPOINT_VERSIONS = "RINGWRIGHT_PS_CHECKPOINT_VERSIONS"
+
+
+DEFAULT_PS_PORT = 29600
+
+
+def ps_port(environ: Mapping[str, str]) -> int:
+    return int(environ.get(PSEnv.PORT) or DEFAULT_PS_PORT)
+
+
+DOWN_ADDRESS = "127.0.0.1:1"
+"""Where calls to a server that is down go: refused at once, so clients fail over."""
+
+
+def ps_addresses(world: World, port: int) -> list[str]:
+    """host:port of every parameter server of ``world``, by PS index (a server that is
+    down, absent from the world, gets an address that refuses connections)."""
+    by_rank = {m.rank: f"{m.ip}:{port}" for m in world.ps}
+    return [by_rank.get(i, DOWN_ADDRESS) for i in range(world.ps_count)]
+
+
+def membership_source(environ: Mapping[str, str], poll: float = 0.05) -> MembershipSource:
+    """The local world file when ``RINGWRIGHT_WORLD_FILE`` is set, else the world ConfigMap."""
+    world_file = environ.get(Env.WORLD_FILE, "")
+    if world_file:
+        return FileMembershipSource(Path(world_file), poll_interval=poll)
+    job = environ.get(Env.JOB_NAME, "")
+    if not job:
+        raise ValueError(f"set {Env.JOB_NAME} (in a pod) or {Env.WORLD_FILE} (locally)")
+    config = _kube_config(environ)
+    namespace = environ.get(Env.NAMESPACE) or config.namespace
+
+    def client() -> KubeClient:
+        return KubeClient(_kube_config(environ))
+
+    return KubeMembershipSource(
+        client, namespace, environ.get(Env.WORLD_CONFIGMAP) or world_configmap_name(job))
+
+
+def _kube_config(environ: Mapping[str, str]) -> KubeConfig:
+    kubeconfig = environ.get("KUBECONFIG", "")
+    if kubeconfig:
+        return load_kubeconfig(kubeconfig.split(os.pathsep)[0])
+    return in_cluster_config()

@@ -1,0 +1,193 @@
+"""The parameter-server process (``RINGWRIGHT_ROLE=ps``).
+
+Follows the job's world: finds its PS index, serves on its pod IP with handler
+threads pinned to the pod's CPUs, keeps the sync rounds and data leases in step with
+the current workers, sends its primary shards to their replica hosts and checkpoints
+them in the background. Exits 0 when the data is done or when it leaves the world.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from ringwright.world import Env, World
+
+from ..checkpoint import Checkpointer, LocalStorage, ps_shard
+from ..kvlog import log_event, runtime_logger
+from ..membership import MembershipSource
+from .client import replica_host
+from .env import PSEnv, membership_source, ps_addresses, ps_port
+from .server import ParameterServer
+from .transport import Stub, serve
+
+_log = runtime_logger("ps.server")
+
+
+@dataclass(frozen=True)
+class PSSettings:
+    replicate_s: float = 0.5
+    """How often changed primary shards are sent to their replica hosts."""
+    checkpoint_dir: str = ""
+    checkpoint_versions: int = 0
+    """Checkpoint primary shards every this many versions; 0: never."""
+    linger_s: float = 2.0
+    """After the data is done, keep serving this long for the last pushes and pulls."""
+    world_wait_s: float = 900.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> PSSettings:
+        return cls(float(environ.get(PSEnv.REPLICATE_SECONDS) or 0.5),
+                   environ.get(PSEnv.CHECKPOINT_DIR, ""),
+                   int(environ.get(PSEnv.CHECKPOINT_VERSIONS) or 0))
+
+
+def pinned_cpus() -> list[int]:
+    """The CPUs this pod may use (a Guaranteed pod's whole CPUs), in order."""
+    return sorted(os.sched_getaffinity(0))
+
+
+class Replicator:
+    """Sends changed primary shards to the server that keeps their replica."""
+
+    def __init__(self, ps: ParameterServer, servers: int) -> None:
+        self.ps, self.servers = ps, servers
+        self._stubs: dict[str, Stub] = {}
+        self._targets: dict[int, str] = {}
+
+    def target(self, shard: int) -> int:
+        """A home shard's replica goes to the next server; a shard served here after a
+        failover goes back to its home server (re-seeding a replacement)."""
+        return replica_host(shard, self.servers) if shard == self.ps.index else shard
+
+    def round(self, addresses: list[str]) -> None:
+        for shard in self.ps.primaries():
+            target = self.target(shard)
+            if target == self.ps.index:
+                continue
+            address = addresses[target]
+            if self._targets.get(shard) != address:
+                self.ps.resend(shard)  # a new server there: it holds nothing yet
+                self._targets[shard] = address
+            snap = self.ps.snapshot(shard)
+            if snap is None:
+                continue
+            stub = self._stubs.get(address) or self._stubs.setdefault(address, Stub(address))
+            try:
+                stub.call("Replicate", *snap, timeout=30.0)
+            except grpc.RpcError as exc:
+                self.ps.resend(shard)
+                log_event(_log, logging.DEBUG, "ps_replicate_failed", shard=shard,
+                          to=address, error=exc.code())
+
+
+class ShardCheckpoints:
+    """Asynchronous checkpoints of this server's primary shards, one Checkpointer each."""
+
+    def __init__(self, ps: ParameterServer, root: str, every: int) -> None:
+        self.ps, self.every = ps, every
+        self.storage = LocalStorage(root)
+        self._writers: dict[int, Checkpointer] = {}
+        self._saved: dict[int, int] = {}
+
+    def round(self) -> None:
+        for shard in self.ps.primaries():
+            taken = self.ps.checkpoint_payload(shard, self._saved.get(shard, 0) + self.every)
+            if taken is None:
+                continue
+            version, payload = taken
+            writer = self._writers.setdefault(
+                shard, Checkpointer(self.storage, shard=ps_shard(shard)))
+            writer.save(version, payload, {"epoch": 0, "world_size": 1}, copy=False)
+            self._saved[shard] = version
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+
+
+def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettings,
+               *, clock: Callable[[], float] = time.monotonic,
+               stop: threading.Event | None = None) -> int:
+    """Serve until the job's data is done or this pod leaves the world; exit status."""
+    world = _wait_for_me(source, pod, settings.world_wait_s)
+    me = next(m for m in world.ps if m.pod == pod)
+    servers = world.ps_count
+    cpus = pinned_cpus()
+    torch.set_num_threads(len(cpus))
+    ps = ParameterServer(me.rank, clock=clock)
+    # Know the workers before the first push: a sync round must not complete early.
+    ps.set_workers(frozenset(m.pod for m in world.members))
+    server = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus)
+    log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
+              cpus=",".join(map(str, cpus)))
+    replicator = Replicator(ps, servers)
+    checkpoints = (ShardCheckpoints(ps, settings.checkpoint_dir, settings.checkpoint_versions)
+                   if settings.checkpoint_dir and settings.checkpoint_versions else None)
+    done_at: float | None = None
+    try:
+        while stop is None or not stop.is_set():
+            latest = source.latest() or world
+            if all(m.pod != pod for m in latest.ps):
+                log_event(_log, logging.INFO, "ps_left_world", epoch=latest.epoch)
+                return 0
+            world = latest
+            ps.set_workers(frozenset(m.pod for m in world.members))
+            if servers > 1:
+                replicator.round(ps_addresses(world, port))
+            if checkpoints is not None:
+                checkpoints.round()
+            if ps.finished.is_set():
+                done_at = done_at if done_at is not None else clock()
+                if clock() - done_at >= settings.linger_s:
+                    log_event(_log, logging.INFO, "ps_done", **_summary(ps))
+                    return 0
+            time.sleep(min(settings.replicate_s, 0.1))
+        return 0
+    finally:
+        server.stop(grace=0.5)
+        if checkpoints is not None:
+            checkpoints.close()
+
+
+def _summary(ps: ParameterServer) -> dict[str, object]:
+    """Counters for the last log line: pushes, staleness, and the data accounting
+    (``epoch:samples`` pairs) when this server holds the data-shard service."""
+    status = ps.status()
+
+    def pairs(table: Mapping[str, int]) -> str:
+        return ",".join(f"{k}:{v}" for k, v in sorted(table.items())) or "-"
+
+    out: dict[str, object] = {"applied": status["applied"], "stale": status["stale"],
+                              "staleness": pairs(status["staleness"]),
+                              "dropped_staleness": pairs(status["droppedStaleness"])}
+    data = status["data"]
+    if data is not None:
+        out.update(trained=pairs(data["trained"]), dropped=pairs(data["dropped"]),
+                   requeued=pairs(data["requeued"]))
+    return out
+
+
+def _wait_for_me(source: MembershipSource, pod: str, timeout: float) -> World:
+    after = -1
+    while True:
+        world = source.wait_for_world(after, timeout)
+        if any(m.pod == pod for m in world.ps):
+            return world
+        after = world.epoch
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    """Entry point of a PS pod."""
+    env = os.environ if environ is None else environ
+    pod = env.get(Env.POD_NAME, "")
+    if not pod:
+        raise ValueError(f"{Env.POD_NAME} is not set")
+    return run_server(membership_source(env), pod, ps_port(env), PSSettings.from_env(env))

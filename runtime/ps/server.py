@@ -1,0 +1,386 @@
+"""The parameter server's state machine: shards, consistency, replicas, the data service.
+
+Transport-free: :mod:`.transport` maps gRPC calls onto these methods, which take and
+return a header (JSON values) and tensors. One condition variable per shard guards its
+parameters; sync pulls wait on it for the next version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from .codec import Header, Tensors, encode
+from .consistency import Consistency, Mode, Verdict, judge, round_complete
+from .dataservice import DataShardService, Lease, LeaseStatus
+from .optim import ServerOptimizer
+from .partition import Kind, Partition, TensorSpec, partition
+from .shard import ShardState, reduce_sparse
+
+DATA_SHARD = 0
+"""The data-shard service lives with shard 0 (and fails over with it)."""
+
+
+class Role(StrEnum):
+    PRIMARY = "primary"
+    REPLICA = "replica"
+
+
+class NotServing(RuntimeError):
+    """A request for a shard this server does not serve as primary."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What the first worker tells every PS: the model's tensors and how to train them."""
+
+    specs: tuple[TensorSpec, ...]
+    shards: int
+    optimizer: ServerOptimizer
+    consistency: Consistency
+    data: dict[str, Any]
+    """samples, pieceSize, epochs, requeueStale for the data-shard service."""
+
+    def partition(self) -> Partition:
+        return partition(self.specs, self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"specs": [[s.name, list(s.shape), s.itemsize, s.kind.value] for s in self.specs],
+                "shards": self.shards, "optimizer": self.optimizer.to_json(),
+                "consistency": self.consistency.to_json(), "data": self.data}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> JobConfig:
+        specs = tuple(TensorSpec(n, tuple(shape), size, Kind(kind))
+                      for n, shape, size, kind in doc["specs"])
+        return cls(specs, int(doc["shards"]), ServerOptimizer.from_json(doc["optimizer"]),
+                   Consistency.from_json(doc["consistency"]), dict(doc["data"]))
+
+
+Gradients = tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]
+"""Dense gradients by slice key, and (ids, rows) per table."""
+
+
+@dataclass
+class Hosted:
+    """One shard on this server, primary or replica."""
+
+    state: ShardState
+    version: int
+    role: Role
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    round: dict[str, Gradients | None] = field(default_factory=dict)
+    """Sync: pushes of the current round by worker (None: a worker without data)."""
+    replicated: int = -1
+    """Version last sent to (primary) or received from (replica) the other copy."""
+
+
+@dataclass
+class Stats:
+    applied: int = 0
+    stale: int = 0
+    staleness: Counter[int] = field(default_factory=Counter)
+    """Applied pushes by staleness (versions behind)."""
+    stale_staleness: Counter[int] = field(default_factory=Counter)
+    """Dropped pushes by staleness."""
+
+
+class ParameterServer:
+    """Everything one PS process hosts."""
+
+    def __init__(self, index: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.index = index
+        self.clock = clock
+        self.config: JobConfig | None = None
+        self.partition: Partition | None = None
+        self.hosted: dict[int, Hosted] = {}
+        self.workers: frozenset[str] = frozenset()
+        self.retired: set[str] = set()
+        """Workers that are done with the data: sync rounds no longer wait for them."""
+        self.stats = Stats()
+        self.data: DataShardService | None = None
+        self.finished = threading.Event()
+        self._staged: dict[tuple[str, str], Tensors] = {}
+        """Parts of pushes in flight, by (worker, push id)."""
+        self._replica_data: dict[str, Any] | None = None
+        """The data-shard service's state as last replicated with shard 0."""
+        self._lock = threading.Lock()
+        """Guards config, hosted (the dict), workers and the data service."""
+
+    # -- set-up --------------------------------------------------------------------
+
+    def _configure(self, doc: Mapping[str, Any]) -> JobConfig:
+        if self.config is None:
+            self.config = JobConfig.from_json(doc)
+            self.partition = self.config.partition()
+        return self.config
+
+    def init(self, header: Header, tensors: Tensors) -> Header:
+        """Create shard ``header['shard']`` from initial values unless it exists (first wins)."""
+        shard = int(header["shard"])
+        with self._lock:
+            config = self._configure(header["config"])
+            assert self.partition is not None
+            if shard in self.hosted:
+                return {"created": False, "version": self.hosted[shard].version}
+            state = ShardState(self.partition, shard, config.optimizer, tensors)
+            self.hosted[shard] = Hosted(state, 0, Role.PRIMARY)
+            if shard == DATA_SHARD and self.data is None:
+                d = config.data
+                self.data = DataShardService(int(d["samples"]), int(d["pieceSize"]),
+                                             int(d["epochs"]),
+                                             requeue_stale=bool(d.get("requeueStale")))
+            return {"created": True, "version": 0}
+
+    def status(self) -> Header:
+        """Which shards this server holds, in which role and at which version."""
+        with self._lock:
+            return {"index": self.index, "configured": self.config is not None,
+                    "shards": {str(s): {"role": h.role.value, "version": h.version}
+                               for s, h in self.hosted.items()},
+                    "applied": self.stats.applied, "stale": self.stats.stale,
+                    "staleness": {str(k): v for k, v in sorted(self.stats.staleness.items())},
+                    "droppedStaleness": {str(k): v for k, v in
+                                         sorted(self.stats.stale_staleness.items())},
+                    "data": self._data_summary()}
+
+    def _data_summary(self) -> dict[str, Any] | None:
+        if self.data is None:
+            return None
+        a = self.data.accounting
+        return {"epoch": self.data.epoch, "done": self.data.done,
+                "trained": {str(k): v for k, v in a.trained.items()},
+                "dropped": {str(k): v for k, v in a.dropped.items()},
+                "requeued": {str(k): v for k, v in a.requeued.items()}}
+
+    def set_workers(self, workers: frozenset[str]) -> None:
+        """The current workers (from the world): sync rounds and data leases follow them."""
+        with self._lock:
+            gone = self.workers - workers
+            self.workers = workers
+            hosted = list(self.hosted.values())
+            if self.data is not None:
+                for worker in sorted(gone | (self.data.holders() - workers)):
+                    self.data.release(worker)
+        for h in hosted:
+            with h.cond:
+                self._maybe_complete(h)
+
+    # -- serving ---------------------------------------------------------------------
+
+    def _primary(self, shard: int) -> Hosted:
+        with self._lock:
+            h = self.hosted.get(shard)
+        if h is None or h.role is not Role.PRIMARY:
+            raise NotServing(f"ps {self.index} does not serve shard {shard}")
+        return h
+
+    def pull(self, header: Header, tensors: Tensors) -> bytes:
+        """Dense slices and requested rows of a shard, once it reaches ``minVersion``,
+        as one encoded message (encoded under the shard's lock: no extra copy)."""
+        h = self._primary(int(header["shard"]))
+        deadline = self.clock() + float(header.get("timeout", 30.0))
+        with h.cond:
+            want = int(header.get("minVersion", 0))
+            while h.version < want and h.role is Role.PRIMARY:
+                left = deadline - self.clock()
+                if left <= 0:
+                    break
+                h.cond.wait(left)
+            rows = {k.removeprefix("i/"): v for k, v in tensors.items() if k.startswith("i/")}
+            dense = header.get("dense", True)
+            values = h.state.read(dense if isinstance(dense, list) else bool(dense), rows)
+            return encode({"version": h.version}, values)
+
+    def push(self, header: Header, tensors: Tensors) -> Header:
+        """Gradients computed from ``version``: applied, buffered for the round, or dropped."""
+        shard, worker = int(header["shard"]), str(header["worker"])
+        h = self._primary(shard)
+        assert self.config is not None
+        if header.get("retire"):
+            with self._lock:
+                self.retired.add(worker)
+            with h.cond:
+                h.round.pop(worker, None)
+                self._maybe_complete(h)
+                return {"verdict": "retired", "staleness": 0, "version": h.version}
+        skip = bool(header.get("skip"))
+        if "staged" in header:
+            with self._lock:
+                tensors = {**self._staged.pop((worker, str(header["staged"])), {}), **tensors}
+        dense = {k[2:]: v for k, v in tensors.items() if k.startswith("g/")}
+        sparse = {k[2:]: (v, tensors[f"r/{k[2:]}"]) for k, v in tensors.items()
+                  if k.startswith("i/")}
+        with h.cond:
+            pushed_from = min(int(header["version"]), h.version)
+            with self._lock:
+                workers = len((self.workers | {worker}) - self.retired)
+            verdict = judge(self.config.consistency, h.version, pushed_from, worker in h.round,
+                            len(h.round), workers)
+            staleness = h.version - pushed_from
+            if skip:
+                pass  # no gradient: counts only towards completing a sync round
+            elif verdict is Verdict.STALE:
+                self.stats.stale += 1
+                self.stats.stale_staleness[staleness] += 1
+            elif verdict is not Verdict.DUPLICATE:
+                self.stats.staleness[staleness] += 1
+            if verdict is Verdict.APPLY and self.config.consistency.mode is Mode.ASYNC:
+                if not skip:
+                    h.state.apply(dense, sparse, 1.0)
+                    self._bump(h)
+            elif verdict in (Verdict.APPLY, Verdict.BUFFER):
+                h.round[worker] = None if skip else (dense, sparse)
+                self._maybe_complete(h)
+            reply: Header = {"verdict": verdict.value, "staleness": staleness,
+                             "version": h.version}
+            if "data" in header and shard == DATA_SHARD and verdict is not Verdict.DUPLICATE:
+                d = header["data"]
+                with self._lock:
+                    # Refused when the lease is void (the data service failed over):
+                    # the worker then drops the rest of that piece.
+                    reply["dataAccepted"] = self.data is not None and self.data.report(
+                        worker, int(d["piece"]), int(d["start"]), int(d["stop"]),
+                        dropped=verdict is Verdict.STALE)
+            return reply
+
+    def stage(self, header: Header, tensors: Tensors) -> Header:
+        """Hold part of a large push until the ``Push`` naming it arrives (big pushes
+        travel as several concurrent messages, which gRPC moves much faster)."""
+        key = (str(header["worker"]), str(header["staged"]))
+        with self._lock:
+            # One staged push per worker at a time: older ones were abandoned.
+            self._staged = {k: v for k, v in self._staged.items() if k[0] != key[0] or k == key}
+            self._staged.setdefault(key, {}).update(tensors)
+        return {}
+
+    def _bump(self, h: Hosted) -> None:
+        h.version += 1
+        self.stats.applied += 1
+        h.cond.notify_all()
+
+    def _maybe_complete(self, h: Hosted) -> None:
+        """Sync: apply the round's mean gradient once enough workers pushed (holds h.cond)."""
+        assert self.config is not None or not h.round
+        if self.config is None or self.config.consistency.mode is not Mode.SYNC:
+            return
+        with self._lock:
+            workers = len(self.workers - self.retired)
+        if not round_complete(self.config.consistency, len(h.round), workers):
+            return
+        pushes = [p for p in h.round.values() if p is not None]
+        h.round.clear()
+        count = len(pushes)
+        if count == 0:
+            self._bump(h)  # every worker was without data: keep the round count in step
+            return
+        dense: dict[str, torch.Tensor] = {}
+        for grads, _ in pushes:
+            for key, g in grads.items():
+                dense[key] = dense[key] + g if key in dense else g.to(torch.float32).clone()
+        names = {name for _, sp in pushes for name in sp}
+        sparse = {name: reduce_sparse([sp[name] for _, sp in pushes if name in sp])
+                  for name in names}
+        h.state.apply(dense, sparse, 1.0 / count)
+        self._bump(h)
+
+    def lease(self, header: Header) -> Header:
+        """A piece of the epoch for a worker (only on the server holding the data service)."""
+        self._primary(DATA_SHARD)
+        with self._lock:
+            if self.data is None:
+                raise NotServing("the data-shard service is not initialised")
+            lease: Lease = self.data.lease(str(header["worker"]))
+            if lease.status is LeaseStatus.DONE:
+                self.finished.set()
+            return {"status": lease.status.value, "piece": lease.piece, "epoch": lease.epoch,
+                    "start": lease.start, "stop": lease.stop}
+
+    # -- replicas --------------------------------------------------------------------
+
+    def snapshot(self, shard: int) -> tuple[Header, Tensors] | None:
+        """The primary ``shard``'s full state for its replica, or None when unchanged."""
+        with self._lock:
+            h = self.hosted.get(shard)
+            config = self.config
+            data = self.data.to_json() if self.data is not None and shard == DATA_SHARD else None
+        if h is None or config is None or h.role is not Role.PRIMARY:
+            return None
+        with h.cond:
+            if h.replicated == h.version:
+                return None
+            h.replicated = h.version
+            header = {"shard": shard, "version": h.version, "config": config.to_json(),
+                      "data": data}
+            # Copies: the transport encodes after the lock is released.
+            return header, {k: v.clone() for k, v in h.state.payload().items()}
+
+    def replicate(self, header: Header, tensors: Tensors) -> Header:
+        """Keep (or refresh) a replica of another server's shard; a primary ignores it."""
+        shard = int(header["shard"])
+        with self._lock:
+            config = self._configure(header["config"])
+            assert self.partition is not None
+            h = self.hosted.get(shard)
+            if h is not None and h.role is Role.PRIMARY:
+                return {"accepted": False, "version": h.version}
+            state = ShardState.from_payload(self.partition, shard, config.optimizer, tensors)
+            version = int(header["version"])
+            self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version)
+            if header.get("data") is not None:
+                self._replica_data = header["data"]
+            return {"accepted": True, "version": version}
+
+    def promote(self, shard: int) -> Header:
+        """Serve the replica of ``shard`` as its primary (its primary is gone)."""
+        with self._lock:
+            h = self.hosted.get(shard)
+            if h is None:
+                raise NotServing(f"ps {self.index} holds no replica of shard {shard}")
+            if h.role is Role.REPLICA:
+                h.role = Role.PRIMARY
+                h.replicated = -1
+                if shard == DATA_SHARD and self._replica_data is not None:
+                    self.data = DataShardService.from_json(self._replica_data)
+                    # Leases may have moved on since the replica was taken: void them
+                    # all; their unreported samples go back to the queue.
+                    for worker in self.data.holders():
+                        self.data.release(worker)
+            return {"version": h.version}
+
+    def primaries(self) -> list[int]:
+        """Shards served here as primary."""
+        with self._lock:
+            return [s for s, h in self.hosted.items() if h.role is Role.PRIMARY]
+
+    def resend(self, shard: int) -> None:
+        """Send ``shard`` to its replica next time even if unchanged (a new replica host)."""
+        with self._lock:
+            h = self.hosted.get(shard)
+        if h is not None:
+            with h.cond:
+                h.replicated = -1
+
+    def checkpoint_payload(self, shard: int, min_version: int = 0
+                           ) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """A private copy of a primary shard's state and its version, once the shard
+        reached ``min_version``."""
+        with self._lock:
+            h = self.hosted.get(shard)
+        if h is None or h.role is not Role.PRIMARY:
+            return None
+        with h.cond:
+            if h.version < min_version:
+                return None
+            return h.version, {k: v.clone() for k, v in h.state.payload().items()}
+
+    def finish(self) -> None:
+        """A worker saw the last epoch end: the PS may exit."""
+        self.finished.set()

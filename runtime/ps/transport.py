@@ -1,0 +1,139 @@
+"""gRPC transport: each call carries one :mod:`.codec` message, tensors as raw bytes.
+
+Generic handlers with identity (de)serializers: no protobuf schema to compile, and
+tensor bytes are never re-encoded. Message size limits are lifted (a dense pull of a
+large model is one message).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent import futures
+
+import grpc
+
+from .codec import Header, Tensors, decode, encode
+from .server import NotServing, ParameterServer
+
+SERVICE = "ringwright.ps.ParameterServer"
+METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Promote",
+           "Finish")
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    # Fail fast on a dead server: a PS failover must not wait out long reconnect backoffs.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.enable_retries", 0),
+]
+
+
+Handler = Callable[[Header, Tensors], tuple[Header, Tensors] | bytes]
+"""A call's reply: header and tensors, or a message already encoded."""
+
+
+def _handlers(ps: ParameterServer) -> dict[str, Handler]:
+    def only(header: Header) -> tuple[Header, Tensors]:
+        return header, {}
+
+    return {
+        "Init": lambda h, t: only(ps.init(h, t)),
+        "Status": lambda h, t: only(ps.status()),
+        "Pull": ps.pull,
+        "Stage": lambda h, t: only(ps.stage(h, t)),
+        "Push": lambda h, t: only(ps.push(h, t)),
+        "Lease": lambda h, t: only(ps.lease(h)),
+        "Replicate": lambda h, t: only(ps.replicate(h, t)),
+        "Promote": lambda h, t: only(ps.promote(int(h["shard"]))),
+        "Finish": lambda h, t: only(_finish(ps)),
+    }
+
+
+def _finish(ps: ParameterServer) -> Header:
+    ps.finish()
+    return {}
+
+
+def pin_thread(cpus: list[int]) -> Callable[[], None]:
+    """A thread initializer that pins each new thread to the next CPU of ``cpus``."""
+    counter = iter(range(1 << 30))
+
+    def init() -> None:
+        cpu = cpus[next(counter) % len(cpus)]
+        os.sched_setaffinity(0, {cpu})  # 0: the calling thread on Linux
+
+    return init
+
+
+def serve(ps: ParameterServer, address: str, *, threads: int = 32,
+          cpus: list[int] | None = None) -> grpc.Server:
+    """Start serving ``ps`` on ``address`` (host:port); threads pinned to ``cpus``."""
+    handlers = _handlers(ps)
+
+    def wrap(fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        def call(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                reply = fn(*decode(request))
+            except NotServing as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except (KeyError, ValueError) as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+            return reply if isinstance(reply, bytes) else encode(*reply)
+
+        return call
+
+    method_handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+        name: grpc.unary_unary_rpc_method_handler(wrap(fn)) for name, fn in handlers.items()}
+    pool = futures.ThreadPoolExecutor(
+        max_workers=threads, thread_name_prefix=f"ps{ps.index}",
+        initializer=pin_thread(cpus) if cpus else None)
+    server = grpc.server(pool, options=CHANNEL_OPTIONS)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE,
+                                                                          method_handlers)])
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address}")
+    server.start()
+    return server
+
+
+class Stub:
+    """Calls to one parameter server."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._calls: dict[str, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {
+            name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in METHODS}
+
+    def call(self, method: str, header: Header, tensors: Tensors | None = None,
+             timeout: float | None = None) -> tuple[Header, Tensors]:
+        """One blocking call."""
+        reply: bytes = self._calls[method](encode(header, tensors), timeout=timeout)
+        return decode(reply)
+
+    def start(self, method: str, header: Header, tensors: Tensors | None = None,
+              timeout: float | None = None) -> grpc.Future[bytes]:
+        """Start a call; :func:`result` of the returned future gives the reply."""
+        return self._calls[method].future(encode(header, tensors), timeout=timeout)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def result(future: grpc.Future[bytes]) -> tuple[Header, Tensors]:
+    """The decoded reply of a call started with :meth:`Stub.start`."""
+    reply: bytes = future.result()
+    return decode(reply)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether a call failed because the server is gone (not because it refused)."""
+    return isinstance(exc, grpc.RpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED)
+
+
+def close_all(stubs: Iterable[Stub]) -> None:
+    for stub in stubs:
+        stub.close()

@@ -1,0 +1,249 @@
+"""A worker's training loop in parameter-server mode.
+
+Per batch: take the pulled parameters, compute, push the gradients together with the
+data progress, and overlap the next pull with the work around it. In async mode the
+next batch's pull starts before this batch's compute (it reads parameters one push
+older, within the staleness bound); in sync mode it starts right after the push and
+waits on the server for the round to complete while the next batch is fetched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+from torch import nn
+
+from ringwright.world import World
+
+from ..kvlog import log_event, runtime_logger
+from ..membership import MembershipSource
+from .client import PendingPull, PSClient, Pulled
+from .consistency import Consistency, Mode
+from .model import PSModel
+from .optim import ServerOptimizer
+from .server import JobConfig
+
+_log = runtime_logger("ps.worker")
+
+B = TypeVar("B")
+
+
+@dataclass
+class PSJob(Generic[B]):
+    """What a PS-mode training script declares (see :mod:`.api`)."""
+
+    model: nn.Module
+    loss: Callable[[nn.Module, B], torch.Tensor]
+    """The batch's loss (a mean over its samples); the worker calls backward()."""
+    fetch: Callable[[torch.Tensor], B]
+    """The batch for a tensor of sample indices."""
+    samples: int
+    batch_size: int = 64
+    epochs: int = 1
+    piece_batches: int = 8
+    """Batches per piece handed out by the data-shard service."""
+    optimizer: ServerOptimizer = field(default_factory=ServerOptimizer)
+    consistency: Consistency = field(default_factory=Consistency)
+    ids: Callable[[B], Mapping[str, torch.Tensor]] | None = None
+    """Per embedding module (``name.weight``), the ids a batch looks up, so that only
+    those rows are pulled (and early). Required when the model has embeddings."""
+    requeue_stale: bool = False
+    """Train samples whose gradients were dropped as stale again (they are counted
+    either way)."""
+    on_step: Callable[[StepInfo], None] | None = None
+    final_state: bool = False
+    """Pull every parameter (whole tables too) when the data is done, into the report."""
+
+    def config(self, servers: int, specs: list[Any]) -> JobConfig:
+        data = {"samples": self.samples, "pieceSize": self.batch_size * self.piece_batches,
+                "epochs": self.epochs, "requeueStale": self.requeue_stale}
+        return JobConfig(tuple(specs), servers, self.optimizer, self.consistency, data)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    step: int
+    epoch: int
+    samples: int
+    loss: float
+    dropped: bool
+    staleness: int
+    failovers: int = 0
+    """Shards this worker has failed over to a replica so far."""
+
+
+@dataclass
+class WorkerReport:
+    steps: int = 0
+    samples: int = 0
+    dropped_pushes: int = 0
+    lost_updates: int = 0
+    left: bool = False
+    """Stopped because the world no longer lists this worker (a planned leave)."""
+    final: dict[str, torch.Tensor] = field(default_factory=dict)
+    """With :attr:`PSJob.final_state`: every parameter at the end, by name."""
+
+
+class Worker(Generic[B]):
+    """Runs a :class:`PSJob` in one worker pod."""
+
+    def __init__(self, job: PSJob[B], source: MembershipSource, pod: str, port: int, *,
+                 world_wait_s: float = 900.0,
+                 addresses: Callable[[World, int], list[str]] | None = None) -> None:
+        from .env import ps_addresses
+
+        self.job, self.source, self.pod, self.port = job, source, pod, port
+        self.world_wait_s = world_wait_s
+        self._addresses = addresses or ps_addresses
+        self.binding = PSModel(job.model)
+        self.report = WorkerReport()
+        self.client: PSClient | None = None
+        self._round: dict[int, int] = {}
+        """Sync: the version per shard that completes the round this worker last
+        pushed into; every pull after a push waits for it."""
+
+    def run(self) -> WorkerReport:
+        """Train until the data is done or this worker leaves the world."""
+        world = self._wait_for_me()
+        client = PSClient(self._addresses(world, self.port), self.pod)
+        self.client = client
+        try:
+            client.wait_ready(self.world_wait_s)
+            client.discover()
+            client.initialize(self.job.config(world.ps_count, self.binding.specs()),
+                              self.binding.initial())
+            self.binding.release_tables()
+            self._loop(client)
+        finally:
+            self.report.lost_updates = client.lost_updates
+            client.close()
+        return self.report
+
+    def _loop(self, client: PSClient) -> None:
+        sync = self.job.consistency.mode is Mode.SYNC
+        while True:
+            if self._left(client):
+                client.push({}, {}, client.versions_map(), retire=True)
+                self.report.left = True
+                log_event(_log, logging.INFO, "ps_worker_left", pod=self.pod)
+                return
+            lease = client.lease()
+            if lease["status"] == "done":
+                if self.job.final_state:
+                    self.report.final = self._pull_everything(client)
+                client.push({}, {}, client.versions_map(), retire=True)
+                client.finish()
+                log_event(_log, logging.INFO, "ps_worker_done", pod=self.pod,
+                          steps=self.report.steps, dropped=self.report.dropped_pushes)
+                return
+            if lease["status"] == "wait":
+                if sync:
+                    # Without data this round: say so, so the others' round completes.
+                    self._sync_point(client)
+                    versions = client.versions_map()
+                    client.push({}, {}, versions, skip=True)
+                    self._round = {s: v + 1 for s, v in versions.items()}
+                else:
+                    time.sleep(0.02)
+                continue
+            self._train_piece(client, lease)
+
+    def _sync_point(self, client: PSClient) -> None:
+        """Sync: wait until the round this worker last pushed into has completed."""
+        if self._round:
+            client.pull({}, dense=False, min_versions=self._round)
+            self._round = {}
+
+    def _train_piece(self, client: PSClient, lease: Mapping[str, Any]) -> None:
+        sync = self.job.consistency.mode is Mode.SYNC
+        if sync:
+            self._sync_point(client)
+        bounds = _batches(int(lease["start"]), int(lease["stop"]), self.job.batch_size)
+        current = next(bounds, None)
+        pending: PendingPull | None = None
+        batch: B | None = None
+        while current is not None:
+            start, stop = current
+            batch = self.job.fetch(torch.arange(start, stop)) if batch is None else batch
+            pulled = client.finish_pull(pending) if pending is not None else \
+                client.pull(self._ids(batch))
+            following = next(bounds, None)
+            next_batch = None
+            pending = None
+            if following is not None and not sync:
+                next_batch = self.job.fetch(torch.arange(*following))
+                pending = client.start_pull(self._ids(next_batch))
+            self.binding.load(pulled.dense, pulled.rows)
+            loss = self.job.loss(self.job.model, batch)
+            torch.autograd.backward(loss)
+            dense, sparse = self.binding.gradients()
+            result = client.push(dense, sparse, pulled.versions,
+                                 data={"piece": int(lease["piece"]), "start": start,
+                                       "stop": stop})
+            if sync:
+                self._round = {s: v + 1 for s, v in pulled.versions.items()
+                               if result.verdicts.get(s) in ("apply", "buffer")}
+            if following is not None and sync:
+                waits, self._round = self._round, {}
+                next_batch = self.job.fetch(torch.arange(*following))
+                pending = client.start_pull(self._ids(next_batch), min_versions=waits)
+            self._account(int(lease["epoch"]), stop - start, loss.item(), result.dropped,
+                          max(result.staleness.values(), default=0), len(client.failovers))
+            current, batch = following, next_batch
+            if following is not None and (not result.data_accepted or self._left(client)):
+                if pending is not None:
+                    client.finish_pull(pending)
+                return
+
+    def _pull_everything(self, client: PSClient) -> dict[str, torch.Tensor]:
+        every = {n: torch.arange(rows) for n, (rows, _) in self.binding.shapes.items()}
+        pulled = client.pull(every)
+        return {**pulled.dense, **{n: rows for n, (_, rows) in pulled.rows.items()}}
+
+    def _ids(self, batch: B) -> dict[str, torch.Tensor]:
+        if self.job.ids is None:
+            if self.binding.tables:
+                raise ValueError("PSJob.ids is required: it names the ids each embedding reads")
+            return {}
+        return dict(self.job.ids(batch))
+
+    def _account(self, epoch: int, samples: int, loss: float, dropped: bool,
+                 staleness: int, failovers: int) -> None:
+        self.report.steps += 1
+        self.report.samples += samples
+        self.report.dropped_pushes += int(dropped)
+        if self.job.on_step is not None:
+            self.job.on_step(StepInfo(self.report.steps, epoch, samples, loss, dropped,
+                                      staleness, failovers))
+
+    def _left(self, client: PSClient) -> bool:
+        world = self.source.latest()
+        if world is None:
+            return False
+        client.set_addresses(self._addresses(world, self.port))
+        return world.member(self.pod) is None
+
+    def _wait_for_me(self) -> World:
+        after = -1
+        while True:
+            world = self.source.wait_for_world(after, self.world_wait_s)
+            # Every server up: the first worker creates the shards on them.
+            if world.member(self.pod) is not None and world.ps and \
+                    len(world.ps) == world.ps_count:
+                return world
+            after = world.epoch
+
+
+def _batches(start: int, stop: int, size: int) -> Iterator[tuple[int, int]]:
+    for a in range(start, stop, size):
+        yield a, min(a + size, stop)
+
+
+def pulled_rows(pulled: Pulled) -> int:
+    """Rows a pull brought (for logs and benchmarks)."""
+    return sum(len(ids) for ids, _ in pulled.rows.values())

@@ -1,0 +1,156 @@
+"""Local PS-mode jobs for process tests: a world file plays the operator.
+
+PS ``i`` listens on its own loopback address (127.77.<k>.<i+1>) on one free port, as
+pods with their own IPs would; workers and servers are real processes running
+examples/ps_wide_and_deep.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ringwright.runtime.file_source import write_world_file
+from ringwright.runtime.ps.env import PSEnv
+from ringwright.world import Env, JobRef, Member, Mode, StoreAddress, World
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps_wide_and_deep.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LocalPSJob:
+    """PS and worker processes following a world file that the test rewrites."""
+
+    def __init__(self, root: Path, servers: int, args: list[str],
+                 env: dict[str, str] | None = None) -> None:
+        self.root, self.args = root, args
+        self.port = free_port()
+        self.subnet = random.randint(2, 250)
+        self.world_file = root / "world.json"
+        self.epoch = 0
+        self.workers: list[str] = []
+        self.ps = [f"ps-{i}" for i in range(servers)]
+        self.ps_ip = {p: f"127.77.{self.subnet}.{i + 1}" for i, p in enumerate(self.ps)}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.extra_env = env or {}
+
+    def publish(self, workers: list[str] | None = None, ps: dict[str, str] | None = None) -> None:
+        """Write the next world: these workers, these PS pods (name -> ip)."""
+        if workers is not None:
+            self.workers = list(workers)
+        if ps is not None:
+            self.ps_ip = ps
+        self.epoch += 1
+        world = World(
+            job=JobRef(namespace="local", name="ps-test"), epoch=self.epoch,
+            mode=Mode.PARAMETER_SERVER, store=StoreAddress(address="127.0.0.1"),
+            members=tuple(Member(rank=i, pod=w, ip="127.0.0.1")
+                          for i, w in enumerate(self.workers)),
+            ps=tuple(Member(rank=int(p.rsplit("-", 1)[1]), pod=p, ip=ip)
+                     for p, ip in self.ps_ip.items()),
+            ps_replicas=len(self.ps))
+        write_world_file(self.world_file, world)
+
+    def start(self, pod: str, role: str, extra: list[str] | None = None) -> None:
+        env = {**os.environ, Env.POD_NAME: pod, Env.ROLE: role,
+               Env.WORLD_FILE: str(self.world_file), PSEnv.PORT: str(self.port),
+               PSEnv.REPLICATE_SECONDS: "0.2", "OMP_NUM_THREADS": "1", **self.extra_env}
+        args = [*self.args, *(extra or [])]
+        if role == "worker":
+            args += ["--trace", str(self.trace(pod))]
+        log = open(self.root / f"{pod}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.procs[pod] = subprocess.Popen([sys.executable, str(EXAMPLE), *args], env=env,
+                                           stdout=log, stderr=subprocess.STDOUT,
+                                           cwd=self.root)
+        log.close()
+
+    def start_all(self, workers: list[str], extra: dict[str, list[str]] | None = None) -> None:
+        self.publish(workers)
+        for p in self.ps:
+            self.start(p, "ps")
+        for w in workers:
+            self.start(w, "worker", (extra or {}).get(w))
+
+    def trace(self, pod: str) -> Path:
+        return self.root / f"{pod}.trace"
+
+    def steps(self, pod: str) -> list[dict[str, Any]]:
+        path = self.trace(pod)
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_steps(self, pod: str, count: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.steps(pod)) < count:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pod}: fewer than {count} steps in {timeout}s\n"
+                                   + self.logs())
+            time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        for pod, proc in self.procs.items():
+            if proc.poll() not in (None, 0, -signal.SIGKILL):
+                raise AssertionError(f"{pod} exited {proc.returncode}\n{self.logs()}")
+
+    def kill(self, pod: str) -> None:
+        self.procs[pod].send_signal(signal.SIGKILL)
+        self.procs[pod].wait()
+
+    def wait_all(self, timeout: float = 240.0) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for pod, proc in self.procs.items():
+            try:
+                codes[pod] = proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as exc:
+                raise AssertionError(f"{pod} still running\n{self.logs()}") from exc
+        return codes
+
+    def result(self, pod: str) -> dict[str, Any]:
+        """The JSON line a worker prints when it stops."""
+        for line in reversed((self.root / f"{pod}.log").read_text().splitlines()):
+            if line.startswith("{"):
+                doc: dict[str, Any] = json.loads(line)
+                return doc
+        raise AssertionError(f"{pod} printed no result\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p}\n{(self.root / f'{p}.log').read_text()[-3000:]}"
+                         for p in self.procs if (self.root / f"{p}.log").exists())
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def ps_done(log: str) -> dict[str, dict[int, int]]:
+    """The counters of a PS's ``ps_done`` line: name -> {key: count}."""
+    import re
+
+    for line in reversed(log.splitlines()):
+        if " ps_done " in line:
+            out: dict[str, dict[int, int]] = {}
+            for key, value in re.findall(r"(\w+)=(\S+)", line.split(" ps_done ", 1)[1]):
+                if ":" in value or value == "-":
+                    out[key] = {int(k): int(v) for k, v in
+                                (p.split(":") for p in value.split(",") if p != "-")}
+            return out
+    raise AssertionError("no ps_done line")

@@ -1,0 +1,72 @@
+"""Parameter-server mode end to end: operator, local cluster, real PS and worker processes.
+
+The pod host runs examples/ps_wide_and_deep.py for every Running pod with the pod's
+environment (role, world ConfigMap, 127.x pod IP). PS pods serve on their pod IPs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ringwright.devcluster.podhost import PodHost
+from ringwright.kube import KubeClient, api_path
+from ringwright.world import World, parse_world, world_configmap_name
+from tests.e2e.test_elastic_job import HostThread
+from tests.jobs import OperatorProcess, get_status, tj_path, training_job
+from tests.ps.harness import ps_done
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps_wide_and_deep.py"
+SAMPLES = 4096
+
+
+def _world(kube: KubeClient, ns: str) -> World | None:
+    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name("rec")))
+    text = ((cm or {}).get("data") or {}).get("world.json")
+    return parse_world(text) if text else None
+
+
+def test_parameter_server_job_trains_every_sample_once(
+        kube: KubeClient, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
+    ns = namespace
+    container = [{"name": "train", "image": "ringwright/training:dev"}]
+    manifest = training_job(
+        "rec", replicas=2, minimum=1, gpusPerWorker=0, mode="ParameterServer",
+        ps={"replicas": 2, "template": {"spec": {"containers": container}}})
+    kube.create(tj_path(ns), manifest)
+    host = PodHost(kube, ns, "rec",
+                   [sys.executable, str(EXAMPLE), "--samples", str(SAMPLES), "--vocab", "500",
+                    "--dim", "4", "--batch-size", "32", "--epochs", "2", "--mode", "async",
+                    "--tau", "16", "--slow", "0.01"],
+                   tmp_path / "pods", readiness_grace=1)
+    runner = HostThread(host)
+    try:
+        first = wait_for(lambda: (w := _world(kube, ns)) is not None and w.size == 2
+                         and len(w.ps) == 2 and w, "a world with 2 workers and 2 PS",
+                         timeout=180)
+        assert isinstance(first, World) and first.ps_count == 2
+        pods: list[dict[str, Any]] = kube.get(api_path("v1", "pods", ns))["items"]
+        ps_pods = [p for p in pods if p["metadata"]["name"].startswith("rec-ps-")]
+        workers = [p for p in pods if p["metadata"]["name"].startswith("rec-worker-")]
+        assert len(ps_pods) == 2
+        # PS pods: above the workers in priority.
+        assert {p["spec"].get("priorityClassName") for p in ps_pods} != \
+            {p["spec"].get("priorityClassName") for p in workers}
+        wait_for(lambda: runner.log_lines(r" ps_done .*trained="), "the data to be done",
+                 timeout=300)
+        done = runner.log_lines(r" ps_done .*trained=")
+        counts = ps_done(done[0].split(" ", 1)[1])
+        for epoch in range(2):
+            assert counts["trained"].get(epoch, 0) + counts["dropped"].get(epoch, 0) == SAMPLES
+        assert len(runner.log_lines(r" ps_worker_done ")) == 2
+        assert runner.log_lines(r" ps_serving index=0 address=127\.")
+        status = get_status(kube, ns, "rec")
+        assert status.get("ps", {}).get("desired") == 2
+    finally:
+        runner.close()

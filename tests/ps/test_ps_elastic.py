@@ -1,0 +1,141 @@
+"""Elastic PS-mode jobs on real processes: workers killed, servers killed, resizes.
+
+The test plays the operator: it rewrites the world file when a pod dies or the job
+is resized. Accounting is read from the data-shard service's final log line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ringwright.runtime.ps.transport import Stub
+from tests.ps.harness import LocalPSJob, ps_done
+
+SAMPLES = 3072
+ARGS = ["--samples", str(SAMPLES), "--vocab", "300", "--dim", "4", "--batch-size", "32",
+        "--piece-batches", "4", "--epochs", "2", "--mode", "async", "--tau", "16",
+        "--optimizer", "adagrad"]
+
+
+@pytest.fixture
+def make_job(tmp_path: Path) -> Iterator[type[LocalPSJob]]:
+    jobs: list[LocalPSJob] = []
+
+    def make(servers: int, args: list[str] = ARGS) -> LocalPSJob:
+        job = LocalPSJob(tmp_path, servers, args)
+        jobs.append(job)
+        return job
+
+    yield make  # type: ignore[misc]
+    for job in jobs:
+        job.close()
+
+
+def _accounting(job: LocalPSJob, pod: str) -> dict[str, dict[int, int]]:
+    return ps_done((job.root / f"{pod}.log").read_text())
+
+
+def _exact(counts: dict[str, dict[int, int]], epochs: int = 2) -> None:
+    for epoch in range(epochs):
+        got = counts["trained"].get(epoch, 0) + counts["dropped"].get(epoch, 0)
+        assert got == SAMPLES, f"epoch {epoch}: {counts}"
+
+
+def test_killed_worker_pieces_are_requeued_with_exact_accounting(make_job) -> None:  # type: ignore[no-untyped-def]
+    job: LocalPSJob = make_job(2)
+    job.start_all(["w0", "w1", "w2"])
+    job.wait_steps("w1", 10)
+    job.kill("w1")
+    job.publish(["w0", "w2"])  # the operator drops the dead pod from the world
+    codes = job.wait_all()
+    assert codes["w0"] == codes["w2"] == codes["ps-0"] == codes["ps-1"] == 0, job.logs()
+    counts = _accounting(job, "ps-0")
+    _exact(counts)
+    assert sum(counts["requeued"].values()) > 0, counts
+
+
+def test_scale_workers_2_to_6_to_3(make_job) -> None:  # type: ignore[no-untyped-def]
+    job: LocalPSJob = make_job(2, [*ARGS, "--slow", "0.02"])
+    grown = [f"w{i}" for i in range(6)]
+    # Newcomers' processes start early and wait for a world that lists them, as pods
+    # that are Running but not yet members would.
+    job.start_all(["w0", "w1"])
+    for w in grown[2:]:
+        job.start(w, "worker")
+    job.wait_steps("w0", 5)
+    job.publish(grown)
+    for w in grown[2:]:
+        job.wait_steps(w, 3)
+    job.publish(grown[:3])
+    codes = job.wait_all()
+    assert all(c == 0 for c in codes.values()), job.logs()
+    for w in grown[3:]:
+        assert job.result(w)["left"] is True
+    assert all(job.steps(w) for w in grown)  # every worker trained
+    _exact(_accounting(job, "ps-0"))
+
+
+def test_killed_ps_fails_over_to_its_replica_and_is_reseeded(make_job) -> None:  # type: ignore[no-untyped-def]
+    # Slow enough that the replacement comes up while the job still trains.
+    args = [*ARGS, "--slow", "0.1"]
+    args[args.index("--epochs") + 1] = "4"
+    job: LocalPSJob = make_job(2, args)
+    job.start_all(["w0", "w1"])
+    job.wait_steps("w0", 10)
+    before = len(job.steps("w0"))
+    job.kill("ps-0")  # holds shard 0 and the data-shard service
+    job.wait_steps("w0", before + 10)
+    # The operator brings a replacement at a new address; the survivor re-seeds it.
+    ips = dict(job.ps_ip)
+    ips["ps-0"] = ips["ps-0"].rsplit(".", 1)[0] + ".9"
+    job.publish(ps=ips)
+    job.start("ps-0", "ps")
+    stub = Stub(f"{ips['ps-0']}:{job.port}")
+    try:
+        deadline = time.monotonic() + 60
+        roles: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                status, _ = stub.call("Status", {}, timeout=2.0)
+                roles = {k: v["role"] for k, v in status["shards"].items()}
+            except Exception:  # not up yet
+                roles = {}
+            if roles == {"0": "replica", "1": "replica"}:
+                break
+            time.sleep(0.2)
+        assert roles == {"0": "replica", "1": "replica"}, roles
+    finally:
+        stub.close()
+    codes = job.wait_all()
+    assert codes["w0"] == codes["w1"] == codes["ps-1"] == 0, job.logs()
+    assert "ps_failover shard=0 to=1" in (job.root / "w0.log").read_text()
+    counts = _accounting(job, "ps-1")
+    for epoch in range(4):
+        # Nothing lost; the samples reported since the last replication of the data
+        # queue are trained again.
+        got = counts["trained"].get(epoch, 0) + counts["dropped"].get(epoch, 0)
+        assert SAMPLES <= got <= SAMPLES * 1.25, counts
+
+
+def test_async_straggler_pushes_beyond_tau_are_dropped_and_counted(make_job) -> None:  # type: ignore[no-untyped-def]
+    args = [*ARGS]
+    args[args.index("--tau") + 1] = "2"
+    args[args.index("--epochs") + 1] = "1"
+    job: LocalPSJob = make_job(1, args)
+    job.start_all(["fast", "slow"], extra={"slow": ["--slow", "0.05"]})
+    codes = job.wait_all()
+    assert all(c == 0 for c in codes.values()), job.logs()
+    counts = ps_done((job.root / "ps-0.log").read_text())
+    dropped_pushes = job.result("fast")["dropped"] + job.result("slow")["dropped"]
+    assert job.result("slow")["dropped"] > 0
+    # Every dropped push is one whole batch; the server and the workers agree.
+    assert counts["dropped"][0] == dropped_pushes * 32
+    assert counts["trained"][0] + counts["dropped"][0] == SAMPLES
+    traced = job.steps("fast") + job.steps("slow")
+    assert all(s["staleness"] > 2 for s in traced if s["dropped"])
+    assert all(s["staleness"] <= 2 for s in traced if not s["dropped"])
+    assert max(counts["staleness"]) <= 2  # applied pushes only
