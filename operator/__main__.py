@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.verbose:
         # One line per API request drowns the decisions; --verbose brings them back.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("urllib3").setLevel(logging.WARNING)
     config = default_config()
     ctx = OperatorContext(kube=KubeClient(config),
                           settings=OperatorSettings.from_env(dict(os.environ)))
@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return _connection(config)
+        # kopf calls this again whenever the server answers 401: loading the config anew
+        # re-runs an exec plugin and re-reads a rotated token file.
+        return _connection(config.reloaded())
 
     asyncio.run(kopf.operator(
         registry=registry,

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from ringwright.devcluster.control_plane import Cluster, free_port
-from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig
+from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
 from ringwright.world import WORLD_KEY, parse_world, world_configmap_name
 from tests.jobs import tj_path, training_job
 from tests.unit.test_chart_render import CHART, IN_CI, find_helm
@@ -148,8 +148,7 @@ def _operator_token(kube: KubeClient, release: Release) -> str:
 def _as_operator(cluster: Cluster, kube: KubeClient, release: Release) -> KubeClient:
     """A client that authenticates as the operator's ServiceAccount."""
     admin = load_kubeconfig(cluster.kubeconfig)
-    return KubeClient(dataclasses.replace(admin, token=_operator_token(kube, release),
-                                          client_cert_file="", client_key_file=""))
+    return KubeClient(with_token(admin, _operator_token(kube, release)))
 
 
 def _forbidden(call: Callable[..., object], *args: Any) -> bool:
