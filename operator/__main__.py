@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         # One line per API request drowns the decisions; --verbose brings them back.
         logging.getLogger("urllib3").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     config = default_config()
     ctx = OperatorContext(kube=KubeClient(config),
                           settings=OperatorSettings.from_env(dict(os.environ)))

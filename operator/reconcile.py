@@ -305,9 +305,12 @@ class _Round:
             self.plan.soon(self.settings.resync_seconds)
         else:
             self.condition("Schedulable", True, "Placed", placed.summary)
+        # A pod on its way out leaves its index free: its replacement keeps the name (the
+        # create is refused as AlreadyExists until the old pod is gone, then it goes through).
         for role, fragments, taken in (
-            (WORKER, placed.workers, {p.index for p in self.workers}),
-            (PS, placed.ps, {p.index for p in self.ps}),
+            (WORKER, placed.workers, {p.index for p in self.workers
+                                      if p.state != PodState.DELETING}),
+            (PS, placed.ps, {p.index for p in self.ps if p.state != PodState.DELETING}),
         ):
             free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
             for fragment, index in zip(fragments, free, strict=False):

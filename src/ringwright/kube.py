@@ -271,7 +271,7 @@ class KubeClient:
         if config.tls_server_name:
             official.tls_server_name = config.tls_server_name
         # The official client adds its own read retries on connection errors only.
-        official.retries = 3
+        official.retries = 3 if self._retry.attempts > 1 else 0
         api = k8s_client.ApiClient(official)
         with self._lock:
             old = getattr(self, "_api", None)
