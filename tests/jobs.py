@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,25 @@ FAST = {
 }
 
 
+LEASE_SECONDS = 3.0
+
+
 class OperatorProcess:
     """``python -m ringwright.operator`` as a child process, as a user would run it."""
 
-    def __init__(self, cluster: Cluster, log: Path) -> None:
+    def __init__(self, cluster: Cluster, log: Path, *, kubeconfig: Path | None = None,
+                 args: Sequence[str] = ()) -> None:
         self.cluster, self.log = cluster, log
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, **FAST, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        env = {**os.environ, **FAST, "KUBECONFIG": str(self.kubeconfig)}
+        # A short lease: a restarted operator takes over from a killed one in seconds.
+        args = ["--lease-seconds", str(LEASE_SECONDS), *self.args]
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ringwright.operator"],
+            self.proc = subprocess.Popen([sys.executable, "-m", "ringwright.operator", *args],
                                          env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
