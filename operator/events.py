@@ -13,13 +13,26 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from ringwright.kube import ApiError, KubeClient, Obj, api_path
+from ringwright.kube import ApiError, Obj, api_path
 from ringwright.operator.conditions import rfc3339
 
 log = logging.getLogger("ringwright.operator.events")
 
 COMPONENT = "ringwright-operator"
+
+
+class EventWriter(Protocol):
+    """The two calls the recorder makes (a :class:`KubeClient` is one)."""
+
+    def create(self, path: str, body: Obj) -> Obj:
+        """POST ``body`` into the collection at ``path``."""
+        ...
+
+    def merge_patch(self, path: str, body: Obj) -> Obj:
+        """Merge-patch the object at ``path``."""
+        ...
 
 
 @dataclass
@@ -32,7 +45,7 @@ class _Series:
 class EventRecorder:
     """Records Events on objects; repeats become one series. Safe to share between threads."""
 
-    def __init__(self, kube: KubeClient, clock: Callable[[], float], *,
+    def __init__(self, kube: EventWriter, clock: Callable[[], float], *,
                  series_seconds: float = 3600.0, remembered: int = 4096) -> None:
         self.kube, self.clock = kube, clock
         self.series_seconds, self.remembered = series_seconds, remembered
