@@ -107,7 +107,7 @@ class Applier:
                 self.written.put("ConfigMap", written)
 
     def perform(self, job: Obj, plan: Plan) -> None:
-        """Create, mark, publish, delete, status, events: in that order."""
+        """Create, mark, publish, delete, events, status: in that order."""
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         status = dict(plan.status)
         refusal = self._create(ns, plan.create)
@@ -134,10 +134,11 @@ class Applier:
             self.kube.merge_patch(
                 api_path("v1", "configmaps", ns, reports_configmap_name(name)),
                 {"data": dict.fromkeys(plan.clear_reports)})
-        if status:
-            self.apply_status(job, status)
+        # Events before status: whoever sees the new status finds its events recorded.
         for event in plan.events:
             self.events.record(job, event.type, event.reason, event.message)
+        if status:
+            self.apply_status(job, status)
         if plan.delete_job:
             log.info("deleting finished job %s/%s (ttlSecondsAfterFinished)", ns, name)
             self.kube.delete(job_path(ns, name))

@@ -205,6 +205,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
                 try:
                     delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold)
                 except ApiError as err:
+                    if "NamespaceTerminating" in err.causes:
+                        # The namespace goes, and the job with it: nothing to do but wait.
+                        await _sleep(waker, stopped, ctx.settings.resync_seconds)
+                        continue
                     # Conflicts and transient API errors: kopf runs the daemon again soon.
                     raise kopf.TemporaryError(f"reconcile {ns}/{name}: {err}", delay=1.0) \
                         from err

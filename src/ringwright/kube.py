@@ -45,11 +45,14 @@ TOKEN_REREAD_SECONDS = 60.0
 class ApiError(Exception):
     """A non-success answer from the API server, with its reason and message."""
 
-    def __init__(self, status: int, reason: str, message: str, where: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, where: str,
+                 causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"{where}: {status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.causes = causes
+        """The ``details.causes[].reason`` of the Status (e.g. ``NamespaceTerminating``)."""
 
 
 class Unreachable(ApiError):
@@ -484,7 +487,10 @@ def _decode(data: bytes) -> Obj:
 
 def _error(status: int, data: bytes, where: str) -> ApiError:
     doc = _decode(data)
-    return ApiError(status, str(doc.get("reason", "")), str(doc.get("message", "")), where)
+    causes = tuple(str(c.get("reason") or c.get("type") or "")
+                   for c in (doc.get("details") or {}).get("causes") or ())
+    return ApiError(status, str(doc.get("reason", "")), str(doc.get("message", "")), where,
+                    causes)
 
 
 def with_token(config: KubeConfig, token: str) -> KubeConfig:
