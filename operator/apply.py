@@ -160,16 +160,20 @@ class Applier:
     def _create(self, ns: str, pods: list[Obj]) -> Refusal[Obj] | None:
         def create(pod: Obj) -> None:
             try:
-                created = self.kube.create(api_path("v1", "pods", ns), pod)
+                self.kube.create(api_path("v1", "pods", ns), pod)
             except ApiError as err:
-                if err.status == 409:  # already there: an earlier round made it
+                # Not created by this call: its room is not ours to hold. (409: an earlier
+                # round made it, and the pods index counts that one.)
+                self.ledger.release(pod)
+                if err.status == 409:
                     return
                 raise
-            self.ledger.reserve(created)
             log.info("created pod %s/%s", ns, pod["metadata"]["name"])
 
         done, refusal = slow_start(pods, create, self.pool)
         if refusal is not None:
+            for pod in pods:  # the ones never sent after the refusal
+                self.ledger.release(pod)
             log.warning("pod creates in %s stopped after %d of %d: %s", ns, done, len(pods),
                         refusal.error)
         return refusal

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,7 @@ class OperatorContext:
     """Each running daemon's wake-up call, so events for its job can cut its sleep short."""
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(MAX_IN_FLIGHT, "ringwright-create"))
+    placement_lock: threading.Lock = field(default_factory=threading.Lock)
     round_seconds: list[float] = field(default_factory=list)
     """Duration of every reconcile round (what the benchmark reads)."""
 
@@ -84,8 +86,13 @@ def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
     started = time.perf_counter()
     if ensure_scaffold:
         ctx.applier.ensure_scaffold(job)
-    observed = observe(cache, job)
-    decided = plan(observed, ctx.settings, ctx.clock(), place)
+    # Plans of different jobs read the same free room: one at a time, and each reserves
+    # what it will create before the next one looks (no two gangs on the same GPUs).
+    with ctx.placement_lock:
+        observed = observe(cache, job)
+        decided = plan(observed, ctx.settings, ctx.clock(), place)
+        for pod in decided.create:
+            ctx.ledger.reserve(pod)
     ctx.applier.perform(observed.job, decided)
     ctx.round_seconds.append(time.perf_counter() - started)
     if decided.delete_job:
@@ -162,10 +169,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo["ctx"].ledger.mark({name})
 
     @kopf.on.event("pods", registry=registry)
-    async def pod_changed(namespace: str | None, uid: str, labels: Mapping[str, str],
-                          body: kopf.Body, memo: Any, **_: Any) -> None:
+    async def pod_changed(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                          type: str | None, memo: Any, **_: Any) -> None:
         ctx: OperatorContext = memo["ctx"]
-        ctx.ledger.settle(uid)
+        if type != "DELETED" and pod_slots(body):
+            ctx.ledger.release(body)  # the pods index counts it from now on
         ctx.ledger.mark(touched_nodes(body))
         if JOB_LABEL in labels:
             ctx.wake(namespace or "", labels[JOB_LABEL])

@@ -53,6 +53,11 @@ def pod_slots(pod: Mapping[str, Any]) -> dict[str, PodSlot]:
                                      int(spec.get("priority") or 0), bool(node))}
 
 
+def _pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
 def touched_nodes(pod: Mapping[str, Any]) -> set[str]:
     """Every node whose room a change of ``pod`` may alter (bound and planned)."""
     spec = pod.get("spec") or {}
@@ -98,7 +103,7 @@ class CapacityLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._views: dict[ViewKey, _View] = {}
-        self._reserved: dict[str, tuple[str, PodSlot]] = {}
+        self._reserved: dict[tuple[str, str], tuple[str, PodSlot]] = {}
         self.recomputed = 0
         """Nodes recomputed so far (what tests and the benchmark read)."""
 
@@ -109,22 +114,28 @@ class CapacityLedger:
                 view.dirty.update(names)
 
     def reserve(self, pod: Mapping[str, Any]) -> None:
-        """Count a pod we just created on its planned node until its watch event arrives.
+        """Count a pod the plan is about to create on its planned node, until its watch
+        event arrives.
 
-        Without this, a round that runs between the create and the event would see the
-        room as free and could plan a second gang into it.
+        The planner reserves under the placement lock, before the create is sent, so a
+        plan made for another job a moment later already sees the room as taken.
         """
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        key = _pod_key(pod)
         with self._lock:
             for node, slot in pod_slots(pod).items():
-                self._reserved[uid] = (node, slot)
+                self._reserved[key] = (node, slot)
                 for view in self._views.values():
                     view.dirty.add(node)
 
-    def settle(self, uid: str) -> None:
-        """The pod's watch event arrived: the pods index counts it from now on."""
+    def release(self, pod: Mapping[str, Any]) -> None:
+        """Drop a reservation: the pod was not created after all, or the pods index now
+        counts it."""
+        key = _pod_key(pod)
         with self._lock:
-            self._reserved.pop(uid, None)
+            held = self._reserved.pop(key, None)
+            if held is not None:
+                for view in self._views.values():
+                    view.dirty.add(held[0])
 
     def inventory(self, nodes: Mapping[str, Iterable[Mapping[str, Any]]],
                   slots: Mapping[str, Iterable[PodSlot]], labels: NodeLabelKeys,
@@ -161,9 +172,7 @@ class CapacityLedger:
     def _with_reserved(self, name: str, slots: Mapping[str, Iterable[PodSlot]]
                        ) -> list[PodSlot]:
         indexed = list(slots.get(name, ()))
-        uids = {s.uid for s in indexed}
-        return indexed + [slot for node, slot in self._reserved.values()
-                          if node == name and slot.uid not in uids]
+        return indexed + [slot for node, slot in self._reserved.values() if node == name]
 
     @staticmethod
     def _node_info(record: Mapping[str, Any], slots: Iterable[PodSlot],

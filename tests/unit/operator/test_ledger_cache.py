@@ -85,7 +85,7 @@ def test_only_nodes_marked_by_events_are_recomputed() -> None:
     assert ledger.recomputed == 101
 
 
-def test_a_pod_we_created_counts_before_its_watch_event_and_once_after() -> None:
+def test_a_planned_pod_counts_before_its_watch_event_and_once_after() -> None:
     ix = Indices([node("n1")], [])
     ledger = CapacityLedger()
     ix.free_gpus(ledger)
@@ -93,9 +93,19 @@ def test_a_pod_we_created_counts_before_its_watch_event_and_once_after() -> None
     ledger.reserve(created)
     assert ix.free_gpus(ledger)["n1"] == 0  # a second gang cannot plan into it
     ix.add_pod(created)  # the watch event arrives ...
-    ledger.settle("new")
+    ledger.release(created)
     ledger.mark({"n1"})
     assert ix.free_gpus(ledger)["n1"] == 0  # ... and it is counted once, not twice
+
+
+def test_a_refused_create_gives_its_reserved_room_back() -> None:
+    ix = Indices([node("n1")], [])
+    ledger = CapacityLedger()
+    refused = pod("refused", 8, planned="n1")
+    ledger.reserve(refused)
+    assert ix.free_gpus(ledger)["n1"] == 0
+    ledger.release(refused)
+    assert ix.free_gpus(ledger)["n1"] == 8
 
 
 def test_preemptible_room_is_bound_lower_priority_pods() -> None:
