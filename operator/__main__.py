@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--liveness", default="",
                         help="serve kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus metrics on this port (0: off)")
     parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", ""),
                         help="namespace of the leader-election Lease (default: $POD_NAMESPACE, "
                         "else the kubeconfig's namespace)")
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     config = default_config()
     kube = KubeClient(config)
     ctx = OperatorContext(kube=kube, settings=OperatorSettings.from_env(dict(os.environ)))
+    if args.metrics_port:
+        ctx.metrics.serve(args.metrics_port)
     if not args.no_leader_election:
         elector = LeaderElector(kube, args.lease_namespace or config.namespace, args.lease_name,
                                 f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",

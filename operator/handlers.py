@@ -40,6 +40,7 @@ from ringwright.operator.cache import (
 from ringwright.operator.events import EventRecorder
 from ringwright.operator.ledger import CapacityLedger, node_record, pod_slots, touched_nodes
 from ringwright.operator.manifests import JOB_LABEL
+from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.observe import observe
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import plan
@@ -65,8 +66,7 @@ class OperatorContext:
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(MAX_IN_FLIGHT, "ringwright-create"))
     placement_lock: threading.Lock = field(default_factory=threading.Lock)
-    round_seconds: list[float] = field(default_factory=list)
-    """Duration of every reconcile round (what the benchmark reads)."""
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def __post_init__(self) -> None:
         self.events = EventRecorder(self.kube, self.clock)
@@ -94,7 +94,7 @@ def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
         for pod in decided.create:
             ctx.ledger.reserve(pod)
     ctx.applier.perform(observed.job, decided)
-    ctx.round_seconds.append(time.perf_counter() - started)
+    ctx.metrics.rounds.observe(time.perf_counter() - started)
     if decided.delete_job:
         return None
     resync: float = ctx.settings.resync_seconds
@@ -218,6 +218,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
                         await _sleep(waker, stopped, ctx.settings.resync_seconds)
                         continue
                     # Conflicts and transient API errors: kopf runs the daemon again soon.
+                    ctx.metrics.failed.inc()
                     raise kopf.TemporaryError(f"reconcile {ns}/{name}: {err}", delay=1.0) \
                         from err
                 if scaffold:

@@ -362,6 +362,11 @@ class KubeClient:
         """GET an object or a collection (one response, no paging)."""
         return self._call("GET", path, params=params)
 
+    def get_text(self, path: str) -> str:
+        """GET a non-JSON endpoint (``/metrics``, ``/readyz``) as text."""
+        resp = self._request("GET", path)
+        return resp.data.decode(errors="replace")
+
     def get_or_none(self, path: str) -> Obj | None:
         """GET an object, or None when it does not exist."""
         try:
