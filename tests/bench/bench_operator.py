@@ -11,6 +11,8 @@
    (read before and after), LIST calls per round while nothing changes, reconcile
    latency p50/p99 (the operator's histogram), time until every job is Running, and the
    operator's peak RSS.
+4. ``lists``: LIST (and GET) calls per reconcile round in steady state, 20 jobs, the
+   operator as of ``--before`` (the last revision that listed per round) against this one.
 
 Prints figures and ratios; asserts nothing on time. Exits non-zero when a baseline
 fails (the ratios would mean nothing).
@@ -207,9 +209,19 @@ class Operator:
         if self.proc.poll() is not None:
             raise RuntimeError(f"the operator exited:\n{log.read_text()[-3000:]}")
 
+    @staticmethod
+    def read_rounds(port: int) -> float:
+        """Rounds so far of the operator serving metrics on ``port``."""
+        return Operator.parse_rounds(port)[0]
+
     def rounds(self) -> tuple[float, list[tuple[float, float]]]:
         """Rounds so far and the histogram's cumulative (upper bound, count) buckets."""
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics").read().decode()
+        return self.parse_rounds(self.port)
+
+    @staticmethod
+    def parse_rounds(port: int) -> tuple[float, list[tuple[float, float]]]:
+        """Rounds so far and the histogram's cumulative (upper bound, count) buckets."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
         buckets: list[tuple[float, float]] = []
         count = 0.0
         for family in text_string_to_metric_families(text):
@@ -381,17 +393,104 @@ def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
     return True
 
 
+# -- 4. LIST calls per round, before and after -----------------------------------------
+
+
+def old_tree(work: Path, rev: str) -> Path:
+    """The operator as of ``rev``, laid out as an importable ``ringwright`` package."""
+    src, pkg = work / "before-src", work / "before-pkg"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    (pkg / "ringwright").mkdir(parents=True)
+    for item in (src / "src" / "ringwright").iterdir():
+        (pkg / "ringwright" / item.name).symlink_to(item)
+    for folder in ("operator", "runtime", "devcluster"):
+        (pkg / "ringwright" / folder).symlink_to(src / folder)
+    return pkg
+
+
+def lists_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
+    cluster = Cluster(name="bench-operator-lists", root=work / "lists")
+    print(f"\n4. LIST calls per round, {jobs} jobs in steady state for {window_s:.0f} s: "
+          f"the operator as of {rev} against this one", flush=True)
+    cluster.up(inventory="large")
+    resync = OperatorSettings().resync_seconds
+    rows = []
+    try:
+        with cluster.client() as kube:
+            install_api(kube)
+            for label, pythonpath in (("before", str(old_tree(work, rev))), ("after", "")):
+                ns = make_namespace(kube, f"lists-{label}")
+                env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+                args = [sys.executable, "-m", "ringwright.operator"]
+                port = free_port()
+                if pythonpath:
+                    env["PYTHONPATH"] = pythonpath
+                else:
+                    args += ["--metrics-port", str(port)]
+                log = work / f"lists-{label}.log"
+                with log.open("wb") as out:
+                    proc = subprocess.Popen(args, env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, cwd="/")
+                try:
+                    with ThreadPoolExecutor(8) as pool:
+                        def create(i: int, ns: str = ns) -> Obj:
+                            return kube.create(api_path(API_VERSION, "trainingjobs", ns),
+                                               job_manifest(f"job-{i}", 4))
+
+                        list(pool.map(create, range(jobs)))
+
+                    def all_running(ns: str = ns) -> bool:
+                        items = kube.list(api_path(API_VERSION, "trainingjobs", ns))
+                        phases = [(j.get("status") or {}).get("phase") for j in items]
+                        return phases.count("Running") == jobs
+
+                    wait_until("every job Running", all_running, interval=2.0)
+                    time.sleep(resync)  # let the last events settle
+                    start = apiserver_requests(kube)
+                    rounds0 = None if pythonpath else Operator.read_rounds(port)
+                    time.sleep(window_s)
+                    delta = apiserver_requests(kube) - start
+                    rounds = (jobs * window_s / resync if rounds0 is None
+                              else Operator.read_rounds(port) - rounds0)
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+                lists = sum(v for (verb, _), v in delta.items() if verb == "LIST")
+                gets = sum(v for (verb, _), v in delta.items() if verb == "GET")
+                rows.append((label, rounds, lists, gets, rounds0 is None))
+                kube.delete(api_path("v1", "namespaces", name=ns))
+
+                def gone(ns: str = ns) -> bool:
+                    return kube.get_or_none(api_path("v1", "namespaces", name=ns)) is None
+
+                wait_until(f"namespace {ns} gone", gone)
+    finally:
+        cluster.down()
+    print(f"{'':8} {'rounds':>8} {'LIST':>6} {'per round':>10} {'GET':>6} {'per round':>10}")
+    for label, rounds, lists, gets, estimated in rows:
+        mark = "*" if estimated else " "
+        print(f"{label:8} {rounds:7.0f}{mark} {lists:6d} {lists / max(rounds, 1):10.2f} "
+              f"{gets:6d} {gets / max(rounds, 1):10.2f}")
+    print("* rounds estimated as jobs x window / resyncSeconds (that operator has no metrics)")
+    return bool(rows) and rows[0][2] > 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", choices=["plan", "throughput", "scale", []],
-                        default=[])
+    parser.add_argument("parts", nargs="*",
+                        choices=["plan", "throughput", "scale", "lists", []], default=[])
+    parser.add_argument("--before", default="513f6db",
+                        help="git revision of the operator to compare LIST calls with")
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--steady-seconds", type=float, default=30.0)
     args = parser.parse_args(argv)
-    parts = args.parts or ["plan", "throughput", "scale"]
+    parts = args.parts or ["plan", "throughput", "scale", "lists"]
     work = Path(tempfile.mkdtemp(prefix="ringwright-bench-operator-"))
     ok = True
     if "plan" in parts:
@@ -400,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         ok &= throughput_part(work, args.workers)
     if "scale" in parts:
         ok &= scale_part(work, args.jobs, args.steady_seconds)
+    if "lists" in parts:
+        ok &= lists_part(work, args.before, 20, args.steady_seconds)
     return 0 if ok else 1
 
 
