@@ -38,6 +38,8 @@ FIELD_MANAGER = "ringwright"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 LIST_PAGE_SIZE = 500
 """Items per page of a LIST (what kubectl and client-go's pager use)."""
+POOL_SIZE = 64
+"""Connections kept open to the API server (the official default is 5 per CPU)."""
 TOKEN_REREAD_SECONDS = 60.0
 """How often a token read from a file (in-cluster, ``tokenFile``) is read again."""
 
@@ -275,6 +277,8 @@ class KubeClient:
             official.tls_server_name = config.tls_server_name
         # The official client adds its own read retries on connection errors only.
         official.retries = 3 if self._retry.attempts > 1 else 0
+        # Room for the apply layer's 64 concurrent creates without reconnecting.
+        official.connection_pool_maxsize = POOL_SIZE
         api = k8s_client.ApiClient(official)
         with self._lock:
             old = getattr(self, "_api", None)
