@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import httpx
 import yaml
 
 from ringwright.devcluster.build import Binaries, ensure_binaries
 from ringwright.devcluster.inventory import load_inventory, node_manifests
 from ringwright.devcluster.pki import Pki, ensure_pki
 from ringwright.devcluster.versions import CONTROL_PLANE, cache_root
-from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig
+from ringwright.kube import ApiError, KubeClient, RetryPolicy, api_path, load_kubeconfig
 
 log = logging.getLogger("ringwright.devcluster")
 
@@ -75,6 +74,11 @@ class Cluster:
     def client(self) -> KubeClient:
         return KubeClient(load_kubeconfig(self.kubeconfig))
 
+    def _probe(self) -> KubeClient:
+        """A client that answers at once: a probe is retried by its caller's loop."""
+        return KubeClient(load_kubeconfig(self.kubeconfig), timeout=5,
+                          retry=RetryPolicy(attempts=1))
+
     def _pids(self) -> dict[str, int]:
         if not self._pids_file.exists():
             return {}
@@ -87,9 +91,9 @@ class Cluster:
         if not pids or not all(_alive(pid) for pid in pids.values()):
             return False
         try:
-            with self.client() as kube:
+            with self._probe() as kube:
                 kube.get("/readyz")
-        except (httpx.HTTPError, ApiError, OSError, ValueError):
+        except (ApiError, OSError, ValueError):
             return False
         return True
 
@@ -242,7 +246,7 @@ class Cluster:
             try:
                 if probe():
                     return
-            except (httpx.HTTPError, ApiError, OSError):
+            except (ApiError, OSError):
                 pass
             time.sleep(0.2)
         raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; "
@@ -255,7 +259,7 @@ class Cluster:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def _api_ready(self) -> bool:
-        with self.client() as kube:
+        with self._probe() as kube:
             kube.get("/readyz")
         return True
 

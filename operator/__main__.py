@@ -6,7 +6,10 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
+import threading
+import uuid
 from typing import Any
 
 import kopf
@@ -14,7 +17,9 @@ import kopf
 from ringwright.exposition import serve
 from ringwright.kube import KubeClient, KubeConfig, default_config
 from ringwright.operator.handlers import OperatorContext, register
+from ringwright.operator.leader import LeaderElector
 from ringwright.operator.settings import OperatorSettings
+from ringwright.operator.standby import standby_health
 
 
 def _connection(config: KubeConfig) -> kopf.ConnectionInfo:
@@ -41,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-address", default="0.0.0.0",
                         help="address the metrics server binds")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", ""),
+                        help="namespace of the leader-election Lease (default: $POD_NAMESPACE, "
+                        "else the kubeconfig's namespace)")
+    parser.add_argument("--lease-name", default="ringwright-operator",
+                        help="name of the leader-election Lease")
+    parser.add_argument("--lease-seconds", type=float, default=15.0,
+                        help="a standby takes over after the leader missed renewing this long")
+    parser.add_argument("--no-leader-election", action="store_true",
+                        help="act at once, without a Lease (only ever one replica)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -48,18 +62,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.verbose:
         # One line per API request drowns the decisions; --verbose brings them back.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("urllib3").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     config = default_config()
-    ctx = OperatorContext(kube=KubeClient(config),
-                          settings=OperatorSettings.from_env(dict(os.environ)))
+    kube = KubeClient(config)
+    ctx = OperatorContext(kube=kube, settings=OperatorSettings.from_env(dict(os.environ)))
     if args.metrics_port:
         serve(ctx.metrics.registry, args.metrics_port, args.metrics_address)
+    if not args.no_leader_election:
+        elector = LeaderElector(kube, args.lease_namespace or config.namespace, args.lease_name,
+                                f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+                                lease_seconds=args.lease_seconds,
+                                renew_seconds=args.lease_seconds / 3)
+        stop = threading.Event()
+        with standby_health(args.liveness):
+            elector.acquire(stop)
+        threading.Thread(target=elector.keep, args=(stop, _lost_lease), daemon=True,
+                         name="lease").start()
     registry = kopf.OperatorRegistry()
     register(registry)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return _connection(config)
+        # kopf calls this again whenever the server answers 401: loading the config anew
+        # re-runs an exec plugin and re-reads a rotated token file.
+        return _connection(config.reloaded())
 
     asyncio.run(kopf.operator(
         registry=registry,
@@ -70,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         liveness_endpoint=args.liveness or None,
     ))
     return 0
+
+
+def _lost_lease() -> None:
+    # Another replica may act from now on: stop this one at once, in the middle of
+    # whatever it does, rather than finish a round on stale leadership.
+    logging.getLogger("ringwright.operator").error("lost the leader lease; exiting")
+    logging.shutdown()
+    os._exit(1)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,55 @@
-"""kopf registration: one reconcile loop per job, woken by the events that matter.
+"""kopf registration: watches kept as indices, one reconcile daemon per job.
 
-Every job gets a thread that runs observe -> plan -> apply until the job is gone.
-Job, pod and report events only start or wake that loop, so a job is never
-reconciled twice at once and every round starts from fresh observations
-(level-triggered). Only watching handlers are used: they add no finalizers, so
-deleting a job (or its namespace) never waits for the operator to be up.
+kopf owns the loop's life: it starts a daemon for every TrainingJob it sees, stops it
+when the job is deleted (the daemon's finalizer is what lets kopf stop it before the
+job is gone) and restarts it with its own backoff when a round fails. Rounds of one
+job never overlap because the daemon runs them one after another. Pod, report and job
+events only wake the daemon; the round itself reads everything from kopf's indices,
+so it makes no LIST and no GET (see :mod:`ringwright.operator.cache`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from ringwright.kube import ApiError, KubeClient
+from ringwright.kube import ApiError, KubeClient, Obj
 from ringwright.operator.apibase import GROUP, VERSION
-from ringwright.operator.apply import Applier
+from ringwright.operator.apply import MAX_IN_FLIGHT, Applier
+from ringwright.operator.cache import (
+    INDICES,
+    JOB_CONFIGMAPS,
+    NODES,
+    POD_SLOTS,
+    PODS_BY_JOB,
+    POLICIES,
+    PRIORITIES,
+    IndexCache,
+    Written,
+    newer,
+)
+from ringwright.operator.events import EventRecorder
+from ringwright.operator.ledger import CapacityLedger, node_record, pod_slots, touched_nodes
 from ringwright.operator.manifests import JOB_LABEL
 from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.observe import observe
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import plan
 from ringwright.operator.settings import OperatorSettings
+from ringwright.world import reports_configmap_name
 
 log = logging.getLogger("ringwright.operator")
+
+FINALIZER = "ringwright.dev/operator"
 
 
 @dataclass
@@ -38,66 +59,64 @@ class OperatorContext:
     kube: KubeClient
     settings: OperatorSettings
     clock: Callable[[], float] = time.time
+    ledger: CapacityLedger = field(default_factory=CapacityLedger)
+    written: Written = field(default_factory=Written)
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    """Each running daemon's wake-up call, so events for its job can cut its sleep short."""
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(MAX_IN_FLIGHT, "ringwright-create"))
+    placement_lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    stopping: threading.Event = field(default_factory=threading.Event)
-    wakers: dict[tuple[str, str], threading.Event] = field(default_factory=dict)
-    loops: dict[tuple[str, str], threading.Thread] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.events = EventRecorder(self.kube, self.clock)
+        self.applier = Applier(self.kube, self.clock, pool=self.pool, events=self.events,
+                               ledger=self.ledger, written=self.written)
 
     def wake(self, namespace: str, name: str) -> None:
-        """Wake the job's loop, starting it when there is none."""
-        key = (namespace, name)
-        with self.lock:
-            waker = self.wakers.setdefault(key, threading.Event())
-            loop = self.loops.get(key)
-            if loop is None or not loop.is_alive():
-                loop = threading.Thread(target=self._loop, args=key, daemon=True,
-                                        name=f"job {namespace}/{name}")
-                self.loops[key] = loop
-                loop.start()
-        waker.set()
-
-    def _loop(self, namespace: str, name: str) -> None:
-        waker = self.wakers[(namespace, name)]
-        while not self.stopping.is_set():
-            waker.clear()
-            try:
-                with self.metrics.round():
-                    delay = reconcile_once(self, namespace, name)
-            except ApiError as err:
-                self.metrics.api_error(err.verb, err.status)
-                # Conflicts and transient API errors: observe again shortly.
-                log.warning("reconcile %s/%s: %s", namespace, name, err)
-                delay = 1.0
-            except Exception:
-                log.exception("reconcile %s/%s failed; retrying", namespace, name)
-                delay = 5.0
-            if delay is None:
-                break
-            waker.wait(timeout=delay)
-        with self.lock:
-            self.loops.pop((namespace, name), None)
+        """Cut the sleep of the job's daemon short (nothing when it has none yet)."""
+        waker = self.wakers.get((namespace, name))
+        if waker is not None:
+            waker.set()
 
 
-def reconcile_once(ctx: OperatorContext, namespace: str, name: str) -> float | None:
-    """One observe -> plan -> apply round; returns when to run again (None: job gone)."""
-    observed = observe(ctx.kube, namespace, name)
-    if observed is None:
-        ctx.metrics.forget(namespace, name)
-        return None
-    applier = Applier(ctx.kube, ctx.clock)
-    if observed.world is None:
-        applier.ensure_scaffold(observed.job)
-    with ctx.metrics.planning():
-        decided = plan(observed, ctx.settings, ctx.clock(), place)
-    applier.perform(observed.job, decided)
-    ctx.metrics.applied(namespace, name, observed, decided)
+def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
+                   ensure_scaffold: bool) -> float | None:
+    """One observe -> plan -> apply round; returns when to run again (None: job deleted)."""
+    with ctx.metrics.round():
+        if ensure_scaffold:
+            ctx.applier.ensure_scaffold(job)
+        # Plans of different jobs read the same free room: one at a time, and each
+        # reserves what it will create before the next one looks (no two gangs on the
+        # same GPUs).
+        with ctx.placement_lock:
+            observed = observe(cache, job)
+            with ctx.metrics.planning():
+                decided = plan(observed, ctx.settings, ctx.clock(), place)
+            for pod in decided.create:
+                ctx.ledger.reserve(pod)
+        ctx.applier.perform(observed.job, decided)
+    meta = observed.job["metadata"]
+    ctx.metrics.applied(meta.get("namespace", ""), meta["name"], observed, decided)
     if decided.delete_job:
         return None
     resync: float = ctx.settings.resync_seconds
     if decided.requeue_after is None:
         return resync
     return min(decided.requeue_after, resync)
+
+
+async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    waits = {asyncio.ensure_future(waker.wait()), asyncio.ensure_future(stopped.wait())}
+    _, pending = await asyncio.wait(waits, timeout=seconds,
+                                    return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+
+
+def _plain(body: Mapping[str, Any]) -> Obj:
+    """A private copy of a watched object (kopf's bodies are live views)."""
+    return copy.deepcopy(dict(body))
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
@@ -107,22 +126,113 @@ def register(registry: kopf.OperatorRegistry) -> None:
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
+        settings.persistence.finalizer = FINALIZER
+        # Only the ConfigMaps the operator made (world, reports) are watched: the label
+        # selector is sent to the API server, so other ConfigMaps never reach us.
+        settings.watching.label_selectors["configmaps"] = JOB_LABEL
 
-    @kopf.on.cleanup(registry=registry)
-    def stop(memo: Any, **_: Any) -> None:
-        memo["ctx"].stopping.set()
+    # -- indices: what rounds read instead of asking the API ----------------------------
 
-    @kopf.on.event(GROUP, VERSION, "trainingjobs", registry=registry)
-    def job_changed(*, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-        memo["ctx"].wake(namespace or "", name)
+    @kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry, id=PODS_BY_JOB)
+    def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                    **_: Any) -> dict[tuple[str, str], Obj]:
+        return {(namespace or "", labels[JOB_LABEL]): _plain(body)}
 
-    @kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
-    def pod_changed(*, namespace: str | None, labels: Mapping[str, str], memo: Any,
-                    **_: Any) -> None:
-        memo["ctx"].wake(namespace or "", labels[JOB_LABEL])
+    @kopf.index("pods", registry=registry, id=POD_SLOTS)
+    def pod_slots_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+        return dict(pod_slots(body))
+
+    @kopf.index("nodes", registry=registry, id=NODES)
+    def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[str, Obj]:
+        return {name: node_record(body)}
+
+    @kopf.index("configmaps", labels={JOB_LABEL: kopf.PRESENT}, registry=registry,
+                id=JOB_CONFIGMAPS)
+    def job_configmaps(namespace: str | None, name: str, body: kopf.Body,
+                       **_: Any) -> dict[tuple[str, str], Obj]:
+        meta = body.get("metadata") or {}
+        return {(namespace or "", name): {
+            "metadata": {"name": name, "namespace": namespace,
+                         "resourceVersion": meta.get("resourceVersion", "")},
+            "data": dict(body.get("data") or {})}}
+
+    @kopf.index(GROUP, VERSION, "schedulingpolicies", registry=registry, id=POLICIES)
+    def scheduling_policies(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Obj]:
+        return {name: copy.deepcopy(dict(spec))}
+
+    @kopf.index("scheduling.k8s.io", "v1", "priorityclasses", registry=registry,
+                id=PRIORITIES)
+    def priority_classes(name: str, body: kopf.Body, **_: Any) -> dict[str, int]:
+        return {name: int(body.get("value") or 0)}
+
+    # -- events: keep the ledger current and wake the job concerned ---------------------
+
+    @kopf.on.event("nodes", registry=registry)
+    async def node_changed(name: str, memo: Any, **_: Any) -> None:
+        memo["ctx"].ledger.mark({name})
+
+    @kopf.on.event("pods", registry=registry)
+    async def pod_changed(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                          type: str | None, memo: Any, **_: Any) -> None:
+        ctx: OperatorContext = memo["ctx"]
+        if type != "DELETED" and pod_slots(body):
+            ctx.ledger.release(body)  # the pods index counts it from now on
+        ctx.ledger.mark(touched_nodes(body))
+        if JOB_LABEL in labels:
+            ctx.wake(namespace or "", labels[JOB_LABEL])
 
     @kopf.on.event("configmaps", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
-    def reports_changed(*, namespace: str | None, name: str, labels: Mapping[str, str],
-                        memo: Any, **_: Any) -> None:
-        if name.endswith("-reports"):
+    async def reports_changed(namespace: str | None, name: str, labels: Mapping[str, str],
+                              memo: Any, **_: Any) -> None:
+        if name == reports_configmap_name(labels[JOB_LABEL]):
             memo["ctx"].wake(namespace or "", labels[JOB_LABEL])
+
+    @kopf.on.event(GROUP, VERSION, "trainingjobs", registry=registry)
+    async def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+        memo["ctx"].wake(namespace or "", name)
+
+    # -- the one reconcile path per job -------------------------------------------------
+
+    @kopf.daemon(GROUP, VERSION, "trainingjobs", registry=registry, backoff=5.0,
+                 cancellation_backoff=0.0, cancellation_timeout=10.0)
+    async def reconcile_job(namespace: str | None, name: str, body: kopf.Body,
+                            stopped: kopf.DaemonStopped, memo: Any, **kwargs: Any) -> None:
+        ctx: OperatorContext = memo["ctx"]
+        ns = namespace or ""
+        cache = IndexCache({index: kwargs[index] for index in INDICES}, ctx.ledger,
+                           ctx.written)
+        waker = ctx.wakers.setdefault((ns, name), asyncio.Event())
+        scaffolded_at: float | None = None
+        try:
+            while not stopped:
+                waker.clear()
+                # The watched body, or our own status write when the watch lags behind it.
+                job = newer(_plain(body), ctx.written.get("TrainingJob", ns, name))
+                assert job is not None
+                now = ctx.clock()
+                scaffold = (scaffolded_at is None
+                            or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds
+                            or cache.configmap(ns, reports_configmap_name(name)) is None)
+                try:
+                    delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold)
+                except ApiError as err:
+                    if "NamespaceTerminating" in err.causes:
+                        # The namespace goes, and the job with it: nothing to do but wait.
+                        await _sleep(waker, stopped, ctx.settings.resync_seconds)
+                        continue
+                    # Conflicts and transient API errors: kopf runs the daemon again soon.
+                    ctx.metrics.api_error(err.verb, err.status)
+                    raise kopf.TemporaryError(f"reconcile {ns}/{name}: {err}", delay=1.0) \
+                        from err
+                if scaffold:
+                    scaffolded_at = now
+                if delay is None:
+                    await stopped.wait()
+                    return
+                await _sleep(waker, stopped, delay)
+        finally:
+            if ctx.wakers.get((ns, name)) is waker:
+                del ctx.wakers[(ns, name)]
+                if body.get("metadata", {}).get("deletionTimestamp") is not None:
+                    ctx.written.forget_job(ns, name)
+                    ctx.metrics.forget(ns, name)

@@ -125,7 +125,7 @@ def inventory_from_objects(
 
     infos = []
     for node in nodes:
-        if not _schedulable(node):
+        if not schedulable(node):
             continue
         meta = node.get("metadata") or {}
         node_labels = meta.get("labels") or {}
@@ -151,7 +151,8 @@ def inventory_from_objects(
     return Inventory(tuple(infos))
 
 
-def _schedulable(node: Mapping[str, Any]) -> bool:
+def schedulable(node: Mapping[str, Any]) -> bool:
+    """Whether new pods may go to ``node``: not cordoned, and Ready (or not yet reporting)."""
     if (node.get("spec") or {}).get("unschedulable"):
         return False
     for cond in (node.get("status") or {}).get("conditions") or ():

@@ -22,6 +22,8 @@ ROLE_LABEL = "ringwright.dev/role"
 INDEX_LABEL = "ringwright.dev/index"
 LEAVING_ANNOTATION = "ringwright.dev/leaving-since"
 """Set on a pod that a scale-down removed from the world; it is deleted once it exits."""
+PLANNED_NODE_ANNOTATION = "ringwright.dev/planned-node"
+"""The node the placement plan chose for a pod: its room is counted there until it binds."""
 
 WORKER = "worker"
 PS = "ps"
@@ -172,6 +174,8 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     labels = {**tmeta.get("labels", {}), ROLE_LABEL: role, INDEX_LABEL: str(index)}
     meta = _meta(job, pod_name(name, role, index), labels)
     meta["annotations"] = dict(tmeta.get("annotations", {}))
+    if placement.get("plannedNode"):
+        meta["annotations"][PLANNED_NODE_ANNOTATION] = placement["plannedNode"]
 
     main = spec["containers"][0]
     env = _env(job, role, spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))

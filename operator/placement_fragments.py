@@ -85,9 +85,11 @@ def node_affinity(plan: PlacementPlan, pod: PodPlacement) -> dict[str, Any]:
 def placement_fragment(
     plan: PlacementPlan, pod: PodPlacement, resources: dict[str, Any]
 ) -> dict[str, Any]:
-    """Pod-spec fields for one new pod: affinity, priority class, training-container resources."""
+    """Pod-spec fields for one new pod: affinity, priority class, training-container resources,
+    and ``plannedNode`` (not a pod-spec field: it becomes the planned-node annotation)."""
     classes = plan.priority_classes
     return {
+        "plannedNode": pod.node,
         "affinity": {"nodeAffinity": node_affinity(plan, pod)},
         "priorityClassName": classes.worker if pod.role == Role.WORKER else classes.ps,
         "resources": copy.deepcopy(resources),

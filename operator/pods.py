@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ringwright.kube import Obj
+from ringwright.operator.conditions import parse_time
 from ringwright.operator.manifests import INDEX_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
 
 
@@ -36,6 +37,8 @@ class PodView:
     node: str
     leaving_since: float | None
     restarts: int
+    created: float | None = None
+    """``metadata.creationTimestamp`` as epoch seconds."""
 
     @property
     def alive(self) -> bool:
@@ -81,4 +84,5 @@ def view(pod: Obj) -> PodView | None:
         node=(pod.get("spec") or {}).get("nodeName", ""),
         leaving_since=float(leaving) if leaving else None,
         restarts=restarts,
+        created=parse_time(meta.get("creationTimestamp")),
     )

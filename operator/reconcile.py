@@ -287,8 +287,30 @@ class _Round:
                       f"{restarts} pod failures exceed spec.runPolicy.backoffLimit={limit}")
             self.finished()
 
+    def gang_withdrawn(self) -> bool:
+        """Pods still unbound ``gangTimeoutSeconds`` after creation are deleted, all of them,
+        so the next round places the gang again from what is free then."""
+        assert self.obs.policy is not None
+        limit = self.obs.policy.gang_timeout_seconds
+        unbound = [p for p in self.workers + self.ps if p.state == PodState.PENDING
+                   and not p.node and p.created is not None]
+        if not unbound:
+            return False
+        oldest = min(p.created or self.now for p in unbound)
+        if self.now - oldest < limit:
+            self.plan.soon(oldest + limit - self.now)
+            return False
+        self.plan.delete.extend(p.name for p in unbound)
+        self.event("GangTimeout", f"{len(unbound)} pods stayed unbound for {limit}s "
+                   "(spec.gangTimeoutSeconds of the SchedulingPolicy); withdrawn, placing "
+                   "again", warning=True)
+        self.plan.soon(1.0)
+        return True
+
     def resize(self) -> None:
         """Bring the worker (and ps) count to the spec: remove highest ranks, add lowest free."""
+        if self.gang_withdrawn():
+            return
         wanted = self.spec.workers.replicas
         doomed = set(self.plan.delete)
         alive = [p for p in self.workers if p.alive and p.name not in doomed
@@ -342,9 +364,12 @@ class _Round:
             self.plan.soon(self.settings.resync_seconds)
         else:
             self.condition("Schedulable", True, "Placed", placed.summary)
+        # A pod on its way out leaves its index free: its replacement keeps the name (the
+        # create is refused as AlreadyExists until the old pod is gone, then it goes through).
         for role, fragments, taken in (
-            (WORKER, placed.workers, {p.index for p in self.workers}),
-            (PS, placed.ps, {p.index for p in self.ps}),
+            (WORKER, placed.workers, {p.index for p in self.workers
+                                      if p.state != PodState.DELETING}),
+            (PS, placed.ps, {p.index for p in self.ps if p.state != PodState.DELETING}),
         ):
             free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
             for fragment, index in zip(fragments, free, strict=False):

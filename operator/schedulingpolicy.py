@@ -160,6 +160,11 @@ class SchedulingPolicySpec(ApiModel):
         "Preferred: the rack set only steers the scheduler.",
     )
     limits: PolicyLimits = Field(default_factory=PolicyLimits, description="Per-job bounds.")
+    gang_timeout_seconds: int = Field(
+        default=300, ge=10, le=86400,
+        description="A job whose new pods stay unbound this long withdraws them and is "
+        "placed again: the scheduler could not follow the plan (a node went away, or room "
+        "was taken by pods the plan could not count).")
 
 
 class SchedulingPolicy(ApiModel):

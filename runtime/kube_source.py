@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.world import WORLD_KEY, ContractError, World, parse_world
 
@@ -97,7 +95,7 @@ class KubeMembershipSource:
                     version = self._watch(client, version)
             except _Expired:
                 log_event(_log, logging.INFO, "watch_expired", configmap=self.where)
-            except (httpx.HTTPError, ApiError, OSError, ValueError, RuntimeError) as err:
+            except (ApiError, OSError, ValueError, RuntimeError) as err:
                 # RuntimeError: close() closed the client under a request about to start.
                 if self._stop.is_set():
                     return

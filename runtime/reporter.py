@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-import httpx
-
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.world import Report, ReportKind
 
@@ -131,7 +129,7 @@ class KubeReporter:
                 try:
                     client = client or self._factory()
                     client.merge_patch(self._path, {"data": {self._pod: report.to_json()}})
-                except (httpx.HTTPError, ApiError, OSError, ValueError) as err:
+                except (ApiError, OSError, ValueError) as err:
                     log_event(_log, logging.WARNING, "report_not_delivered", pod=self._pod,
                               kind=report.kind.value, error=err)
                     if client is not None:

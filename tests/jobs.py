@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,17 @@ FAST = {
 }
 
 
+LEASE_SECONDS = 3.0
+
+
 class OperatorProcess:
     """``python -m ringwright.operator`` as a child process, as a user would run it."""
 
-    def __init__(self, cluster: Cluster, log: Path) -> None:
+    def __init__(self, cluster: Cluster, log: Path, *, kubeconfig: Path | None = None,
+                 args: Sequence[str] = ()) -> None:
         self.cluster, self.log = cluster, log
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
 
@@ -38,13 +45,14 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
-        env = {**os.environ, **FAST, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        env = {**os.environ, **FAST, "KUBECONFIG": str(self.kubeconfig)}
         self.metrics_port = free_port()
+        # A short lease: a restarted operator takes over from a killed one in seconds.
+        args = ["--lease-seconds", str(LEASE_SECONDS), "--metrics-address", "127.0.0.1",
+                "--metrics-port", str(self.metrics_port), *self.args]
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ringwright.operator", "--metrics-address", "127.0.0.1",
-                 "--metrics-port", str(self.metrics_port)],
-                env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen([sys.executable, "-m", "ringwright.operator", *args],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

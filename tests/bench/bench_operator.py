@@ -1,47 +1,79 @@
-"""Operator throughput: a 256-worker TrainingJob against 256 pods created by a plain script.
+"""Operator at scale, three parts, each with its baseline measured in the same run:
 
-Both run on one fresh local cluster with the large inventory (10 racks x 8 nodes x 8
-GPUs), one after the other, in the same run:
+1. ``plan``: one reconcile round's observe + plan for a 64-worker job with 10,000 nodes in
+   memory, against the old round that rebuilt the inventory from every Node and Pod
+   object (the LIST it also made is not even counted). Goal: p99 <= 50 ms.
+2. ``throughput``: a 256-worker TrainingJob until every pod is Running, against a plain
+   script creating the same 256 pods with the same concurrency (slow-start batches of
+   1, 2, 4 ... 64 in flight). Goal: <= 1.2x.
+3. ``scale``: >= 2,000 KWOK nodes and >= 100 jobs of 4-32 workers applied at once: API
+   requests per reconcile round from kube-apiserver's own ``apiserver_request_total``
+   (read before and after), LIST calls per round while nothing changes, reconcile
+   latency p50/p99 (the operator's histogram), time until every job is Running, and the
+   operator's peak RSS.
+4. ``lists``: LIST (and GET) calls per reconcile round in steady state, 20 jobs, the
+   operator as of ``--before`` (the last revision that listed per round) against this one.
 
-* baseline: a script creates 256 one-GPU pods, one request after another, and waits
-  until the scheduler bound them and KWOK made them Running;
-* operator: ``python -m ringwright.operator`` with its default settings; the job is
-  applied and timed until all 256 pods are Running (and until the job's status says
-  Running, which needs the world published).
+Prints figures and ratios; asserts nothing on time. Exits non-zero when a baseline
+fails (the ratios would mean nothing).
 
-Prints both times, their ratio and the operator's peak RSS (VmHWM). Nothing asserts on
-time.
-
-    python tests/bench/bench_operator.py [--workers 256]
+    python tests/bench/bench_operator.py [plan] [throughput] [scale] [--workers 256]
+        [--nodes 10000] [--jobs 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
 from ringwright.devcluster.control_plane import Cluster  # noqa: E402
 from ringwright.devcluster.install import install_api  # noqa: E402
-from ringwright.kube import KubeClient, api_path  # noqa: E402
+from ringwright.devcluster.inventory import Inventory, RackGroup, node_manifests  # noqa: E402
+from ringwright.kube import KubeClient, Obj, api_path  # noqa: E402
 from ringwright.operator.apibase import API_VERSION  # noqa: E402
+from ringwright.operator.apply import slow_start  # noqa: E402
+from ringwright.operator.cache import (  # noqa: E402
+    JOB_CONFIGMAPS,
+    NODES,
+    POD_SLOTS,
+    PODS_BY_JOB,
+    POLICIES,
+    PRIORITIES,
+    IndexCache,
+    Written,
+)
+from ringwright.operator.inventory import inventory_from_objects  # noqa: E402
+from ringwright.operator.ledger import CapacityLedger, PodSlot, node_record, pod_slots  # noqa: E402
 from ringwright.operator.manifests import JOB_LABEL  # noqa: E402
+from ringwright.operator.observe import observe  # noqa: E402
+from ringwright.operator.placer import place  # noqa: E402
+from ringwright.operator.reconcile import Observed, plan  # noqa: E402
+from ringwright.operator.schedulingpolicy import SchedulingPolicySpec  # noqa: E402
+from ringwright.operator.settings import OperatorSettings  # noqa: E402
 
-WAIT_S = 900.0
+WAIT_S = 1200.0
 IMAGE = "ringwright/training:dev"
+POLICY = SchedulingPolicySpec()
 
 
-def wait_until(what: str, probe: Callable[[], bool], interval: float = 0.25) -> float:
+def wait_until(what: str, probe: Callable[[], bool], interval: float = 0.5) -> float:
     """Poll ``probe``; return the wall time at which it first held."""
     deadline = time.monotonic() + WAIT_S
     while not probe():
@@ -51,47 +83,99 @@ def wait_until(what: str, probe: Callable[[], bool], interval: float = 0.25) -> 
     return time.time()
 
 
-def running(kube: KubeClient, namespace: str, selector: str) -> int:
-    pods = kube.list(api_path("v1", "pods", namespace), labelSelector=selector,
-                     fieldSelector="status.phase=Running")
-    return len(pods)
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def namespace(kube: KubeClient, name: str) -> str:
-    kube.create(api_path("v1", "namespaces"),
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    # Pods need the namespace's default ServiceAccount before they are admitted.
-    wait_until(f"the default ServiceAccount in {name}", lambda: kube.get_or_none(
-        api_path("v1", "serviceaccounts", name, "default")) is not None)
-    return name
-
-
-def baseline(kube: KubeClient, workers: int) -> float:
-    """Seconds for a plain script to create ``workers`` one-GPU pods and see them Running."""
-    ns = namespace(kube, "baseline")
-    started = time.time()
-    for i in range(workers):
-        kube.create(api_path("v1", "pods", ns), {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"plain-{i}", "labels": {"app": "plain"}},
-            "spec": {"containers": [{"name": "train", "image": IMAGE, "resources": {
-                "limits": {"nvidia.com/gpu": "1"}}}]},
-        })
-    done = wait_until("every plain pod Running", lambda: running(kube, ns, "app=plain") == workers)
-    kube.delete(api_path("v1", "namespaces", name=ns))
-    wait_until("the baseline namespace gone",
-               lambda: kube.get_or_none(api_path("v1", "namespaces", name=ns)) is None)
-    return done - started
-
-
-def job_manifest(workers: int) -> dict[str, Any]:
+def job_manifest(name: str, workers: int) -> Obj:
     return {
-        "apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": "big"},
+        "apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": name},
         "spec": {"gpusPerWorker": 1,
                  "workers": {"min": workers, "replicas": workers, "max": workers,
                              "template": {"spec": {"containers": [
                                  {"name": "train", "image": IMAGE}]}}}},
     }
+
+
+# -- 1. plan with 10,000 nodes -------------------------------------------------------------
+
+
+def plan_part(nodes: int, rounds: int) -> bool:
+    racks = nodes // 32
+    inventory = Inventory(groups=[
+        RackGroup(racks=racks // 2, nodes_per_rack=32, gpus_per_node=8,
+                  gpu_model="NVIDIA-H100-80GB-HBM3", nodes_per_nvlink_domain=4),
+        RackGroup(racks=racks - racks // 2, nodes_per_rack=32, gpus_per_node=8,
+                  gpu_model="NVIDIA-A100-SXM4-40GB", nodes_per_nvlink_domain=4)])
+    node_objs = node_manifests(inventory)
+    rng = random.Random(7)
+    # Half the nodes run a 4-GPU pod of someone else's.
+    pods = [{"metadata": {"name": f"other-{i}", "namespace": "x", "uid": f"u{i}"},
+             "spec": {"nodeName": n["metadata"]["name"], "containers": [
+                 {"name": "c", "resources": {"requests": {POLICY.gpu_resource: "4"}}}]},
+             "status": {"phase": "Running"}} for i, n in enumerate(node_objs) if i % 2]
+    job = job_manifest("big", 64)
+    job["metadata"].update(namespace="jobs", uid="j1", generation=1)
+    settings = OperatorSettings()
+
+    def old_round() -> None:
+        inv = inventory_from_objects(node_objs, pods, POLICY.node_labels,
+                                     POLICY.gpu_resource)
+        plan(Observed(job=job, pods=[], world=None, reports={}, policy=POLICY,
+                      inventory=inv), settings, 1e9, place)
+
+    nodes_ix: dict[str, list[Obj]] = {n["metadata"]["name"]: [node_record(n)]
+                                       for n in node_objs}
+    slots_ix: dict[str, list[PodSlot]] = {}
+    for p in pods:
+        for name, slot in pod_slots(p).items():
+            slots_ix.setdefault(name, []).append(slot)
+    ledger = CapacityLedger()
+    cache = IndexCache({NODES: nodes_ix, POD_SLOTS: slots_ix, PODS_BY_JOB: {},
+                        JOB_CONFIGMAPS: {}, POLICIES: {"default": [{}]}, PRIORITIES: {}},
+                       ledger, Written())
+    names = list(nodes_ix)
+
+    def new_round() -> None:
+        # Between two rounds a few pods came and went: their nodes are marked dirty.
+        ledger.mark(rng.sample(names, 5))
+        plan(observe(cache, job), settings, 1e9, place)
+
+    results: dict[str, list[float]] = {}
+    for label, fn in (("old: rebuild inventory + plan", old_round),
+                      ("new: ledger + observe + plan", new_round)):
+        fn()  # warm up (the ledger's first build)
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+        results[label] = times
+    old, new = results.values()
+    print(f"\n1. one round's observe + plan, 64 workers, {len(node_objs):,} nodes, "
+          f"{rounds} rounds (ms)")
+    print(f"{'':36} {'p50':>8} {'p99':>8} {'ratio p99':>10}")
+    for label, times in results.items():
+        print(f"{label:36} {pct(times, .5):8.1f} {pct(times, .99):8.1f} "
+              f"{pct(times, .99) / pct(old, .99):10.2f}")
+    print(f"goal p99 <= 50 ms: {'met' if pct(new, .99) <= 50 else 'NOT met'}")
+    return bool(old)
+
+
+# -- cluster helpers ---------------------------------------------------------------------
+
+
+def running_pods(kube: KubeClient, namespace: str, selector: str) -> int:
+    return len(kube.list(api_path("v1", "pods", namespace), labelSelector=selector,
+                         fieldSelector="status.phase=Running"))
+
+
+def make_namespace(kube: KubeClient, name: str) -> str:
+    kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
+    wait_until(f"the default ServiceAccount in {name}", lambda: kube.get_or_none(
+        api_path("v1", "serviceaccounts", name, "default")) is not None)
+    return name
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -102,57 +186,329 @@ def peak_rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
-def with_operator(cluster: Cluster, kube: KubeClient, workers: int,
-                  log: Path) -> tuple[float, float, float]:
-    """Seconds to all pods Running and to status Running, and the operator's peak RSS."""
-    ns = namespace(kube, "jobs")
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    with log.open("wb") as out:
-        op = subprocess.Popen([sys.executable, "-m", "ringwright.operator"], env=env,
-                              stdout=out, stderr=subprocess.STDOUT, cwd="/")
-    try:
-        # Timed from the apply, once the operator has logged in and opened its watches.
-        wait_until("the operator to log in", lambda: op.poll() is not None or
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Operator:
+    """``python -m ringwright.operator`` with a metrics port, as the bench runs it."""
+
+    def __init__(self, cluster: Cluster, log: Path) -> None:
+        self.port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ringwright.operator", "--metrics-port", str(self.port)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+        wait_until("the operator to log in", lambda: self.proc.poll() is not None or
                    "Initial authentication has finished" in log.read_text(errors="replace"))
-        if op.poll() is not None:
+        if self.proc.poll() is not None:
             raise RuntimeError(f"the operator exited:\n{log.read_text()[-3000:]}")
-        time.sleep(2)
-        started = time.time()
-        kube.create(api_path(API_VERSION, "trainingjobs", ns), job_manifest(workers))
-        pods_done = wait_until("every worker Running",
-                               lambda: running(kube, ns, f"{JOB_LABEL}=big") == workers)
-        status_done = wait_until("the job Running", lambda: (kube.get(
-            api_path(API_VERSION, "trainingjobs", ns, "big")).get("status") or {}).get(
-            "phase") == "Running")
-        rss = peak_rss_mib(op.pid)
-    finally:
-        op.terminate()
-        op.wait(timeout=30)
-    return pods_done - started, status_done - started, rss
+
+    @staticmethod
+    def read_rounds(port: int) -> float:
+        """Rounds so far of the operator serving metrics on ``port``."""
+        return Operator.parse_rounds(port)[0]
+
+    def rounds(self) -> tuple[float, list[tuple[float, float]]]:
+        """Rounds so far and the histogram's cumulative (upper bound, count) buckets."""
+        return self.parse_rounds(self.port)
+
+    @staticmethod
+    def parse_rounds(port: int) -> tuple[float, list[tuple[float, float]]]:
+        """Rounds so far and the histogram's cumulative (upper bound, count) buckets."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        buckets: list[tuple[float, float]] = []
+        count = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name != "ringwright_reconcile_seconds":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    buckets.append((float(sample.labels["le"]), sample.value))
+                elif sample.name.endswith("_count"):
+                    count = sample.value
+        return count, sorted(buckets)
+
+    def stop(self) -> float:
+        rss = peak_rss_mib(self.proc.pid)
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        return rss
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=256)
-    args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="ringwright-bench-operator-"))
-    cluster = Cluster(name="bench-operator", root=work / "cluster")
-    print(f"starting a cluster with the large inventory in {work} ...", flush=True)
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """Prometheus' histogram_quantile over cumulative buckets (linear within a bucket)."""
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
+        lower, below = upper, count
+    return lower
+
+
+def apiserver_requests(kube: KubeClient) -> Counter[tuple[str, str]]:
+    """``apiserver_request_total`` summed by (verb, resource)."""
+    totals: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(kube.get_text("/metrics")):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total":
+                totals[(sample.labels.get("verb", ""), sample.labels.get("resource", ""))] += (
+                    int(sample.value))
+    return totals
+
+
+# -- 2. 256 workers against a plain script ------------------------------------------------
+
+
+def throughput_part(work: Path, workers: int) -> bool:
+    cluster = Cluster(name="bench-operator", root=work / "throughput")
+    print(f"\n2. starting a cluster with the large inventory in {work} ...", flush=True)
     cluster.up(inventory="large")
     try:
         with cluster.client() as kube:
             install_api(kube)
-            plain = baseline(kube, args.workers)
-            pods, status, rss = with_operator(cluster, kube, args.workers, work / "operator.log")
+            ns = make_namespace(kube, "plain")
+            pool = ThreadPoolExecutor(64)
+            started = time.time()
+
+            def create(i: int) -> None:
+                kube.create(api_path("v1", "pods", ns), {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"plain-{i}", "labels": {"app": "plain"}},
+                    "spec": {"containers": [{"name": "train", "image": IMAGE, "resources": {
+                        "limits": {POLICY.gpu_resource: "1"}}}]}})
+
+            _, refusal = slow_start(list(range(workers)), create, pool)
+            if refusal is not None:
+                print(f"baseline failed: {refusal.error}", file=sys.stderr)
+                return False
+            plain = wait_until("every plain pod Running",
+                               lambda: running_pods(kube, ns, "app=plain") == workers) - started
+            kube.delete(api_path("v1", "namespaces", name=ns))
+            wait_until("the plain namespace gone", lambda: kube.get_or_none(
+                api_path("v1", "namespaces", name=ns)) is None)
+
+            jobs = make_namespace(kube, "jobs")
+            op = Operator(cluster, work / "throughput-operator.log")
+            try:
+                time.sleep(2)
+                started = time.time()
+                kube.create(api_path(API_VERSION, "trainingjobs", jobs),
+                            job_manifest("big", workers))
+                pods = wait_until("every worker Running", lambda: running_pods(
+                    kube, jobs, f"{JOB_LABEL}=big") == workers) - started
+                status = wait_until("the job Running", lambda: (kube.get(
+                    api_path(API_VERSION, "trainingjobs", jobs, "big")).get("status") or {})
+                    .get("phase") == "Running") - started
+            finally:
+                rss = op.stop()
     finally:
         cluster.down()
-    n = args.workers
-    print(f"\n{'':40} {'seconds':>8} {'ratio':>6}")
-    print(f"{f'plain script, {n} pods -> Running':40} {plain:8.2f} {1.0:6.2f}")
-    print(f"{f'TrainingJob, {n} workers -> pods Running':40} {pods:8.2f} {pods / plain:6.2f}")
-    print(f"{f'TrainingJob, {n} workers -> job Running':40} {status:8.2f} {status / plain:6.2f}")
+    print(f"{'':44} {'seconds':>8} {'ratio':>6}")
+    print(f"{f'plain script, {workers} pods, 64 in flight -> Running':44} {plain:8.2f} "
+          f"{1.0:6.2f}")
+    print(f"{f'TrainingJob, {workers} workers -> pods Running':44} {pods:8.2f} "
+          f"{pods / plain:6.2f}")
+    print(f"{f'TrainingJob, {workers} workers -> job Running':44} {status:8.2f} "
+          f"{status / plain:6.2f}")
     print(f"operator peak RSS: {rss:.0f} MiB")
-    return 0
+    return True
+
+
+# -- 3. 2,000 nodes, 100 jobs -------------------------------------------------------------
+
+
+def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
+    cluster = Cluster(name="bench-operator-scale", root=work / "scale")
+    print(f"\n3. starting a cluster with the xlarge inventory in {work} ...", flush=True)
+    cluster.up(inventory="xlarge", timeout=900)
+    rng = random.Random(11)
+    sizes = [rng.randint(4, 32) for _ in range(jobs)]
+    try:
+        with cluster.client() as kube:
+            install_api(kube)
+            nodes = len(kube.list(api_path("v1", "nodes")))
+            ns = make_namespace(kube, "scale")
+            op = Operator(cluster, work / "scale-operator.log")
+            try:
+                time.sleep(2)
+                before = apiserver_requests(kube)
+                rounds_before, _ = op.rounds()
+                started = time.time()
+                with ThreadPoolExecutor(16) as pool:
+                    list(pool.map(lambda i: kube.create(
+                        api_path(API_VERSION, "trainingjobs", ns),
+                        job_manifest(f"job-{i}", sizes[i])), range(jobs)))
+
+                def all_running() -> bool:
+                    items = kube.list(api_path(API_VERSION, "trainingjobs", ns))
+                    phases = [(j.get("status") or {}).get("phase") for j in items]
+                    return phases.count("Running") == jobs
+
+                done = wait_until("every job Running", all_running, interval=2.0) - started
+                after = apiserver_requests(kube)
+                rounds_after, buckets = op.rounds()
+                # Steady state: nothing changes; the operator resyncs every job.
+                time.sleep(steady_s)
+                steady = apiserver_requests(kube)
+                rounds_steady, buckets = op.rounds()
+            finally:
+                rss = op.stop()
+    finally:
+        cluster.down()
+    rounds = rounds_after - rounds_before
+    busy = after - before
+    quiet = steady - after
+    quiet_rounds = rounds_steady - rounds_after
+    print(f"{nodes:,} nodes, {jobs} jobs of 4-32 workers ({sum(sizes)} pods), applied at once")
+    print(f"time until every job Running: {done:.1f} s")
+    print(f"reconcile rounds: {rounds:.0f} until Running, {quiet_rounds:.0f} in "
+          f"{steady_s:.0f} s of steady state")
+    print(f"reconcile latency: p50 {histogram_quantile(.5, buckets) * 1000:.1f} ms, "
+          f"p99 {histogram_quantile(.99, buckets) * 1000:.1f} ms")
+    print("kube-apiserver requests (all clients: operator, scheduler, KWOK, this bench):")
+    for label, delta, n in (("until Running", busy, rounds), ("steady state", quiet,
+                                                               quiet_rounds)):
+        by_verb: Counter[str] = Counter()
+        for (verb, _), value in delta.items():
+            by_verb[verb] += int(value)
+        total = sum(by_verb.values())
+        lists = by_verb.get("LIST", 0)
+        print(f"  {label:14} {total:7d} requests, {total / max(n, 1):6.2f} per round; "
+              f"LIST {lists} ({lists / max(n, 1):.3f} per round); "
+              + ", ".join(f"{v} {c}" for v, c in by_verb.most_common(6)))
+    print(f"operator peak RSS: {rss:.0f} MiB")
+    return True
+
+
+# -- 4. LIST calls per round, before and after -----------------------------------------
+
+
+def old_tree(work: Path, rev: str) -> Path:
+    """The operator as of ``rev``, laid out as an importable ``ringwright`` package."""
+    src, pkg = work / "before-src", work / "before-pkg"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    (pkg / "ringwright").mkdir(parents=True)
+    for item in (src / "src" / "ringwright").iterdir():
+        (pkg / "ringwright" / item.name).symlink_to(item)
+    for folder in ("operator", "runtime", "devcluster"):
+        (pkg / "ringwright" / folder).symlink_to(src / folder)
+    return pkg
+
+
+def lists_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
+    cluster = Cluster(name="bench-operator-lists", root=work / "lists")
+    print(f"\n4. LIST calls per round, {jobs} jobs in steady state for {window_s:.0f} s: "
+          f"the operator as of {rev} against this one", flush=True)
+    cluster.up(inventory="large")
+    resync = OperatorSettings().resync_seconds
+    rows = []
+    try:
+        with cluster.client() as kube:
+            install_api(kube)
+            for label, pythonpath in (("before", str(old_tree(work, rev))), ("after", "")):
+                ns = make_namespace(kube, f"lists-{label}")
+                env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+                args = [sys.executable, "-m", "ringwright.operator"]
+                port = free_port()
+                if pythonpath:
+                    env["PYTHONPATH"] = pythonpath
+                else:
+                    args += ["--metrics-port", str(port)]
+                log = work / f"lists-{label}.log"
+                with log.open("wb") as out:
+                    proc = subprocess.Popen(args, env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, cwd="/")
+                try:
+                    with ThreadPoolExecutor(8) as pool:
+                        def create(i: int, ns: str = ns) -> Obj:
+                            return kube.create(api_path(API_VERSION, "trainingjobs", ns),
+                                               job_manifest(f"job-{i}", 4))
+
+                        list(pool.map(create, range(jobs)))
+
+                    def all_created(ns: str = ns) -> bool:
+                        pods = kube.list(api_path("v1", "pods", ns))
+                        return len(pods) >= 4 * jobs
+
+                    # Steady state is what counts here, wherever the jobs landed.
+                    wait_until("every pod created", all_created, interval=2.0)
+                    time.sleep(resync)  # let the last events settle
+                    start = apiserver_requests(kube)
+                    rounds0 = None if pythonpath else Operator.read_rounds(port)
+                    time.sleep(window_s)
+                    delta = apiserver_requests(kube) - start
+                    rounds = (jobs * window_s / resync if rounds0 is None
+                              else Operator.read_rounds(port) - rounds0)
+                    phases = [(j.get("status") or {}).get("phase") for j in
+                              kube.list(api_path(API_VERSION, "trainingjobs", ns))]
+                    unbound = sum(not p["spec"].get("nodeName")
+                                  for p in kube.list(api_path("v1", "pods", ns)))
+                    # While the operator runs: it releases its jobs' finalizers.
+                    kube.delete(api_path("v1", "namespaces", name=ns))
+
+                    def gone(ns: str = ns) -> bool:
+                        return kube.get_or_none(api_path("v1", "namespaces", name=ns)) is None
+
+                    wait_until(f"namespace {ns} gone", gone)
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+                lists = sum(v for (verb, _), v in delta.items() if verb == "LIST")
+                gets = sum(v for (verb, _), v in delta.items() if verb == "GET")
+                rows.append((label, rounds, lists, gets, rounds0 is None,
+                             phases.count("Running"), unbound))
+    finally:
+        cluster.down()
+    print(f"{'':8} {'rounds':>8} {'LIST':>6} {'per round':>10} {'GET':>6} {'per round':>10} "
+          f"{'jobs Running':>13} {'pods unbound':>13}")
+    for label, rounds, lists, gets, estimated, up, unbound in rows:
+        mark = "*" if estimated else " "
+        print(f"{label:8} {rounds:7.0f}{mark} {lists:6d} {lists / max(rounds, 1):10.2f} "
+              f"{gets:6d} {gets / max(rounds, 1):10.2f} {up:>8d}/{jobs:<4d} {unbound:13d}")
+    print("* rounds estimated as jobs x window / resyncSeconds (that operator has no metrics)")
+    return bool(rows) and rows[0][2] > 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("parts", nargs="*",
+                        choices=["plan", "throughput", "scale", "lists", []], default=[])
+    parser.add_argument("--before", default="513f6db",
+                        help="git revision of the operator to compare LIST calls with")
+    parser.add_argument("--workers", type=int, default=256)
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--steady-seconds", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    parts = args.parts or ["plan", "throughput", "scale", "lists"]
+    work = Path(tempfile.mkdtemp(prefix="ringwright-bench-operator-"))
+    ok = True
+    if "plan" in parts:
+        ok &= plan_part(args.nodes, args.rounds)
+    if "throughput" in parts:
+        ok &= throughput_part(work, args.workers)
+    if "scale" in parts:
+        ok &= scale_part(work, args.jobs, args.steady_seconds)
+    if "lists" in parts:
+        ok &= lists_part(work, args.before, 20, args.steady_seconds)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

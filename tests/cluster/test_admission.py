@@ -21,16 +21,27 @@ def _cases(file: str) -> list[dict[str, Any]]:
     return cases
 
 
+def _replace_latest(kube: KubeClient, path: str, manifest: dict[str, Any]) -> None:
+    """PUT ``manifest`` over the latest version (a running operator may write in between)."""
+    for _ in range(10):
+        version = kube.get(path)["metadata"]["resourceVersion"]
+        try:
+            kube.replace(path, {**manifest, "metadata": {**manifest["metadata"],
+                                                         "resourceVersion": version}})
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            continue
+        return
+
+
 def _refused(kube: KubeClient, collection: str, case: dict[str, Any]) -> str:
     manifest = case["manifest"]
     name = manifest["metadata"]["name"]
     with pytest.raises(ApiError) as refused:
         if "old" in case:
-            created = kube.create(collection, case["old"])
-            version = created["metadata"]["resourceVersion"]
-            update = {**manifest, "metadata": {**manifest["metadata"],
-                                               "resourceVersion": version}}
-            kube.replace(f"{collection}/{name}", update)
+            kube.create(collection, case["old"])
+            _replace_latest(kube, f"{collection}/{name}", manifest)
         else:
             kube.create(collection, manifest)
     assert refused.value.status == 422, refused.value

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from ringwright.devcluster.control_plane import Cluster, free_port
-from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig
+from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
 from ringwright.world import WORLD_KEY, parse_world, world_configmap_name
 from tests.jobs import tj_path, training_job
 from tests.unit.test_chart_render import CHART, IN_CI, find_helm
@@ -148,8 +148,7 @@ def _operator_token(kube: KubeClient, release: Release) -> str:
 def _as_operator(cluster: Cluster, kube: KubeClient, release: Release) -> KubeClient:
     """A client that authenticates as the operator's ServiceAccount."""
     admin = load_kubeconfig(cluster.kubeconfig)
-    return KubeClient(dataclasses.replace(admin, token=_operator_token(kube, release),
-                                          client_cert_file="", client_key_file=""))
+    return KubeClient(with_token(admin, _operator_token(kube, release)))
 
 
 def _forbidden(call: Callable[..., object], *args: Any) -> bool:
@@ -170,7 +169,9 @@ def test_install_creates_crds_operator_rbac_priority_classes_and_policy(
     ns, full = release.namespace, release.fullname
 
     deployment = kube.get(api_path("apps/v1", "deployments", ns, full))
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2
+    pdb = kube.get(api_path("policy/v1", "poddisruptionbudgets", ns, full))
+    assert pdb["spec"]["minAvailable"] == 1
     pod_spec = deployment["spec"]["template"]["spec"]
     assert pod_spec["serviceAccountName"] == full
     assert kube.get_or_none(api_path("v1", "serviceaccounts", ns, full)) is not None
@@ -315,7 +316,9 @@ def test_the_operator_works_with_only_the_charts_permissions(
                 for a in main["args"]]
         assert f"--namespace={jobs_ns}" in args
         log = tmp_path / "operator.log"
-        env = {**os.environ, "KUBECONFIG": str(tmp_path / "operator.kubeconfig")}
+        # What the Deployment's downward API gives the pod: the Lease's namespace.
+        env = {**os.environ, "KUBECONFIG": str(tmp_path / "operator.kubeconfig"),
+               "POD_NAMESPACE": namespace}
         with log.open("wb") as out:
             # cwd: the checkout's operator/ folder must not shadow the standard library.
             proc = subprocess.Popen([sys.executable, *main["command"][1:], *args], cwd=tmp_path,

@@ -188,7 +188,7 @@ _CLUSTER = {
 } | {
     ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
 } | {
-    ("scheduling.k8s.io", "priorityclasses", "get")
+    ("scheduling.k8s.io", "priorityclasses", v) for v in ("get", "list", "watch")
 }
 _MANAGE = ("get", "list", "watch", "create", "patch", "update", "delete")
 _JOBS = (
@@ -203,6 +203,7 @@ _JOBS = (
     | {("", "events", v) for v in ("create", "patch")}
 )
 _NAMESPACES = {("", "namespaces", v) for v in ("list", "watch")}
+_LEADER = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
 
 def permissions(role: Obj) -> set[tuple[str, str, str]]:
@@ -221,7 +222,11 @@ def test_rbac_grants_exactly_what_the_operator_needs(defaults: list[Obj]) -> Non
     assert sorted(roles) == [f"{FULLNAME}-cluster", f"{FULLNAME}-jobs"]
     assert permissions(roles[f"{FULLNAME}-cluster"]) == _CLUSTER
     assert permissions(roles[f"{FULLNAME}-jobs"]) == _JOBS
-    assert not by_kind(defaults, "Role"), "all namespaced rights live in the -jobs ClusterRole"
+    # The one namespaced Role: the leader-election Lease, in the release namespace only.
+    [leader] = by_kind(defaults, "Role")
+    assert leader["metadata"] == {**leader["metadata"], "name": f"{FULLNAME}-leader",
+                                  "namespace": RELEASE_NS}
+    assert permissions(leader) == _LEADER
 
 
 @pytest.mark.parametrize("values", [None, {"operator": {"watchNamespaces": ["a", "b"]}}],
@@ -229,7 +234,8 @@ def test_rbac_grants_exactly_what_the_operator_needs(defaults: list[Obj]) -> Non
 def test_rbac_never_reaches_secrets_wildcards_or_escalation(
     helm: Path, tmp_path: Path, values: Obj | None
 ) -> None:
-    for role in by_kind(render(helm, tmp_path, values), "ClusterRole"):
+    objs = render(helm, tmp_path, values)
+    for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
         for group, resource, verb in permissions(role):
             assert "secrets" not in resource, f"{role['metadata']['name']} grants {verb} {resource}"
             assert "*" not in (group, resource, verb), f"wildcard in {role['metadata']['name']}"
@@ -255,7 +261,9 @@ def test_all_namespaces_binds_both_roles_cluster_wide_to_the_service_account(
         assert binding["roleRef"]["kind"] == "ClusterRole"
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": sa["name"], "namespace": RELEASE_NS}]
-    assert not by_kind(defaults, "RoleBinding")
+    [leader] = by_kind(defaults, "RoleBinding")
+    assert leader["roleRef"]["name"] == f"{FULLNAME}-leader"
+    assert leader["metadata"]["namespace"] == RELEASE_NS
     assert permissions(one(defaults, "ClusterRole", f"{FULLNAME}-cluster")).isdisjoint(_NAMESPACES)
 
 
@@ -265,7 +273,8 @@ def test_namespace_list_grants_job_rights_only_in_those_namespaces(
     objs = render(helm, tmp_path, {"operator": {"watchNamespaces": ["team-a", "team-b"]}})
     cluster_bindings = by_kind(objs, "ClusterRoleBinding")
     assert [b["roleRef"]["name"] for b in cluster_bindings] == [f"{FULLNAME}-cluster"]
-    role_bindings = by_kind(objs, "RoleBinding")
+    role_bindings = [b for b in by_kind(objs, "RoleBinding")
+                     if b["roleRef"]["name"] != f"{FULLNAME}-leader"]
     assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
     for binding in role_bindings:
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
@@ -279,11 +288,17 @@ def test_namespace_list_grants_job_rights_only_in_those_namespaces(
 # ------------------------------------------------------------------ Deployment
 
 
-def test_deployment_runs_one_standalone_operator(defaults: list[Obj]) -> None:
+def test_deployment_runs_two_replicas_electing_a_leader_with_a_disruption_budget(
+        defaults: list[Obj]) -> None:
     deployment = one(defaults, "Deployment", FULLNAME)
     assert deployment["metadata"]["namespace"] == RELEASE_NS
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert "strategy" not in deployment["spec"]  # a rolling update: the Lease hands over
+    pdb = one(defaults, "PodDisruptionBudget", FULLNAME)
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    env = {e["name"]: e for e in container(defaults)["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     pod = deployment["spec"]["template"]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod["metadata"]["labels"].items()
@@ -381,7 +396,7 @@ def test_create_switches_leave_out_their_objects(helm: Path, tmp_path: Path) -> 
         "schedulingPolicy": {"create": False},
         "metrics": {"port": 9400, "service": {"enabled": False}},
     })
-    assert sorted(o["kind"] for o in objs) == ["Deployment"]
+    assert sorted(o["kind"] for o in objs) == ["Deployment", "PodDisruptionBudget"]
     assert one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 
@@ -484,6 +499,7 @@ def test_values_schema_bounds_agree_with_the_crd() -> None:
 
 _BAD_VALUES: list[tuple[str, Obj, str]] = [
     ("replicas-not-a-value", {"replicaCount": 2}, "replicaCount"),
+    ("no-operator-replica", {"operator": {"replicas": 0}}, "/operator/replicas"),
     ("ps-below-worker", {"priorityClasses": {"ps": {"value": 10}, "worker": {"value": 20}}},
      "priorityClasses.ps.value"),
     ("ps-equals-worker", {"priorityClasses": {"ps": {"value": 20}, "worker": {"value": 20}}},

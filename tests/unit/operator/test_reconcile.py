@@ -345,3 +345,30 @@ def test_first_world_after_a_loss_records_the_recovery_once() -> None:
                 world=shrunk.world, now=NOW + 9)
     assert grown.world is not None and grown.world.size == 4
     assert grown.status["lastRecovery"]["seconds"] == 2.5
+
+
+def _unbound(index: int, created: str) -> Obj:
+    body = pod(index, phase="Pending", ready=False, node="")
+    body["metadata"]["creationTimestamp"] = created
+    return body
+
+
+def test_a_gang_unbound_past_the_policys_timeout_is_withdrawn_and_placed_again() -> None:
+    policy = SchedulingPolicySpec(gang_timeout_seconds=60)
+    stale = "1970-01-12T13:45:40Z"  # NOW - 60 s
+    pods = [pod(0), _unbound(1, stale), _unbound(2, stale)]
+    placer = FakePlacer()
+    decided = plan(Observed(job=job(replicas=3), pods=pods, world=None, reports={},
+                            policy=policy, inventory=NODES), SETTINGS, NOW, placer)
+    assert sorted(decided.delete) == ["tj-worker-1", "tj-worker-2"]
+    assert decided.create == [] and placer.calls == 0  # placed again next round, not now
+    assert [e.reason for e in decided.events] == ["GangTimeout"]
+
+
+def test_a_gang_still_within_its_timeout_waits_for_the_scheduler() -> None:
+    policy = SchedulingPolicySpec(gang_timeout_seconds=60)
+    pods = [pod(0), _unbound(1, "1970-01-12T13:46:30Z")]  # NOW - 10 s
+    decided = plan(Observed(job=job(replicas=2), pods=pods, world=None, reports={},
+                            policy=policy, inventory=NODES), SETTINGS, NOW, FakePlacer())
+    assert decided.delete == [] and decided.create == []
+    assert decided.requeue_after is not None and decided.requeue_after <= 50

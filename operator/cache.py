@@ -1,0 +1,136 @@
+"""What the operator knows of the cluster, held in memory by its watches.
+
+kopf indices (see :mod:`ringwright.operator.handlers`) keep every object the planner
+reads; this module names them and answers the observe step's questions from them, so
+a reconcile round makes no API call to look. Our own latest writes (a job's status,
+its world) are overlaid until the watch catches up, so a round that follows a write at
+once never plans from the state before it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ringwright.kube import Obj
+from ringwright.operator.inventory import Inventory
+from ringwright.operator.ledger import CapacityLedger, PodSlot
+from ringwright.operator.schedulingpolicy import NodeLabelKeys
+
+# Names of the kopf indices: the handler functions are called so, and kopf passes each
+# index to handlers as the keyword argument of that name.
+PODS_BY_JOB = "pods_by_job"
+POD_SLOTS = "pod_slots"
+NODES = "nodes_by_name"
+JOB_CONFIGMAPS = "job_configmaps"
+POLICIES = "scheduling_policies"
+PRIORITIES = "priority_classes"
+INDICES = (PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES, PRIORITIES)
+
+Index = Mapping[Any, Iterable[Any]]
+"""A kopf index as the cache reads it: key -> the values of every object under it."""
+
+
+class Cache(Protocol):
+    """The observe step's questions; answered from memory."""
+
+    def job_pods(self, namespace: str, job: str) -> list[Obj]:
+        """Every pod labelled for ``job``."""
+        ...
+
+    def configmap(self, namespace: str, name: str) -> Obj | None:
+        """A job's ConfigMap (world, reports), or None."""
+        ...
+
+    def policy(self, name: str) -> Obj | None:
+        """The SchedulingPolicy's spec, or None when it does not exist."""
+        ...
+
+    def priority_value(self, name: str) -> int | None:
+        """The value of PriorityClass ``name``; None when it does not exist."""
+        ...
+
+    def inventory(self, labels: NodeLabelKeys, gpu_resource: str,
+                  preemptible_below: int | None) -> Inventory:
+        """Schedulable nodes with their free room."""
+        ...
+
+
+def _version(obj: Obj | None) -> int:
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def newer(a: Obj | None, b: Obj | None) -> Obj | None:
+    """Whichever of two copies of one object has the higher resourceVersion."""
+    if a is None or b is None:
+        return a if b is None else b
+    return b if _version(b) > _version(a) else a
+
+
+@dataclass
+class Written:
+    """Our latest writes, by (kind, namespace, name): read-your-writes for the next round."""
+
+    objects: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, kind: str, obj: Obj) -> None:
+        """Remember ``obj`` as written (the server's answer, with its resourceVersion)."""
+        meta = obj.get("metadata") or {}
+        with self.lock:
+            key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+            self.objects[key] = newer(self.objects.get(key), obj) or obj
+
+    def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """Our last write of that object, if any."""
+        with self.lock:
+            return self.objects.get((kind, namespace, name))
+
+    def forget_job(self, namespace: str, name: str) -> None:
+        """Drop everything written for a job that is gone."""
+        with self.lock:
+            for key in [k for k in self.objects if k[1] == namespace
+                        and (k[2] == name or k[2].startswith(f"{name}-"))]:
+                del self.objects[key]
+
+
+class IndexCache:
+    """:class:`Cache` over kopf's indices, the capacity ledger and our own writes."""
+
+    def __init__(self, indices: Mapping[str, Index], ledger: CapacityLedger,
+                 written: Written) -> None:
+        self._ix, self._ledger, self._written = indices, ledger, written
+
+    def _one(self, index: str, key: Any) -> Any:
+        return next(iter(self._ix[index].get(key, ())), None)
+
+    def job_pods(self, namespace: str, job: str) -> list[Obj]:
+        """Every pod labelled for ``job`` (the pods-by-job index)."""
+        return [dict(p) for p in self._ix[PODS_BY_JOB].get((namespace, job), ())]
+
+    def configmap(self, namespace: str, name: str) -> Obj | None:
+        """The indexed ConfigMap or our newer write of it."""
+        seen: Obj | None = self._one(JOB_CONFIGMAPS, (namespace, name))
+        return newer(seen, self._written.get("ConfigMap", namespace, name))
+
+    def policy(self, name: str) -> Obj | None:
+        """The SchedulingPolicy's spec."""
+        spec: Obj | None = self._one(POLICIES, name)
+        return spec
+
+    def priority_value(self, name: str) -> int | None:
+        """The PriorityClass's value."""
+        value: int | None = self._one(PRIORITIES, name)
+        return value
+
+    def inventory(self, labels: NodeLabelKeys, gpu_resource: str,
+                  preemptible_below: int | None) -> Inventory:
+        """From the ledger, recomputing only nodes that changed."""
+        slots: Mapping[str, Iterable[PodSlot]] = self._ix[POD_SLOTS]
+        return self._ledger.inventory(self._ix[NODES], slots, labels, gpu_resource,
+                                      preemptible_below)
