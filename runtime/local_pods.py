@@ -24,6 +24,7 @@ class LocalPod:
     ip: str
     index: int
     process: subprocess.Popen[bytes]
+    rack: str = ""
     leaving: bool = False
     """Dropped by a planned scale-down: its exit is expected and not a failure."""
     evicted_at: float | None = None

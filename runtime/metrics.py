@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ringwright.world import World
 
-from .backend import CollectiveBackend
+from .backend import CollectiveBackend, CollectiveError, PeerFailureListener
 from .checkpoint import CheckpointWritten
 from .state import State, StateBinding
 
@@ -190,14 +190,23 @@ class MeteredBackend:
         """The wrapped backend's device."""
         return self._inner.device
 
-    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
+    def init(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_peer_failure: PeerFailureListener) -> None:
         """Form the group (timed as ``init``)."""
         with self._seconds.labels("init").time():
-            self._inner.init(world, rank, superseded)
+            self._inner.init(world, rank, superseded, on_peer_failure)
 
-    def shutdown(self) -> None:
+    def abort(self, reason: str) -> None:
+        """Abort the wrapped backend's group."""
+        self._inner.abort(reason)
+
+    def failure_of(self, err: BaseException) -> CollectiveError | None:
+        """The wrapped backend's reading of ``err``."""
+        return self._inner.failure_of(err)
+
+    def shutdown(self, *, left_cleanly: bool = False) -> None:
         """Leave the current group."""
-        self._inner.shutdown()
+        self._inner.shutdown(left_cleanly=left_cleanly)
 
     def close(self) -> None:
         """Leave for good."""
@@ -222,6 +231,11 @@ class MeteredBackend:
         """Timed ``allreduce_gradients``."""
         with self._seconds.labels("allreduce_gradients").time():
             self._inner.allreduce_gradients(params, average=average)
+
+    def allreduce_(self, flat: torch.Tensor, name: str) -> None:
+        """Timed ``allreduce_`` (one bucket)."""
+        with self._seconds.labels("allreduce_bucket").time():
+            self._inner.allreduce_(flat, name)
 
     def allreduce_max(self, value: int) -> int:
         """Timed ``allreduce_max``."""

@@ -110,7 +110,7 @@ def main() -> int:
             world = parse_world(json.dumps(run["world"]))
             me = world.member(pod)
             assert me is not None, f"{pod} is not in run {i}"
-            backend.init(world, me.rank, lambda: False)
+            backend.init(world, me.rank, lambda: False, lambda failure: None)
             env: dict[str, str] = run["env"]
             if run["task"] == "train":
                 result = train_task(backend, world.size, env)

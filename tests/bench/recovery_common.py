@@ -66,7 +66,7 @@ WORKLOAD = {
 def straggler_env(workdir: Path) -> dict[str, str]:
     """Environment that makes rank VICTIM pause STRAGGLER_S once after KILL_AT_STEP."""
     return {"PAUSE_STEP": str(KILL_AT_STEP), "PAUSE_RANK": str(VICTIM),
-            "PAUSE_S": str(STRAGGLER_S), "PAUSE_FILE": str(workdir / "paused")}
+            "PAUSE_SECONDS": str(STRAGGLER_S), "PAUSE_FILE": str(workdir / "paused")}
 
 
 @dataclass

@@ -165,7 +165,7 @@ def worker() -> int:
                         wepoch=wepoch)
             time.sleep(step_sleep)
             if state.step == pause_step and hvd.rank() == int(os.environ["PAUSE_RANK"]):
-                pause_once(Path(os.environ["PAUSE_FILE"]), float(os.environ["PAUSE_S"]))
+                pause_once(Path(os.environ["PAUSE_FILE"]), float(os.environ["PAUSE_SECONDS"]))
             if state.step % commit_every == 0:
                 state.sampler = sampler.state_dict()
                 state.commit()

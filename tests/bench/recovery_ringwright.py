@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from ringwright.runtime.local_launcher import LocalJob, LocalPod
+from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.local_pods import LocalPod
 from ringwright.runtime.settings import SettingsEnv
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
@@ -72,8 +73,8 @@ class ClusterStyleJob(LocalJob):
     def __enter__(self) -> ClusterStyleJob:
         return self
 
-    def _spawn(self) -> LocalPod:
-        pod = super()._spawn()
+    def _spawn(self, index: int | None = None) -> LocalPod:
+        pod = super()._spawn(index)
         pod.process = cast(subprocess.Popen[bytes],
                            _ExitSeenOnEvidence(pod.process, self._peer_noticed))
         return pod

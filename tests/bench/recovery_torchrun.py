@@ -233,7 +233,7 @@ def worker() -> int:
         trace.write(ev="stepped", node=node, rank=rank, size=size, step=step, wepoch=restart)
         time.sleep(step_sleep)
         if step == pause_step and rank == int(os.environ["PAUSE_RANK"]):
-            pause_once(Path(os.environ["PAUSE_FILE"]), float(os.environ["PAUSE_S"]))
+            pause_once(Path(os.environ["PAUSE_FILE"]), float(os.environ["PAUSE_SECONDS"]))
         if step % commit_every == 0 and rank == 0:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),

@@ -10,6 +10,7 @@ process start counts, not from log lines.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -53,6 +54,15 @@ class HostThread:
 
     def traces(self) -> Traces:
         return Traces.load(self.host.workdir / "trace")
+
+    def log_lines(self, pattern: str) -> list[str]:
+        """Lines of the pods' logs matching ``pattern``, each after its pod's name (for
+        programs that keep no trace, such as the PS example)."""
+        out = []
+        for path in sorted(self.host.workdir.glob("*.log")):
+            out += [f"{path.stem} {line}" for line in path.read_text(errors="replace")
+                    .splitlines() if re.search(pattern, line)]
+        return out
 
 
 @pytest.fixture(params=["torch", pytest.param("horovod", marks=pytest.mark.horovod)])

@@ -98,7 +98,7 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     backend = TorchDistributedBackend(torch.device("cpu"),
                                       RuntimeSettings(collective_timeout_s=120))
-    backend.init(world, rank, lambda: False)
+    backend.init(world, rank, lambda: False, lambda failure: None)
     try:
         exact, none_grads = bucket_diff(backend, rank, world.size, Compression.NONE)
         compressed, _ = bucket_diff(backend, rank, world.size, Compression.BF16)

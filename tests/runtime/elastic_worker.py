@@ -17,7 +17,8 @@ GATE_FILE exists, so a test can make a change happen at a known point of trainin
 without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that
 rank that completes that step first sleep once per job (a slow evaluation, a straggler:
 late, not dead); PAUSE_FILE (default: in TRACE_DIR) records that it happened.
-USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the training function, as user code may.
+USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
+training function, as user code may.
 CUDA=1 trains on GPU ``<pod index> % device count`` (NCCL with the torch backend).
 BALLAST_MB adds a buffer of that size to the model: it is not trained, but every state
 broadcast carries it, so a test can act while one is under way.

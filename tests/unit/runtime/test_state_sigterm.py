@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ringwright.runtime.backend import PeerFailureListener
 from ringwright.runtime.checkpoint import Checkpointer
 from ringwright.runtime.checkpoint_storage import LocalStorage
 from ringwright.runtime.elastic import ElasticRuntime
@@ -37,8 +38,9 @@ class HangingBackend(FakeBackend):
         self.hang_epoch = hang_epoch
         self.hanging = threading.Event()
 
-    def init(self, world: World, rank: int, superseded: Callable[[], bool]) -> None:
-        super().init(world, rank, superseded)
+    def init(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_peer_failure: PeerFailureListener) -> None:
+        super().init(world, rank, superseded, on_peer_failure)
         while world.epoch == self.hang_epoch:
             self.hanging.set()
             time.sleep(0.05)
