@@ -35,6 +35,29 @@ class RankTaken(CollectiveError):
     """Another process already joined this world with this rank (a stale duplicate)."""
 
 
+LibraryFailure = Callable[[RuntimeError, str], str | None]
+"""Names a library's own error (a prefix for the message), or None for any other error."""
+
+
+def as_collective_failure(err: BaseException, aborted: str | None,
+                          library_failure: LibraryFailure) -> CollectiveError | None:
+    """``err`` as a collective failure, or None when it is not one.
+
+    Anything raised after the group was aborted (``aborted`` says why) is one, and so is
+    what ``library_failure`` recognises as its library's error; other errors (the user's
+    own bugs) are not, and propagate.
+    """
+    if not isinstance(err, RuntimeError):
+        return None
+    text = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+    if aborted is not None:
+        return CollectiveError(f"{text} (group aborted: {aborted})")
+    if isinstance(err, CollectiveError):
+        return err
+    what = library_failure(err, text)
+    return CollectiveError(f"{what}: {text}") if what else None
+
+
 @contextlib.contextmanager
 def collective(what: str) -> Iterator[None]:
     """Translate a library failure inside a collective into :class:`CollectiveError`."""

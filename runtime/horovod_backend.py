@@ -40,7 +40,7 @@ import torch
 
 from ringwright.world import World
 
-from .backend import CollectiveError, PeerFailureListener, collective
+from .backend import CollectiveError, PeerFailureListener, as_collective_failure, collective
 from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .horovod_store import RendezvousStore
@@ -190,18 +190,9 @@ class HorovodBackend:
 
     def failure_of(self, err: BaseException) -> CollectiveError | None:
         """``HorovodInternalError`` (and its kin), and any runtime error after an abort."""
-        if not isinstance(err, RuntimeError):
-            return None
         with self._lock:
             aborted = self._aborted
-        text = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
-        if aborted is not None:
-            return CollectiveError(f"{text} (group aborted: {aborted})")
-        if isinstance(err, CollectiveError):
-            return err
-        if type(err).__module__.startswith("horovod"):
-            return CollectiveError(f"Horovod operation failed: {text}")
-        return None
+        return as_collective_failure(err, aborted, _horovod_failure)
 
     def shutdown(self, *, left_cleanly: bool = False) -> None:
         """``hvd.shutdown()`` and drop this epoch's stores."""
@@ -271,3 +262,7 @@ class HorovodBackend:
         """Wait for every rank."""
         with collective("barrier"):
             self._hvd.barrier()
+
+
+def _horovod_failure(err: RuntimeError, text: str) -> str | None:
+    return "Horovod operation failed" if type(err).__module__.startswith("horovod") else None

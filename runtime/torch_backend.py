@@ -28,7 +28,7 @@ from torch._C._distributed_c10d import PrefixStore
 
 from ringwright.world import World
 
-from .backend import CollectiveError, PeerFailureListener, collective
+from .backend import CollectiveError, PeerFailureListener, as_collective_failure, collective
 from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .hierarchical import RackGroups, rack_plan
@@ -154,18 +154,9 @@ class TorchDistributedBackend:
 
     def failure_of(self, err: BaseException) -> CollectiveError | None:
         """Library errors, and any runtime error once the group was aborted."""
-        if not isinstance(err, RuntimeError):
-            return None
         with self._lock:
             aborted = self._aborted
-        text = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
-        if aborted is not None:
-            return CollectiveError(f"{text} (group aborted: {aborted})")
-        if isinstance(err, CollectiveError):
-            return err
-        if isinstance(err, dist.DistError) or _library_error(text):
-            return CollectiveError(f"collective failed: {text}")
-        return None
+        return as_collective_failure(err, aborted, _library_failure)
 
     def shutdown(self, *, left_cleanly: bool = False) -> None:
         """Destroy the current process group and drop this epoch's store connections."""
@@ -275,7 +266,9 @@ def _default_group() -> dist.ProcessGroup:
 _LIBRARY_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset")
 
 
-def _library_error(text: str) -> bool:
+def _library_failure(err: RuntimeError, text: str) -> str | None:
     # Gloo reports a lost peer as a plain RuntimeError naming its own source files.
     lowered = text.lower()
-    return any(marker in lowered for marker in _LIBRARY_MARKERS)
+    if isinstance(err, dist.DistError) or any(m in lowered for m in _LIBRARY_MARKERS):
+        return "collective failed"
+    return None
