@@ -80,6 +80,10 @@ class RuntimeMetrics:
             buckets=CHECKPOINT_BUCKETS, registry=r)
         self.checkpoint_bytes = Counter(f"{p}checkpoint_bytes", "Checkpoint bytes written.",
                                         registry=r)
+        self.heartbeat_lag = Gauge(
+            "ringwright_runtime_heartbeat_lag_seconds", "Time since the stalest peer of this "
+            "member's epoch last heartbeat, as this member's liveness judge last saw it.",
+            registry=r)
         self.lr_factor = Gauge(f"{p}lr_factor", "Learning-rate multiplier for the world size "
                                "(and warmup).", registry=r)
 
