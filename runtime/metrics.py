@@ -9,7 +9,9 @@ manager stay unaware of them:
 - the runtime reports rollbacks and each new world (:meth:`RuntimeMetrics.rolled_back`,
   :meth:`RuntimeMetrics.world_ready`), which makes a failure plus the next world a
   recovery;
-- a :class:`~ringwright.runtime.checkpoint.Checkpointer` listener reports each write.
+- a :class:`~ringwright.runtime.checkpoint.Checkpointer` listener reports each write;
+- the default backends' liveness judge tells the heartbeat lag
+  (:attr:`RuntimeMetrics.heartbeat_lag`'s ``set`` is its lag listener).
 """
 
 from __future__ import annotations
