@@ -60,6 +60,7 @@ from .group import Fenced, GroupManager, LeftWorld, MemberInfo, WorldChanged, ch
 from .health import HealthFile, ReadinessServer, StallWatchdog
 from .kube_source import KubeMembershipSource
 from .kvlog import log_event, runtime_logger
+from .liveness import LagListener
 from .membership import MembershipSource
 from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
 from .reporter import FileReporter, KubeReporter, LogReporter, Reporter
@@ -76,14 +77,15 @@ BackendFactory = Callable[[Backend, torch.device, RuntimeSettings], CollectiveBa
 """Builds the collective backend for a backend kind and the state's device."""
 
 
-def default_backend(kind: Backend, device: torch.device,
-                    settings: RuntimeSettings) -> CollectiveBackend:
-    """torch.distributed or Horovod (imported only when asked for: it is optional)."""
+def default_backend(kind: Backend, device: torch.device, settings: RuntimeSettings, *,
+                    on_heartbeat_lag: LagListener | None = None) -> CollectiveBackend:
+    """torch.distributed or Horovod (imported only when asked for: it is optional),
+    telling ``on_heartbeat_lag`` how stale the peers' heartbeats are."""
     if kind is Backend.HOROVOD:
         from .horovod_backend import HorovodBackend
 
-        return HorovodBackend(device, settings)
-    return TorchDistributedBackend(device, settings)
+        return HorovodBackend(device, settings, on_heartbeat_lag=on_heartbeat_lag)
+    return TorchDistributedBackend(device, settings, on_heartbeat_lag=on_heartbeat_lag)
 
 
 class _StopWaiting(BaseException):
@@ -136,7 +138,7 @@ class ElasticRuntime:
         settings: RuntimeSettings | None = None,
         reporter: Reporter | None = None,
         backend_kind: Backend = Backend.TORCH,
-        backend_factory: BackendFactory = default_backend,
+        backend_factory: BackendFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics: RuntimeMetrics | None = None,
     ) -> None:
@@ -206,9 +208,12 @@ class ElasticRuntime:
         commit and rejoins.
         """
         if self._backend is None:
-            self._backend = MeteredBackend(
-                self._backend_factory(self._backend_kind, state.device, self.settings),
-                self.metrics)
+            kind, device, settings = self._backend_kind, state.device, self.settings
+            inner = (self._backend_factory(kind, device, settings)
+                     if self._backend_factory is not None
+                     else default_backend(kind, device, settings,
+                                          on_heartbeat_lag=self.metrics.heartbeat_lag.set))
+            self._backend = MeteredBackend(inner, self.metrics)
         manager = GroupManager(self.source, self._backend, self.pod, self.settings,
                                self.reporter, self.watchdog, clock=self._clock)
         state.bind(StepMeter(manager, state, self.metrics))

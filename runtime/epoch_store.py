@@ -30,7 +30,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from ringwright.world import World
 
 from .backend import CollectiveError, RankTaken, Superseded
-from .liveness import Heartbeat, PeerFailure, heartbeat_key
+from .liveness import Heartbeat, LagListener, PeerFailure, heartbeat_key
 from .settings import RuntimeSettings
 
 WAIT_SLICE_S = 0.2
@@ -153,9 +153,11 @@ class EpochStores:
     timeout."""
 
     def __init__(self, settings: RuntimeSettings,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 on_heartbeat_lag: LagListener | None = None) -> None:
         self._settings = settings
         self._clock = clock
+        self._on_lag = on_heartbeat_lag
         self._host = StoreHost()
         self._stores: list[Store] = []
         self._heartbeat: Heartbeat | None = None
@@ -188,7 +190,7 @@ class EpochStores:
             self._heartbeat = Heartbeat(
                 lambda timeout_s: self._connect(world, timeout_s), world, rank,
                 interval_s=s.heartbeat_interval_s, detect_s=s.failure_detect_s,
-                on_failure=on_failure, clock=clock)
+                on_failure=on_failure, on_lag=self._on_lag, clock=clock)
             self._heartbeat.start()
         return store
 

@@ -45,7 +45,7 @@ from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .horovod_store import RendezvousStore
 from .kvlog import log_event, runtime_logger
-from .liveness import PeerFailure
+from .liveness import LagListener, PeerFailure
 from .settings import RuntimeSettings
 from .sockets import GroupSockets
 
@@ -111,6 +111,7 @@ class HorovodBackend:
         hvd: Any = None,
         environ: MutableMapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_heartbeat_lag: LagListener | None = None,
     ) -> None:
         self._hvd = hvd if hvd is not None else import_horovod()
         self._device = device
@@ -120,7 +121,7 @@ class HorovodBackend:
         self._settings = settings
         self._environ = os.environ if environ is None else environ
         self._clock = clock
-        self._stores = EpochStores(settings, clock)
+        self._stores = EpochStores(settings, clock, on_heartbeat_lag=on_heartbeat_lag)
         self._rendezvous: RendezvousStore | None = None
         self._joined = False
         self._lock = threading.Lock()

@@ -84,6 +84,11 @@ class LivenessTracker:
             self._store_failing_since = now
         self._store_error = error
 
+    def lag(self, now: float) -> float:
+        """Seconds since the stalest peer still in the epoch last beat (0 with none)."""
+        return max((now - peer.since for peer in self._peers.values() if not peer.left),
+                   default=0.0)
+
     def dead(self, now: float) -> dict[int, str]:
         """Dead peers by rank, with the evidence for each."""
         if self._store_failing_since is not None:
@@ -106,6 +111,9 @@ class LivenessTracker:
 StoreFactory = Callable[[float], Store]
 """Opens a new connection to the epoch's store (under its prefix) with a timeout."""
 
+LagListener = Callable[[float], None]
+"""Told, on every pass of the judge, :meth:`LivenessTracker.lag` in seconds."""
+
 
 class Heartbeat:
     """Beats for this member and watches its peers, on two daemon threads.
@@ -124,6 +132,7 @@ class Heartbeat:
         interval_s: float,
         detect_s: float,
         on_failure: Callable[[PeerFailure], None],
+        on_lag: LagListener | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._connect = connect
@@ -132,6 +141,7 @@ class Heartbeat:
         self._interval = interval_s
         self._detect_s = detect_s
         self._on_failure = on_failure
+        self._on_lag = on_lag
         self._clock = clock
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -206,6 +216,9 @@ class Heartbeat:
                 if asking is not None and now - asking >= self._timeout():
                     self._tracker.store_failed(asking, f"no answer for {now - asking:.1f}s")
                 dead = self._tracker.dead(now)
+                lag = self._tracker.lag(now)
+            if self._on_lag is not None:
+                self._on_lag(lag)
             if dead.keys() - known and not self._stop.is_set():
                 known |= dead.keys()
                 self._on_failure(self._failure(dead))

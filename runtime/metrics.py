@@ -9,7 +9,9 @@ manager stay unaware of them:
 - the runtime reports rollbacks and each new world (:meth:`RuntimeMetrics.rolled_back`,
   :meth:`RuntimeMetrics.world_ready`), which makes a failure plus the next world a
   recovery;
-- a :class:`~ringwright.runtime.checkpoint.Checkpointer` listener reports each write.
+- a :class:`~ringwright.runtime.checkpoint.Checkpointer` listener reports each write;
+- the default backends' liveness judge tells the heartbeat lag
+  (:attr:`RuntimeMetrics.heartbeat_lag`'s ``set`` is its lag listener).
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ class RuntimeMetrics:
             buckets=CHECKPOINT_BUCKETS, registry=r)
         self.checkpoint_bytes = Counter(f"{p}checkpoint_bytes", "Checkpoint bytes written.",
                                         registry=r)
+        self.heartbeat_lag = Gauge(
+            "ringwright_runtime_heartbeat_lag_seconds", "Time since the stalest peer of this "
+            "member's epoch last heartbeat, as this member's liveness judge last saw it.",
+            registry=r)
         self.lr_factor = Gauge(f"{p}lr_factor", "Learning-rate multiplier for the world size "
                                "(and warmup).", registry=r)
 

@@ -33,7 +33,7 @@ from .epoch_store import EpochStores
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .hierarchical import RackGroups, rack_plan
 from .kvlog import log_event, runtime_logger
-from .liveness import PeerFailure
+from .liveness import LagListener, PeerFailure
 from .settings import RuntimeSettings
 from .sockets import GroupSockets
 
@@ -71,11 +71,12 @@ class TorchDistributedBackend:
         *,
         clock: Callable[[], float] = time.monotonic,
         environ: MutableMapping[str, str] | None = None,
+        on_heartbeat_lag: LagListener | None = None,
     ) -> None:
         self._device = device
         self._settings = settings
         self._clock = clock
-        self._stores = EpochStores(settings, clock)
+        self._stores = EpochStores(settings, clock, on_heartbeat_lag=on_heartbeat_lag)
         self._joined = False
         self._lock = threading.Lock()
         self._sockets: GroupSockets | None = None

@@ -26,6 +26,7 @@ from ringwright.world import Env
 
 from ..health import HealthFile
 from .env import membership_source, ps_port
+from .metrics import PSMetrics, serve_from_env
 from .process import PSSettings, run_server
 from .worker import PSJob, Worker, WorkerReport
 
@@ -44,12 +45,16 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
     health = HealthFile(Path(env[Env.HEALTH_FILE])) if env.get(Env.HEALTH_FILE) else None
     if health is not None:
         health(True, 0.0)
+    metrics = PSMetrics()
+    endpoint = serve_from_env(metrics, env)
     try:
         if env.get(Env.ROLE, "worker") == PS_ROLE:
-            run_server(source, pod, ps_port(env), PSSettings.from_env(env))
+            run_server(source, pod, ps_port(env), PSSettings.from_env(env), metrics=metrics)
             return None
-        return Worker(job, source, pod, ps_port(env)).run()
+        return Worker(job, source, pod, ps_port(env), metrics=metrics).run()
     finally:
+        if endpoint is not None:
+            endpoint.stop()
         if health is not None:
             health(False, 0.0)
         source.close()

@@ -25,6 +25,7 @@ from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
 from .client import replica_host
 from .env import PSEnv, membership_source, ps_addresses, ps_port
+from .metrics import PSMetrics, serve_from_env
 from .server import ParameterServer
 from .transport import Stub, serve
 
@@ -115,14 +116,14 @@ class ShardCheckpoints:
 
 def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettings,
                *, clock: Callable[[], float] = time.monotonic,
-               stop: threading.Event | None = None) -> int:
+               stop: threading.Event | None = None, metrics: PSMetrics | None = None) -> int:
     """Serve until the job's data is done or this pod leaves the world; exit status."""
     world = _wait_for_me(source, pod, settings.world_wait_s)
     me = next(m for m in world.ps if m.pod == pod)
     servers = world.ps_count
     cpus = pinned_cpus()
     torch.set_num_threads(len(cpus))
-    ps = ParameterServer(me.rank, clock=clock)
+    ps = ParameterServer(me.rank, clock=clock, metrics=metrics)
     # Know the workers before the first push: a sync round must not complete early.
     ps.set_workers(frozenset(m.pod for m in world.members))
     server = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus)
@@ -190,4 +191,11 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     pod = env.get(Env.POD_NAME, "")
     if not pod:
         raise ValueError(f"{Env.POD_NAME} is not set")
-    return run_server(membership_source(env), pod, ps_port(env), PSSettings.from_env(env))
+    metrics = PSMetrics()
+    endpoint = serve_from_env(metrics, env)
+    try:
+        return run_server(membership_source(env), pod, ps_port(env), PSSettings.from_env(env),
+                          metrics=metrics)
+    finally:
+        if endpoint is not None:
+            endpoint.stop()

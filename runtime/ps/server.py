@@ -20,6 +20,7 @@ import torch
 from .codec import Header, Tensors, encode
 from .consistency import Consistency, Mode, Verdict, judge, round_complete
 from .dataservice import DataShardService, Lease, LeaseStatus
+from .metrics import PSMetrics
 from .optim import ServerOptimizer
 from .partition import Kind, Partition, TensorSpec, partition
 from .shard import ShardState, reduce_sparse
@@ -95,9 +96,11 @@ class Stats:
 class ParameterServer:
     """Everything one PS process hosts."""
 
-    def __init__(self, index: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, index: int, clock: Callable[[], float] = time.monotonic,
+                 metrics: PSMetrics | None = None) -> None:
         self.index = index
         self.clock = clock
+        self.metrics = metrics or PSMetrics()
         self.config: JobConfig | None = None
         self.partition: Partition | None = None
         self.hosted: dict[int, Hosted] = {}
@@ -185,7 +188,9 @@ class ParameterServer:
     def pull(self, header: Header, tensors: Tensors) -> bytes:
         """Dense slices and requested rows of a shard, once it reaches ``minVersion``,
         as one encoded message (encoded under the shard's lock: no extra copy)."""
-        h = self._primary(int(header["shard"]))
+        shard = int(header["shard"])
+        h = self._primary(shard)
+        self.metrics.pulled(shard)
         deadline = self.clock() + float(header.get("timeout", 30.0))
         with h.cond:
             want = int(header.get("minVersion", 0))
@@ -225,6 +230,7 @@ class ParameterServer:
             verdict = judge(self.config.consistency, h.version, pushed_from, worker in h.round,
                             len(h.round), workers)
             staleness = h.version - pushed_from
+            self.metrics.pushed(shard, verdict, staleness, skip=skip)
             if skip:
                 pass  # no gradient: counts only towards completing a sync round
             elif verdict is Verdict.STALE:

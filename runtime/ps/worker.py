@@ -24,6 +24,7 @@ from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
 from .client import PendingPull, PSClient, Pulled
 from .consistency import Consistency, Mode
+from .metrics import PSMetrics
 from .model import PSModel
 from .optim import ServerOptimizer
 from .server import JobConfig
@@ -94,7 +95,8 @@ class Worker(Generic[B]):
 
     def __init__(self, job: PSJob[B], source: MembershipSource, pod: str, port: int, *,
                  world_wait_s: float = 900.0,
-                 addresses: Callable[[World, int], list[str]] | None = None) -> None:
+                 addresses: Callable[[World, int], list[str]] | None = None,
+                 metrics: PSMetrics | None = None) -> None:
         from .env import ps_addresses
 
         self.job, self.source, self.pod, self.port = job, source, pod, port
@@ -102,6 +104,7 @@ class Worker(Generic[B]):
         self._addresses = addresses or ps_addresses
         self.binding = PSModel(job.model)
         self.report = WorkerReport()
+        self.metrics = metrics or PSMetrics()
         self.client: PSClient | None = None
         self._round: dict[int, int] = {}
         """Sync: the version per shard that completes the round this worker last
@@ -217,6 +220,7 @@ class Worker(Generic[B]):
         self.report.steps += 1
         self.report.samples += samples
         self.report.dropped_pushes += int(dropped)
+        self.metrics.worker_step(dropped=dropped)
         if self.job.on_step is not None:
             self.job.on_step(StepInfo(self.report.steps, epoch, samples, loss, dropped,
                                       staleness, failovers))

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ringwright.operator.manifests import JOB_LABEL, METRICS_PORT_NAME, ROLE_LABEL
 from ringwright.operator.metrics import OperatorMetrics
 from ringwright.runtime.metrics import RuntimeMetrics
+from ringwright.runtime.ps.metrics import PSMetrics
 from tests.unit.test_chart_render import CHART, RELEASE_NS, by_kind, container, helm, one, render
 
 __all__ = ["helm"]  # the fixture, shared with the chart render tests
@@ -75,9 +76,10 @@ def test_pod_monitor_scrapes_the_port_the_operator_gives_training_pods(
 
 
 def _exported() -> set[str]:
-    """Every sample name the operator and the runtime expose."""
+    """Every sample name the operator, the runtime and the parameter servers expose."""
     names: set[str] = set()
-    for registry in (OperatorMetrics().registry, RuntimeMetrics().registry):
+    for registry in (OperatorMetrics().registry, RuntimeMetrics().registry,
+                     PSMetrics().registry):
         for family in text_string_to_metric_families(generate_latest(registry).decode()):
             names.add(family.name)
             names |= {family.name + suffix for suffix in ("_total", "_bucket", "_sum",
@@ -96,4 +98,4 @@ def test_dashboard_queries_name_only_exported_metrics(helm: Path, tmp_path: Path
     assert used <= _exported(), f"not exported: {sorted(used - _exported())}"
     titles = {p["title"] for p in dashboard["panels"]}
     assert {"Jobs by phase", "World size", "Recoveries", "Step time",
-            "Checkpoint stall and write"} <= titles
+            "Checkpoint stall and write", "Heartbeat lag", "PS pushes and pulls"} <= titles

@@ -3,6 +3,7 @@ commit without rolling back, leave cleanly when dropped."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import pytest
@@ -10,10 +11,20 @@ import torch
 
 from ringwright.runtime.elastic import ElasticRuntime, default_backend
 from ringwright.runtime.group import LeftWorld
+from ringwright.runtime.local_launcher import free_port
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.state import State
-from ringwright.world import Backend, LRRule, LRScaling, ReportKind
+from ringwright.world import (
+    Backend,
+    JobRef,
+    LRRule,
+    LRScaling,
+    Member,
+    ReportKind,
+    StoreAddress,
+    World,
+)
 from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world
 
 ME = "w-0"
@@ -147,3 +158,26 @@ def test_default_backends_by_kind() -> None:
     assert default_backend(Backend.TORCH, torch.device("cpu"), RuntimeSettings()).name == "gloo"
     assert default_backend(Backend.HOROVOD, torch.device("cpu"),
                            RuntimeSettings()).name == "horovod"
+
+
+def test_the_default_backend_tells_the_heartbeat_lag_to_its_listener() -> None:
+    """The seam the runtime's heartbeat-lag gauge hangs on, on a real store."""
+    lags: list[float] = []
+    told = threading.Event()
+
+    def on_lag(lag: float) -> None:
+        lags.append(lag)
+        told.set()
+
+    settings = RuntimeSettings(failure_detect_s=0.3, collective_timeout_s=5)
+    backend = default_backend(Backend.TORCH, torch.device("cpu"), settings,
+                              on_heartbeat_lag=on_lag)
+    alone = World(job=JobRef(namespace="local", name="j"), epoch=1,
+                  members=(Member(rank=0, pod="w-0", ip="127.0.0.1"),),
+                  store=StoreAddress(address="127.0.0.1", port=free_port()))
+    try:
+        backend.init(alone, 0, lambda: False, print)
+        assert told.wait(10), "the judge never told the lag"
+    finally:
+        backend.close()
+    assert lags[0] == 0.0, "a world of one has no peer to lag"

@@ -52,6 +52,18 @@ def test_a_store_that_stops_answering_condemns_its_host_only() -> None:
     assert t.dead(4.5) == {}
 
 
+def test_lag_is_the_stalest_peer_still_in_the_epoch() -> None:
+    t = LivenessTracker(size=4, rank=0, detect_s=3.0, now=0.0)
+    t.observe({1: 1, 2: 1, 3: 1}, now=1.0)
+    t.observe({1: 2, 2: 1, 3: 2}, now=2.5)
+    assert t.lag(3.0) == 2.0, "rank 2 last beat at 1.0"
+    t.observe({1: 3, 2: LEFT, 3: 3}, now=4.0)
+    assert t.lag(4.5) == 0.5, "a member that left is not stale"
+    t.store_failed(5.0, "timed out")
+    assert t.lag(6.0) == 2.0, "without the store, beats age"
+    assert LivenessTracker(size=1, rank=0, detect_s=1.0, now=0.0).lag(9.0) == 0.0
+
+
 def test_a_store_gone_after_its_host_left_cleanly_is_expected() -> None:
     t = LivenessTracker(size=2, rank=1, detect_s=1.0, now=0.0)
     t.observe({0: LEFT}, now=0.1)
@@ -89,7 +101,9 @@ def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> 
         failures.append(f)
         found.set()
 
-    beats = [Heartbeat(connect, w, rank, interval_s=0.05, detect_s=0.6, on_failure=on_failure)
+    lags: list[float] = []
+    beats = [Heartbeat(connect, w, rank, interval_s=0.05, detect_s=0.6, on_failure=on_failure,
+                       on_lag=lags.append if rank == 0 else None)
              for rank in (0, 1)]
     for b in beats:
         b.start()
@@ -103,6 +117,7 @@ def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> 
     assert {f.pods for f in failures} == {("w2",)}
     assert all(f.epoch == 5 and "w2 (rank 2): no heartbeat" in f.evidence for f in failures)
     assert prefixed.get(heartbeat_key(0)) == str(LEFT).encode()
+    assert max(lags) >= 0.6, "the judge reports the silent member's lag"
 
 
 def test_abort_shuts_down_only_the_connections_opened_while_forming() -> None:
