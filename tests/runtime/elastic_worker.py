@@ -147,7 +147,7 @@ def main() -> int:
     def train(state: State) -> None:
         world = state.binding.world
         trace.write(ev="start", wepoch=world.epoch, size=world.size, rank=state.binding.rank,
-                    step=state.step, hash=param_hash(model), lr=optimizer.param_groups[0]["lr"],
+                    step=state.step, hash=param_hash(model), lr=state.lr.scaled_lrs()[0],
                     pid=os.getpid(), **library_view())
         try:
             train_in_world(state)
