@@ -52,13 +52,14 @@ class PairBackend(FakeBackend):
 
 
 class Binding:
-    """A member of ``world`` at ``rank`` with the given backend."""
+    """A member of ``world`` at ``rank`` with the given backend; counts progress reports."""
 
     def __init__(self, world: World, rank: int = 0,
                  backend: CollectiveBackend | None = None) -> None:
         self._backend = backend or FakeBackend()
         self._world = world
         self._rank = rank
+        self.progress_calls = 0
 
     @property
     def backend(self) -> CollectiveBackend:
@@ -76,4 +77,4 @@ class Binding:
         return
 
     def progress(self) -> None:
-        return
+        self.progress_calls += 1

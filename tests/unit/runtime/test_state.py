@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import torch
 
-from ringwright.runtime.backend import CollectiveBackend
 from ringwright.runtime.checkpoint import Checkpointer as DiskCheckpointer
 from ringwright.runtime.checkpoint_storage import LocalStorage
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import Checkpointer, State
-from ringwright.world import CheckpointSettings, World
-from tests.unit.runtime.runtime_fakes import FakeBackend, make_world
+from ringwright.world import CheckpointSettings
+from tests.unit.runtime.runtime_fakes import make_world
+from tests.unit.runtime.state_fakes import Binding
 
 SAMPLES = 32
 
@@ -25,34 +25,6 @@ def new_state(seed: int = 0, checkpointer: Checkpointer | None = None,
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     return State(model, opt, ElasticSampler(SAMPLES, 4), checkpointer=checkpointer, **extra)
-
-
-class Binding:
-    """One member of a one-member world; counts progress reports."""
-
-    def __init__(self, world: World, rank: int = 0) -> None:
-        self._backend = FakeBackend()
-        self._world = world
-        self._rank = rank
-        self.progress_calls = 0
-
-    @property
-    def backend(self) -> CollectiveBackend:
-        return self._backend
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world(self) -> World:
-        return self._world
-
-    def check_world(self) -> None:
-        return
-
-    def progress(self) -> None:
-        self.progress_calls += 1
 
 
 def bound(state: State, **world_fields: object) -> Binding:
