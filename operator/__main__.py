@@ -17,6 +17,7 @@ import kopf
 from ringwright.exposition import serve
 from ringwright.kube import KubeClient, KubeConfig, default_config
 from ringwright.operator.handlers import OperatorContext, register
+from ringwright.operator.heap import HEAP_SETTLE_SECONDS, HEAP_SWEEP_EVERY, keep_heap
 from ringwright.operator.leader import LeaderElector
 from ringwright.operator.settings import OperatorSettings
 from ringwright.operator.standby import standby_health
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             elector.acquire(stop)
         threading.Thread(target=elector.keep, args=(stop, _lost_lease), daemon=True,
                          name="lease").start()
+    threading.Thread(target=keep_heap, args=(threading.Event(), HEAP_SETTLE_SECONDS,
+                                             HEAP_SWEEP_EVERY), daemon=True, name="heap").start()
     registry = kopf.OperatorRegistry()
     register(registry)
 

@@ -1,15 +1,23 @@
 """The node inventory the planner works on: where each node sits and what it has free.
 
-Built once per reconcile from Node and Pod objects (plain dicts, as kopf and the API
-hand them over), then read by the pure planner. Free room is allocatable minus what
-bound, unfinished pods request, which is what the scheduler itself counts.
+Built from Node and Pod objects (plain dicts, as kopf and the API hand them over), or
+kept current from watch events by :class:`ringwright.operator.ledger.CapacityLedger`,
+then read by the pure planner. Free room is allocatable minus what bound, unfinished
+pods request, which is what the scheduler itself counts.
+
+Nodes are grouped by (GPU model, rack): the planner asks a group how many pods of one
+shape it holds and the group remembers the answer, so a round with thousands of nodes
+looks at each rack once, and at nodes only in the racks it chose or whose room changed.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ringwright.operator.resources import Resources, from_resource_list, pod_requests
@@ -45,32 +53,116 @@ class NodeInfo:
     taints: tuple[Taint, ...] = ()
 
 
+GroupKey = tuple[str, str]
+"""(GPU model, rack) of a :class:`NodeGroup`."""
+
+Tolerations = Sequence[Mapping[str, Any]]
+
+
+def tolerations_key(tolerations: Tolerations) -> str:
+    """A hashable stand-in for a pod's tolerations (for :meth:`NodeGroup.room`)."""
+    return json.dumps([dict(t) for t in tolerations], sort_keys=True)
+
+
 @dataclass(frozen=True)
+class GroupRoom:
+    """What one group holds for pods of one shape and tolerations."""
+
+    admitted: int
+    """Nodes whose taints the pods tolerate."""
+    fits: tuple[tuple[NodeInfo, int], ...]
+    """(node, pods that fit) for every admitted node with room, in group order."""
+    slots: int
+    """Sum of ``fits``."""
+
+
+class NodeGroup:
+    """The nodes of one GPU model in one rack, sorted by name.
+
+    Immutable: a change to any of its nodes makes a new group, so the answers
+    :meth:`room` remembers never go stale.
+    """
+
+    def __init__(self, nodes: Iterable[NodeInfo]) -> None:
+        self.nodes = tuple(sorted(nodes, key=lambda n: n.name))
+        self._rooms: dict[tuple[Resources, str], GroupRoom] = {}
+        self._lock = threading.Lock()
+
+    def room(self, each: Resources, tolerations: Tolerations,
+             key: str | None = None) -> GroupRoom:
+        """How many pods needing ``each`` (with ``tolerations``, whose
+        :func:`tolerations_key` is ``key``) fit on each node; remembered per shape."""
+        memo = (each, tolerations_key(tolerations) if key is None else key)
+        with self._lock:
+            known = self._rooms.get(memo)
+        if known is not None:
+            return known
+        admitted = [n for n in self.nodes if admits(n, tolerations)]
+        fits = tuple((n, s) for n in admitted if (s := n.free.count_fitting(each)) > 0)
+        room = GroupRoom(len(admitted), fits, sum(s for _, s in fits))
+        with self._lock:
+            return self._rooms.setdefault(memo, room)
+
+
+def group_nodes(nodes: Iterable[NodeInfo]) -> dict[GroupKey, NodeGroup]:
+    """``nodes`` as :class:`NodeGroup` s by (GPU model, rack)."""
+    members: dict[GroupKey, list[NodeInfo]] = defaultdict(list)
+    for n in nodes:
+        members[(n.gpu_model, n.rack)].append(n)
+    return {key: NodeGroup(ns) for key, ns in members.items()}
+
+
 class Inventory:
-    """All schedulable nodes, in a stable order."""
+    """All schedulable nodes, by name and by (GPU model, rack) group."""
 
-    nodes: tuple[NodeInfo, ...]
-    _by_name: dict[str, NodeInfo] = field(init=False, repr=False, compare=False)
-    _by_rack: dict[str, tuple[NodeInfo, ...]] = field(init=False, repr=False, compare=False)
+    def __init__(self, nodes: Iterable[NodeInfo] = (), *,
+                 groups: Mapping[GroupKey, NodeGroup] | None = None,
+                 by_name: Mapping[str, NodeInfo] | None = None) -> None:
+        """From ``nodes``, or from ready ``groups`` and ``by_name`` (what the capacity
+        ledger keeps up to date), which the inventory then owns unchanged."""
+        if groups is None or by_name is None:
+            listed = tuple(nodes)
+            groups = group_nodes(listed)
+            by_name = {n.name: n for n in listed}
+        self._groups = groups
+        self._by_name = by_name
 
-    def __post_init__(self) -> None:
-        by_rack: dict[str, list[NodeInfo]] = defaultdict(list)
-        for n in self.nodes:
-            by_rack[n.rack].append(n)
-        object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
-        object.__setattr__(self, "_by_rack", {r: tuple(ns) for r, ns in by_rack.items()})
+    @cached_property
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        """Every node, sorted by name (walks them all: the planner uses groups)."""
+        return tuple(sorted(self._by_name.values(), key=lambda n: n.name))
+
+    @property
+    def by_name(self) -> Mapping[str, NodeInfo]:
+        """Every node by name."""
+        return self._by_name
+
+    @property
+    def groups(self) -> Mapping[GroupKey, NodeGroup]:
+        """Every (GPU model, rack) group."""
+        return self._groups
 
     def node(self, name: str) -> NodeInfo | None:
         """The node called ``name``, or None when it is gone or not schedulable."""
         return self._by_name.get(name)
 
+    @cached_property
+    def _rack_groups(self) -> dict[str, list[NodeGroup]]:
+        out: dict[str, list[NodeGroup]] = defaultdict(list)
+        for (_, rack), group in sorted(self._groups.items()):
+            out[rack].append(group)
+        return dict(out)
+
     def racks(self) -> list[str]:
         """Every rack value, sorted ("" for nodes without the rack label)."""
-        return sorted(self._by_rack)
+        return sorted(self._rack_groups)
 
     def in_rack(self, rack: str) -> tuple[NodeInfo, ...]:
-        """The nodes of ``rack``, in inventory order."""
-        return self._by_rack.get(rack, ())
+        """The nodes of ``rack``, sorted by name."""
+        groups = self._rack_groups.get(rack, ())
+        if len(groups) == 1:
+            return groups[0].nodes
+        return tuple(sorted((n for g in groups for n in g.nodes), key=lambda n: n.name))
 
 
 def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
@@ -148,7 +240,7 @@ def inventory_from_objects(
             )
         )
     infos.sort(key=lambda n: n.name)
-    return Inventory(tuple(infos))
+    return Inventory(infos)
 
 
 def schedulable(node: Mapping[str, Any]) -> bool:

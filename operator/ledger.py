@@ -16,7 +16,9 @@ from typing import Any
 
 from ringwright.operator.inventory import (
     DEFAULT_POD_SLOTS,
+    GroupKey,
     Inventory,
+    NodeGroup,
     NodeInfo,
     Taint,
     schedulable,
@@ -86,11 +88,39 @@ class _View:
     """NodeInfos for one (label keys, GPU resource, preemption threshold)."""
 
     infos: dict[str, NodeInfo] = field(default_factory=dict)
+    members: dict[GroupKey, dict[str, NodeInfo]] = field(default_factory=dict)
+    """Each (GPU model, rack) group's nodes by name."""
+    groups: dict[GroupKey, NodeGroup] = field(default_factory=dict)
     dirty: set[str] = field(default_factory=set)
     built: bool = False
-    order: list[str] | None = None
-    """Node names sorted; None when the set of nodes changed."""
     inventory: Inventory | None = None
+
+    def put(self, name: str, info: NodeInfo | None) -> set[GroupKey]:
+        """Replace (or drop) one node; the groups whose membership or room changed."""
+        if self.infos.get(name) == info:
+            return set()  # e.g. a pod's status changed, not its room
+        touched: set[GroupKey] = set()
+        old = self.infos.pop(name, None)
+        if old is not None:
+            key = (old.gpu_model, old.rack)
+            self.members[key].pop(name, None)
+            touched.add(key)
+        if info is not None:
+            key = (info.gpu_model, info.rack)
+            self.infos[name] = info
+            self.members.setdefault(key, {})[name] = info
+            touched.add(key)
+        return touched
+
+    def regroup(self, keys: set[GroupKey]) -> None:
+        """New :class:`NodeGroup` s for ``keys`` (their remembered room is dropped)."""
+        for key in keys:
+            nodes = self.members.get(key)
+            if nodes:
+                self.groups[key] = NodeGroup(nodes.values())
+            else:
+                self.members.pop(key, None)
+                self.groups.pop(key, None)
 
 
 class CapacityLedger:
@@ -149,22 +179,19 @@ class CapacityLedger:
         with self._lock:
             view = self._views.setdefault(key, _View())
             names = set(view.dirty) if view.built else set(nodes)
+            touched: set[GroupKey] = set()
             for name in names:
                 record = next(iter(nodes.get(name, ())), None)
                 info = (self._node_info(record, self._with_reserved(name, slots), key)
                         if record is not None and record["schedulable"] else None)
-                if info is None:
-                    if view.infos.pop(name, None) is not None:
-                        view.order = None
-                else:
-                    if name not in view.infos:
-                        view.order = None
-                    view.infos[name] = info
+                touched |= view.put(name, info)
                 self.recomputed += 1
-            if view.order is None:
-                view.order = sorted(view.infos)
+            view.regroup(touched)
             if names or view.inventory is None:
-                view.inventory = Inventory(tuple(view.infos[n] for n in view.order))
+                # Shallow copies: the groups are immutable, so rounds already holding the
+                # previous inventory keep a consistent picture.
+                view.inventory = Inventory(groups=dict(view.groups),
+                                           by_name=dict(view.infos))
             view.dirty.clear()
             view.built = True
             return view.inventory

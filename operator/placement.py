@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ringwright.operator.inventory import Inventory, NodeInfo, admits
+from ringwright.operator.inventory import (
+    GroupRoom,
+    Inventory,
+    NodeInfo,
+    admits,
+    tolerations_key,
+)
 from ringwright.operator.models import RackPacking, TrainingJobSpec
 from ringwright.operator.packing import fill
 from ringwright.operator.podresources import ps_pod_spec, worker_pod_spec
@@ -193,18 +199,18 @@ def plan_placement(
 ) -> PlacementPlan | Unschedulable:
     """Plan where ``request``'s new pods go; pure and deterministic."""
     current = [n for n in map(inventory.node, request.current_worker_nodes) if n is not None]
-    by_model: dict[str, list[NodeInfo]] = defaultdict(list)
-    for node in inventory.nodes:
-        if admits(node, request.worker_tolerations):
-            by_model[node.gpu_model].append(node)
-    present = sorted(m for m in by_model if m)
+    # One remembered answer per (model, rack) group: no walk over every node per round.
+    tolerated = tolerations_key(request.worker_tolerations)
+    rooms = {key: group.room(request.worker_pod, request.worker_tolerations, tolerated)
+             for key, group in inventory.groups.items()}
+    present = sorted({model for (model, _), room in rooms.items() if model and room.admitted})
     models = _candidate_models(request, present, policy, current)
     if isinstance(models, Unschedulable):
         return models
     outcomes = [
         _place_workers(
             request,
-            by_model[model] if model else [n for ns in by_model.values() for n in ns],
+            [(rack, room) for (m, rack), room in rooms.items() if not model or m == model],
             model,
             current,
         )
@@ -278,18 +284,15 @@ def _candidate_models(
 
 def _place_workers(
     request: PlacementRequest,
-    nodes: Sequence[NodeInfo],
+    groups: Sequence[tuple[str, GroupRoom]],
     model: str,
     current: Sequence[NodeInfo],
 ) -> _Outcome:
-    """Place the workers on ``nodes`` (those of ``model`` that admit them)."""
-    each = request.worker_pod
-    # One pass sums room per rack; only the chosen racks are then looked at node by node.
+    """Place the workers on ``groups`` ((rack, room) of ``model``'s nodes that admit them)."""
     rack_room: dict[str, int] = {}
-    for node in nodes:
-        slots = node.free.count_fitting(each)
-        if slots > 0:
-            rack_room[node.rack] = rack_room.get(node.rack, 0) + slots
+    for rack, room in groups:
+        if room.slots > 0:
+            rack_room[rack] = rack_room.get(rack, 0) + room.slots
 
     cur_racks = {n.rack for n in current}
     cur_domains = {n.nvlink_domain for n in current}
@@ -302,12 +305,12 @@ def _place_workers(
     )
     outcome = _Outcome(model, racks=frozenset(cur_racks | {r for r, _ in rack_picks}))
     chosen = {r for r, _ in rack_picks}
+    # Only the chosen racks are looked at node by node.
     domains: dict[str, dict[str, list[tuple[NodeInfo, int]]]] = {r: {} for r in chosen}
-    for node in nodes:
-        if node.rack in chosen:
-            slots = node.free.count_fitting(each)
-            if slots > 0:
-                domains[node.rack].setdefault(node.nvlink_domain, []).append((node, slots))
+    for rack, room in groups:
+        if rack in chosen:
+            for node, slots in room.fits:
+                domains[rack].setdefault(node.nvlink_domain, []).append((node, slots))
     for rack, rack_take in rack_picks:
         outcome.room += rack_room[rack]
         members = domains[rack]

@@ -419,7 +419,7 @@ class _Round:
             JobRef(namespace=self.meta["namespace"], name=self.meta["name"],
                    uid=self.meta.get("uid", "")),
             epoch, ready, current,
-            {n.name: n for n in self.obs.inventory.nodes},
+            self.obs.inventory.by_name,
             backend=spec.backend.value, mode=spec.mode.value,
             store_port=self.settings.store_port,
             lr=LRScaling(rule=spec.lr_scaling.rule,

@@ -20,6 +20,7 @@ from ringwright.operator.cache import (
 from ringwright.operator.ledger import CapacityLedger, PodSlot, node_record, pod_slots
 from ringwright.operator.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION
 from ringwright.operator.observe import observe
+from ringwright.operator.resources import Resources
 from ringwright.operator.schedulingpolicy import NodeLabelKeys
 from tests.jobs import training_job
 
@@ -167,3 +168,30 @@ def test_a_missing_policy_observes_as_none() -> None:
     cache = _cache(Indices([], []), {PODS_BY_JOB: {}, JOB_CONFIGMAPS: {}, POLICIES: {},
                                      PRIORITIES: {}}, Written())
     assert observe(cache, job).policy is None
+
+
+def test_an_event_regroups_only_the_rack_it_touched_and_keeps_the_others_answers() -> None:
+    ix = Indices([node(f"a{i}", rack="ra") for i in range(4)]
+                 + [node(f"b{i}", rack="rb") for i in range(4)], [])
+    ledger = CapacityLedger()
+    before = ledger.inventory(ix.nodes, ix.slots, LABELS, GPU)
+    ix.add_pod(pod("p", 8, node_name="a1", phase="Running"))
+    ledger.mark({"a1", "b2"})  # b2's room did not change
+    after = ledger.inventory(ix.nodes, ix.slots, LABELS, GPU)
+    assert after.groups[("", "rb")] is before.groups[("", "rb")]
+    assert after.groups[("", "ra")] is not before.groups[("", "ra")]
+    each = Resources(gpus=8, pods=1)
+    assert after.groups[("", "ra")].room(each, ()).slots == 3
+    assert before.groups[("", "ra")].room(each, ()).slots == 4  # a round holding it keeps it
+
+
+def test_a_node_moving_racks_leaves_its_old_group() -> None:
+    ix = Indices([node("n1", rack="ra"), node("n2", rack="ra")], [])
+    ledger = CapacityLedger()
+    ledger.inventory(ix.nodes, ix.slots, LABELS, GPU)
+    ix.nodes["n1"] = [node_record(node("n1", rack="rb"))]
+    ledger.mark({"n1"})
+    inv = ledger.inventory(ix.nodes, ix.slots, LABELS, GPU)
+    assert [n.name for n in inv.in_rack("ra")] == ["n2"]
+    assert [n.name for n in inv.in_rack("rb")] == ["n1"]
+    assert inv.racks() == ["ra", "rb"]

@@ -372,3 +372,12 @@ def test_a_gang_still_within_its_timeout_waits_for_the_scheduler() -> None:
                             policy=policy, inventory=NODES), SETTINGS, NOW, FakePlacer())
     assert decided.delete == [] and decided.create == []
     assert decided.requeue_after is not None and decided.requeue_after <= 50
+
+
+def test_a_running_job_with_every_pod_in_place_is_not_placed_again() -> None:
+    placer = FakePlacer()
+    status = {"phase": "Running", "world": {"epoch": 1, "size": 4}}
+    result = run(job(status=status), pods=[pod(i) for i in range(4)], world=world_of(range(4)),
+                 placer=placer)
+    assert placer.calls == 0
+    assert not result.create and result.world is None

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from ringwright.operator.inventory import NodeInfo, Taint, admits, inventory_from_objects
+from ringwright.operator.inventory import (
+    GroupRoom,
+    NodeGroup,
+    NodeInfo,
+    Taint,
+    admits,
+    inventory_from_objects,
+)
 from ringwright.operator.podresources import (
     ps_container_resources,
     ps_pod_spec,
@@ -200,3 +207,16 @@ def test_ps_pod_spec_makes_every_container_guaranteed() -> None:
     for c in spec["initContainers"] + spec["containers"]:
         assert c["resources"]["requests"] == c["resources"]["limits"] == {
             "cpu": "2", "memory": "1Gi"}
+
+
+def test_a_group_remembers_room_per_pod_shape_and_tolerations() -> None:
+    tainted = NodeInfo("t", rack="r", free=Resources(gpus=8, pods=10),
+                       taints=(Taint("dedicated", "ps", "NoSchedule"),))
+    plain = NodeInfo("p", rack="r", free=Resources(gpus=8, pods=10))
+    group = NodeGroup([tainted, plain])
+    eight, two = Resources(gpus=8, pods=1), Resources(gpus=2, pods=1)
+    assert group.room(eight, ()).slots == 1
+    assert group.room(two, ()) == GroupRoom(1, ((plain, 4),), 4)
+    tolerating = ({"key": "dedicated", "operator": "Exists"},)
+    assert group.room(two, tolerating).slots == 8
+    assert group.room(two, ()) is group.room(two, ())
