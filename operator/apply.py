@@ -22,6 +22,7 @@ from ringwright.kube import ApiError, KubeClient, Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Written
 from ringwright.operator.conditions import set_condition
+from ringwright.operator.drift import drifted, record
 from ringwright.operator.events import EventRecorder
 from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import LEAVING_ANNOTATION, scaffold, world_configmap
@@ -95,16 +96,31 @@ class Applier:
         self.kube, self.clock, self.pool = kube, clock, pool
         self.events, self.ledger, self.written = events, ledger, written
 
-    def ensure_scaffold(self, job: Obj) -> None:
-        """Apply the job's ServiceAccount, Role, RoleBinding, Service and reports map.
+    def ensure_scaffold(self, job: Obj, seen_as: Callable[[str, str, str], Obj | None],
+                        force: bool = False) -> int:
+        """Apply those of the job's scaffold objects that drifted from what the watch cache
+        holds (``seen_as(kind, namespace, name)``, e.g. :meth:`Cache.scaffold_object`; all
+        of them with ``force``); returns how many were applied.
 
-        Server-side apply is idempotent, so calling this again repairs drift; the reports
-        map's ``data`` is not in the applied object, so pods' reports are left alone.
+        Server-side apply is idempotent and takes back every field we own, so one apply
+        repairs an edit or recreates a deleted object. The reports map's ``data`` is not
+        in the applied object, so pods' reports are left alone. An object that still
+        differs right after our apply (another manager's list entries, say) is not
+        applied again until it changes: applying cannot change it.
         """
+        ns = job["metadata"]["namespace"]
+        applied = 0
         for obj in scaffold(job):
-            written = self.kube.apply(_object_path(obj), obj)
-            if obj["kind"] == "ConfigMap":
-                self.written.put("ConfigMap", written)
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            seen = seen_as(kind, ns, name)
+            if not force and (not drifted(obj, seen) or (
+                    seen is not None and self.written.answered(kind, seen, obj))):
+                continue
+            if seen is not None and not force:
+                log.info("scaffold %s %s/%s drifted; applying it again", kind, ns, name)
+            self.written.put(kind, record(self.kube.apply(_object_path(obj), obj)), sent=obj)
+            applied += 1
+        return applied
 
     def perform(self, job: Obj, plan: Plan) -> None:
         """Create, mark, publish, delete, events, status: in that order."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ringwright.kube import Obj
+from ringwright.operator.drift import SCAFFOLD_KINDS, watched
 from ringwright.operator.inventory import Inventory
 from ringwright.operator.ledger import CapacityLedger, PodSlot
 from ringwright.operator.schedulingpolicy import NodeLabelKeys
@@ -27,7 +28,8 @@ NODES = "nodes_by_name"
 JOB_CONFIGMAPS = "job_configmaps"
 POLICIES = "scheduling_policies"
 PRIORITIES = "priority_classes"
-INDICES = (PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES, PRIORITIES)
+INDICES = (PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES, PRIORITIES,
+           *sorted({w.index for w in SCAFFOLD_KINDS.values()}))
 
 Index = Mapping[Any, Iterable[Any]]
 """A kopf index as the cache reads it: key -> the values of every object under it."""
@@ -57,6 +59,10 @@ class Cache(Protocol):
         """Schedulable nodes with their free room."""
         ...
 
+    def scaffold_object(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """A job's scaffold object of ``kind`` as last seen (or written), or None."""
+        ...
+
 
 def _version(obj: Obj | None) -> int:
     try:
@@ -77,19 +83,41 @@ class Written:
     """Our latest writes, by (kind, namespace, name): read-your-writes for the next round."""
 
     objects: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
+    sent: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
+    """What we applied to get each answer in ``objects``, where it was an apply."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def put(self, kind: str, obj: Obj) -> None:
-        """Remember ``obj`` as written (the server's answer, with its resourceVersion)."""
+    def put(self, kind: str, obj: Obj, sent: Obj | None = None) -> None:
+        """Remember ``obj`` as written (the server's answer, with its resourceVersion),
+        and ``sent``, the object we applied to get it."""
         meta = obj.get("metadata") or {}
         with self.lock:
             key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
-            self.objects[key] = newer(self.objects.get(key), obj) or obj
+            kept = newer(self.objects.get(key), obj) or obj
+            self.objects[key] = kept
+            if kept is obj and sent is not None:
+                self.sent[key] = sent
+
+    def answered(self, kind: str, seen: Obj, desired: Obj) -> bool:
+        """Whether ``seen`` is the server's answer to our apply of ``desired`` itself:
+        applying it again would change nothing, whatever the object looks like."""
+        meta = seen.get("metadata") or {}
+        key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self.lock:
+            ours = self.objects.get(key)
+            return (ours is not None and self.sent.get(key) == desired
+                    and _version(ours) == _version(seen))
 
     def get(self, kind: str, namespace: str, name: str) -> Obj | None:
         """Our last write of that object, if any."""
         with self.lock:
             return self.objects.get((kind, namespace, name))
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        """Drop our write of an object the watch saw deleted: it no longer stands."""
+        with self.lock:
+            self.objects.pop((kind, namespace, name), None)
+            self.sent.pop((kind, namespace, name), None)
 
     def forget_job(self, namespace: str, name: str) -> None:
         """Drop everything written for a job that is gone."""
@@ -97,6 +125,7 @@ class Written:
             for key in [k for k in self.objects if k[1] == namespace
                         and (k[2] == name or k[2].startswith(f"{name}-"))]:
                 del self.objects[key]
+                self.sent.pop(key, None)
 
 
 class IndexCache:
@@ -134,3 +163,8 @@ class IndexCache:
         slots: Mapping[str, Iterable[PodSlot]] = self._ix[POD_SLOTS]
         return self._ledger.inventory(self._ix[NODES], slots, labels, gpu_resource,
                                       preemptible_below)
+
+    def scaffold_object(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """The indexed object or our newer write of it."""
+        seen: Obj | None = self._one(watched(kind).index, (namespace, name))
+        return newer(seen, self._written.get(kind, namespace, name))

@@ -37,6 +37,7 @@ from ringwright.operator.cache import (
     Written,
     newer,
 )
+from ringwright.operator.drift import SCAFFOLD_KINDS, Watched, record
 from ringwright.operator.events import EventRecorder
 from ringwright.operator.ledger import CapacityLedger, node_record, pod_slots, touched_nodes
 from ringwright.operator.manifests import JOB_LABEL
@@ -45,7 +46,7 @@ from ringwright.operator.observe import observe
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import plan
 from ringwright.operator.settings import OperatorSettings
-from ringwright.world import reports_configmap_name
+from ringwright.world import world_configmap_name
 
 log = logging.getLogger("ringwright.operator")
 
@@ -81,11 +82,14 @@ class OperatorContext:
 
 
 def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
-                   ensure_scaffold: bool) -> float | None:
-    """One observe -> plan -> apply round; returns when to run again (None: job deleted)."""
+                   force_scaffold: bool) -> float | None:
+    """One observe -> plan -> apply round; returns when to run again (None: job deleted).
+
+    The scaffold is ensured every round (only drifted objects are sent), and applied
+    whole when ``force_scaffold``.
+    """
     with ctx.metrics.round():
-        if ensure_scaffold:
-            ctx.applier.ensure_scaffold(job)
+        ctx.applier.ensure_scaffold(job, cache.scaffold_object, force_scaffold)
         # Plans of different jobs read the same free room: one at a time, and each
         # reserves what it will create before the next one looks (no two gangs on the
         # same GPUs).
@@ -119,6 +123,29 @@ def _plain(body: Mapping[str, Any]) -> Obj:
     return copy.deepcopy(dict(body))
 
 
+def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> None:
+    """Index the operator's objects of one scaffold kind, and wake their job when one
+    changes (the reports map brings reports; any other change may be drift to repair)."""
+    resource = (f"{w.group}/{w.version}" if w.group else w.version, w.plural)
+
+    @kopf.index(*resource, labels={JOB_LABEL: kopf.PRESENT}, registry=registry, id=w.index)
+    def scaffold_index(namespace: str | None, name: str, body: kopf.Body,
+                       **_: Any) -> dict[tuple[str, str], Obj]:
+        return {(namespace or "", name): record(body)}
+
+    @kopf.on.event(*resource, labels={JOB_LABEL: kopf.PRESENT}, registry=registry,
+                   id=f"{w.index}_changed")
+    async def scaffold_changed(namespace: str | None, name: str, labels: Mapping[str, str],
+                               type: str | None, memo: Any, **_: Any) -> None:
+        ctx: OperatorContext = memo["ctx"]
+        job = labels[JOB_LABEL]
+        if type == "DELETED":
+            # Our last write of it must not hide that it is gone.
+            ctx.written.forget(kind, namespace or "", name)
+        if name != world_configmap_name(job):  # our own publication needs no round
+            ctx.wake(namespace or "", job)
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     """Register every handler on ``registry`` (kept explicit so tests can build their own)."""
 
@@ -129,7 +156,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
         settings.persistence.finalizer = FINALIZER
         # Only the ConfigMaps the operator made (world, reports) are watched: the label
         # selector is sent to the API server, so other ConfigMaps never reach us.
-        settings.watching.label_selectors["configmaps"] = JOB_LABEL
+        # Same for the rest of the scaffold, watched to see drift without asking.
+        for w in SCAFFOLD_KINDS.values():
+            settings.watching.label_selectors[(w.group, w.plural) if w.group else w.plural] = (
+                JOB_LABEL)
 
     # -- indices: what rounds read instead of asking the API ----------------------------
 
@@ -181,11 +211,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if JOB_LABEL in labels:
             ctx.wake(namespace or "", labels[JOB_LABEL])
 
-    @kopf.on.event("configmaps", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
-    async def reports_changed(namespace: str | None, name: str, labels: Mapping[str, str],
-                              memo: Any, **_: Any) -> None:
-        if name == reports_configmap_name(labels[JOB_LABEL]):
-            memo["ctx"].wake(namespace or "", labels[JOB_LABEL])
+    for kind, w in SCAFFOLD_KINDS.items():
+        _watch_scaffold(registry, kind, w)
 
     @kopf.on.event(GROUP, VERSION, "trainingjobs", registry=registry)
     async def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
@@ -211,8 +238,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
                 assert job is not None
                 now = ctx.clock()
                 scaffold = (scaffolded_at is None
-                            or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds
-                            or cache.configmap(ns, reports_configmap_name(name)) is None)
+                            or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds)
                 try:
                     delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold)
                 except ApiError as err:

@@ -29,9 +29,10 @@ class OperatorSettings(BaseModel):
     resync_seconds: float = Field(
         default=10.0, gt=0, description="Reconcile every job at least this often.")
     scaffold_resync_seconds: float = Field(
-        default=60.0, gt=0, description="Re-apply every job's scaffold (ServiceAccount, Role, "
-        "RoleBinding, Service, reports ConfigMap) at least this often, so drift is repaired; "
-        "sooner when the reports ConfigMap is missing.")
+        default=600.0, gt=0, description="Every round re-applies the scaffold objects "
+        "(ServiceAccount, Role, RoleBinding, Service, reports ConfigMap, ...) that the watch "
+        "cache shows missing or changed; this often, every job's whole scaffold is "
+        "re-applied anyway, in case a watch missed an event.")
     store_port: int = Field(
         default=DEFAULT_STORE_PORT, ge=1, le=65535,
         description="Port of the rendezvous store that rank 0 hosts.")
