@@ -74,6 +74,9 @@ from ringwright.operator.settings import OperatorSettings  # noqa: E402
 from ringwright.world import WORLD_KEY, world_configmap_name  # noqa: E402
 
 WAIT_S = 1200.0
+ROUNDS_METRIC = "ringwright_operator_reconcile_seconds"
+"""The operator's round histogram (named ringwright_reconcile_seconds before c2ee691: a
+bench reading the old name counted no rounds at all)."""
 IMAGE = "ringwright/training:dev"
 POLICY = SchedulingPolicySpec()
 
@@ -294,7 +297,7 @@ class Operator:
         buckets: list[tuple[float, float]] = []
         count = 0.0
         for family in text_string_to_metric_families(text):
-            if family.name != "ringwright_reconcile_seconds":
+            if family.name != ROUNDS_METRIC:
                 continue
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
@@ -325,16 +328,19 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return lower
 
 
-def apiserver_requests(kube: KubeClient) -> Counter[tuple[str, str]]:
-    """``apiserver_request_total`` summed by (verb, resource)."""
+def apiserver_requests(kube: KubeClient, subresources: bool = False
+                       ) -> Counter[tuple[str, str]]:
+    """``apiserver_request_total`` summed by (verb, resource[/subresource])."""
     totals: Counter[tuple[str, str]] = Counter()
     for family in text_string_to_metric_families(kube.get_text("/metrics")):
         if family.name != "apiserver_request":
             continue
         for sample in family.samples:
             if sample.name == "apiserver_request_total":
-                totals[(sample.labels.get("verb", ""), sample.labels.get("resource", ""))] += (
-                    int(sample.value))
+                resource = sample.labels.get("resource", "")
+                if subresources and sample.labels.get("subresource"):
+                    resource += "/" + sample.labels["subresource"]
+                totals[(sample.labels.get("verb", ""), resource)] += int(sample.value)
     return totals
 
 
@@ -554,12 +560,84 @@ def lists_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
     return bool(rows) and rows[0][2] > 0
 
 
+# -- 5. requests per round in steady state, before and after ------------------------------
+
+
+def steady_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
+    """Requests per reconcile round while ``jobs`` Running jobs change nothing: the
+    operator as of ``rev`` against this one, each alone on the same cluster."""
+    cluster = Cluster(name="bench-operator-steady", root=work / "steady")
+    print(f"\n5. API requests per round, {jobs} Running jobs in steady state for "
+          f"{window_s:.0f} s: the operator as of {rev} against this one", flush=True)
+    cluster.up(inventory="large")
+    results: dict[str, tuple[float, Counter[tuple[str, str]]]] = {}
+    try:
+        with cluster.client() as kube:
+            install_api(kube)
+            for label, pythonpath in ((f"before ({rev})", str(old_tree(work, rev))),
+                                      ("after", "")):
+                ns = make_namespace(kube, f"steady-{len(results)}")
+                env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+                if pythonpath:
+                    env["PYTHONPATH"] = pythonpath
+                port = free_port()
+                log = work / f"steady-{len(results)}.log"
+                with log.open("wb") as out:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "ringwright.operator", "--metrics-port",
+                         str(port), "--no-leader-election"],
+                        env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+                try:
+                    with ThreadPoolExecutor(8) as pool:
+                        list(pool.map(lambda i, ns=ns: kube.create(
+                            api_path(API_VERSION, "trainingjobs", ns),
+                            job_manifest(f"job-{i}", 4)), range(jobs)))
+
+                    def all_running(ns: str = ns) -> bool:
+                        items = kube.list(api_path(API_VERSION, "trainingjobs", ns))
+                        return [(j.get("status") or {}).get("phase")
+                                for j in items].count("Running") == jobs
+
+                    wait_until("every job Running", all_running, interval=2.0)
+                    time.sleep(OperatorSettings().resync_seconds)  # the last events settle
+                    start, rounds0 = apiserver_requests(kube, True), Operator.read_rounds(port)
+                    time.sleep(window_s)
+                    delta = apiserver_requests(kube, True) - start
+                    results[label] = (Operator.read_rounds(port) - rounds0, delta)
+                    # While the operator runs: it releases its jobs' finalizers.
+                    kube.delete(api_path("v1", "namespaces", name=ns))
+                    wait_until(f"namespace {ns} gone", lambda ns=ns: kube.get_or_none(
+                        api_path("v1", "namespaces", name=ns)) is None)
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+    finally:
+        cluster.down()
+    keys = sorted({k for _, d in results.values() for k in d},
+                  key=lambda k: -max(d.get(k, 0) for _, d in results.values()))
+    print(f"{'requests per round (all clients)':34}"
+          + "".join(f"{label:>22}" for label in results))
+    print(f"{'rounds in the window':34}" + "".join(f"{r:22.0f}" for r, _ in results.values()))
+    print(f"{'rounds per job per 10 s':34}" + "".join(
+        f"{r / jobs / window_s * 10:22.2f}" for r, _ in results.values()))
+    for verb, resource in keys[:14]:
+        print(f"{verb + ' ' + resource:34}" + "".join(
+            f"{d.get((verb, resource), 0) / max(r, 1):22.3f}" for r, d in results.values()))
+    print(f"{'all requests':34}" + "".join(
+        f"{sum(d.values()) / max(r, 1):22.3f}" for r, d in results.values()))
+    return len(results) == 2 and all(r > 0 for r, _ in results.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*",
-                        choices=["plan", "throughput", "scale", "lists", []], default=[])
+                        choices=["plan", "throughput", "scale", "lists", "steady", []],
+                        default=[])
     parser.add_argument("--before", default="513f6db",
                         help="git revision of the operator to compare LIST calls with")
+    parser.add_argument("--steady-before", default="78854eb",
+                        help="git revision of the operator to compare steady requests with")
+    parser.add_argument("--steady-jobs", type=int, default=20)
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=200)
@@ -577,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
         ok &= scale_part(work, args.jobs, args.steady_seconds)
     if "lists" in parts:
         ok &= lists_part(work, args.before, 20, args.steady_seconds)
+    if "steady" in parts:
+        ok &= steady_part(work, args.steady_before, args.steady_jobs, args.steady_seconds)
     return 0 if ok else 1
 
 
