@@ -606,8 +606,11 @@ def steady_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
                     results[label] = (Operator.read_rounds(port) - rounds0, delta)
                     # While the operator runs: it releases its jobs' finalizers.
                     kube.delete(api_path("v1", "namespaces", name=ns))
-                    wait_until(f"namespace {ns} gone", lambda ns=ns: kube.get_or_none(
-                        api_path("v1", "namespaces", name=ns)) is None)
+
+                    def gone(ns: str = ns) -> bool:
+                        return kube.get_or_none(api_path("v1", "namespaces", name=ns)) is None
+
+                    wait_until(f"namespace {ns} gone", gone)
                 finally:
                     proc.terminate()
                     proc.wait(timeout=30)
