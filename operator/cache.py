@@ -28,8 +28,8 @@ NODES = "nodes_by_name"
 JOB_CONFIGMAPS = "job_configmaps"
 POLICIES = "scheduling_policies"
 PRIORITIES = "priority_classes"
-INDICES = (PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES, PRIORITIES,
-           *sorted({w.index for w in SCAFFOLD_KINDS.values()}))
+INDICES = tuple(dict.fromkeys((PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES,
+                               PRIORITIES, *sorted(w.index for w in SCAFFOLD_KINDS.values()))))
 
 Index = Mapping[Any, Iterable[Any]]
 """A kopf index as the cache reads it: key -> the values of every object under it."""

@@ -23,11 +23,13 @@ class Watched:
     group: str
     version: str
     plural: str
+    shared_index: str = ""
+    """An index the operator keeps anyway for this kind, holding :func:`record` s."""
 
     @property
     def index(self) -> str:
         """Name of the kopf index that holds the operator's objects of this kind."""
-        return f"scaffold_{self.plural}"
+        return self.shared_index or f"scaffold_{self.plural}"
 
 
 SCAFFOLD_KINDS: dict[str, Watched] = {
@@ -35,7 +37,9 @@ SCAFFOLD_KINDS: dict[str, Watched] = {
     "Role": Watched("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Watched("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "Service": Watched("", "v1", "services"),
-    "ConfigMap": Watched("", "v1", "configmaps"),
+    # The world and reports maps are indexed for the rounds already (cache.JOB_CONFIGMAPS):
+    # one copy of their data is enough.
+    "ConfigMap": Watched("", "v1", "configmaps", shared_index="job_configmaps"),
 }
 """Every kind the scaffold holds; a kind missing here is refused by :func:`watched`."""
 

@@ -27,7 +27,6 @@ from ringwright.operator.apibase import GROUP, VERSION
 from ringwright.operator.apply import MAX_IN_FLIGHT, Applier
 from ringwright.operator.cache import (
     INDICES,
-    JOB_CONFIGMAPS,
     NODES,
     POD_SLOTS,
     PODS_BY_JOB,
@@ -128,6 +127,7 @@ def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> N
     changes (the reports map brings reports; any other change may be drift to repair)."""
     resource = (f"{w.group}/{w.version}" if w.group else w.version, w.plural)
 
+    # Also the job_configmaps index the rounds read worlds and reports from.
     @kopf.index(*resource, labels={JOB_LABEL: kopf.PRESENT}, registry=registry, id=w.index)
     def scaffold_index(namespace: str | None, name: str, body: kopf.Body,
                        **_: Any) -> dict[tuple[str, str], Obj]:
@@ -175,16 +175,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.index("nodes", registry=registry, id=NODES)
     def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[str, Obj]:
         return {name: node_record(body)}
-
-    @kopf.index("configmaps", labels={JOB_LABEL: kopf.PRESENT}, registry=registry,
-                id=JOB_CONFIGMAPS)
-    def job_configmaps(namespace: str | None, name: str, body: kopf.Body,
-                       **_: Any) -> dict[tuple[str, str], Obj]:
-        meta = body.get("metadata") or {}
-        return {(namespace or "", name): {
-            "metadata": {"name": name, "namespace": namespace,
-                         "resourceVersion": meta.get("resourceVersion", "")},
-            "data": dict(body.get("data") or {})}}
 
     @kopf.index(GROUP, VERSION, "schedulingpolicies", registry=registry, id=POLICIES)
     def scheduling_policies(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Obj]:

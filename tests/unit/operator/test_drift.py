@@ -11,7 +11,7 @@ import pytest
 
 from ringwright.kube import Obj
 from ringwright.operator.apply import Applier
-from ringwright.operator.cache import Written, newer
+from ringwright.operator.cache import INDICES, JOB_CONFIGMAPS, Written, newer
 from ringwright.operator.drift import SCAFFOLD_KINDS, covers, drifted, record, watched
 from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import scaffold
@@ -76,6 +76,9 @@ def test_every_scaffold_kind_is_watched() -> None:
         assert watched(obj["kind"]) is SCAFFOLD_KINDS[obj["kind"]]
     with pytest.raises(KeyError, match="SCAFFOLD_KINDS"):
         watched("NetworkPolicy-not-yet")
+    # One index holds the world and reports maps, for rounds and drift alike.
+    assert watched("ConfigMap").index == JOB_CONFIGMAPS
+    assert len(INDICES) == len(set(INDICES))
 
 
 def test_fields_the_server_fills_in_are_not_drift_but_a_changed_field_of_ours_is() -> None:
