@@ -42,6 +42,7 @@ from ringwright.operator.ledger import CapacityLedger, node_record, pod_slots, t
 from ringwright.operator.manifests import JOB_LABEL
 from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.observe import observe
+from ringwright.operator.ownership import owned_by
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import plan
 from ringwright.operator.settings import OperatorSettings
@@ -119,6 +120,17 @@ def _plain(body: Mapping[str, Any]) -> Obj:
     return copy.deepcopy(dict(body))
 
 
+def _current(watched: Obj, written: Obj | None) -> Obj:
+    """The watched job, or our status write when the watch lags behind it; a write to an
+    earlier job of the same name (another UID) is not this job's."""
+    uid = watched.get("metadata", {}).get("uid")
+    if written is None or written.get("metadata", {}).get("uid") != uid:
+        return watched
+    job = newer(watched, written)
+    assert job is not None
+    return job
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     """Register every handler on ``registry`` (kept explicit so tests can build their own)."""
 
@@ -153,7 +165,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         meta = body.get("metadata") or {}
         return {(namespace or "", name): {
             "metadata": {"name": name, "namespace": namespace,
-                         "resourceVersion": meta.get("resourceVersion", "")},
+                         "resourceVersion": meta.get("resourceVersion", ""),
+                         "ownerReferences": copy.deepcopy(meta.get("ownerReferences") or [])},
             "data": dict(body.get("data") or {})}}
 
     @kopf.index(GROUP, VERSION, "schedulingpolicies", registry=registry, id=POLICIES)
@@ -207,12 +220,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
             while not stopped:
                 waker.clear()
                 # The watched body, or our own status write when the watch lags behind it.
-                job = newer(_plain(body), ctx.written.get("TrainingJob", ns, name))
-                assert job is not None
+                job = _current(_plain(body), ctx.written.get("TrainingJob", ns, name))
                 now = ctx.clock()
+                reports = cache.configmap(ns, reports_configmap_name(name))
                 scaffold = (scaffolded_at is None
                             or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds
-                            or cache.configmap(ns, reports_configmap_name(name)) is None)
+                            or not owned_by(reports, job["metadata"].get("uid", "")))
                 try:
                     delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold)
                 except ApiError as err:

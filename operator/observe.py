@@ -10,6 +10,7 @@ from ringwright.kube import Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Cache
 from ringwright.operator.models import TrainingJobSpec
+from ringwright.operator.ownership import owned, owned_by
 from ringwright.operator.reconcile import Observed
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.world import (
@@ -45,10 +46,13 @@ def observe(cache: Cache, job: Obj) -> Observed:
     effective = policy or SchedulingPolicySpec()
     ps_priority = (cache.priority_value(effective.priority_classes.ps) if spec.ps else None)
     inventory = cache.inventory(effective.node_labels, effective.gpu_resource, ps_priority)
+    uid = str(meta.get("uid", ""))
+    world_cm = cache.configmap(namespace, world_configmap_name(name))
+    reports_cm = cache.configmap(namespace, reports_configmap_name(name))
     return Observed(
-        job=job, pods=cache.job_pods(namespace, name),
-        world=_world(cache.configmap(namespace, world_configmap_name(name)), namespace, name),
-        reports=_reports(cache.configmap(namespace, reports_configmap_name(name))),
+        job=job, pods=owned(cache.job_pods(namespace, name), uid),
+        world=_world(world_cm, namespace, name) if owned_by(world_cm, uid) else None,
+        reports=_reports(reports_cm) if owned_by(reports_cm, uid) else {},
         policy=policy, inventory=inventory)
 
 
