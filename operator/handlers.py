@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -45,6 +45,7 @@ from ringwright.operator.observe import observe
 from ringwright.operator.ownership import owned_by
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import plan
+from ringwright.operator.refusals import RefusalBackoff
 from ringwright.operator.settings import OperatorSettings
 from ringwright.world import reports_configmap_name
 
@@ -68,8 +69,11 @@ class OperatorContext:
         default_factory=lambda: ThreadPoolExecutor(MAX_IN_FLIGHT, "ringwright-create"))
     placement_lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    refusal_backoff: RefusalBackoff = field(init=False)
 
     def __post_init__(self) -> None:
+        self.refusal_backoff = RefusalBackoff(self.settings.backoff_base_seconds,
+                                              self.settings.backoff_cap_seconds)
         self.events = EventRecorder(self.kube, self.clock)
         self.applier = Applier(self.kube, self.clock, pool=self.pool, events=self.events,
                                ledger=self.ledger, written=self.written)
@@ -82,29 +86,46 @@ class OperatorContext:
 
 
 def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
-                   ensure_scaffold: bool) -> float | None:
-    """One observe -> plan -> apply round; returns when to run again (None: job deleted)."""
+                   ensure_scaffold: bool, scaffold_missing: bool = False) -> float | None:
+    """One observe -> plan -> apply round; returns when to run again (None: job deleted).
+
+    ``ensure_scaffold`` re-applies the scaffold first; ``scaffold_missing`` says it does
+    not exist yet (so a refusal of it is a FailedCreate).
+
+    A write the API refuses does not end the round (see :mod:`.refusals`): it holds the
+    job's creates, and its scaffold re-apply, for a backoff that grows per refusal.
+    """
+    meta = job["metadata"]
+    key = (meta.get("namespace", ""), meta["name"])
+    hold = ctx.refusal_backoff.hold_until(key, ctx.clock())
     with ctx.metrics.round():
-        if ensure_scaffold:
-            ctx.applier.ensure_scaffold(job)
+        refusals = (ctx.applier.ensure_scaffold(job, first=scaffold_missing)
+                    if ensure_scaffold and hold is None else [])
         # Plans of different jobs read the same free room: one at a time, and each
         # reserves what it will create before the next one looks (no two gangs on the
         # same GPUs).
         with ctx.placement_lock:
-            observed = observe(cache, job)
+            observed = replace(observe(cache, job), hold_creates_until=hold)
             with ctx.metrics.planning():
                 decided = plan(observed, ctx.settings, ctx.clock(), place)
             for pod in decided.create:
                 ctx.ledger.reserve(pod)
-        ctx.applier.perform(observed.job, decided)
-    meta = observed.job["metadata"]
-    ctx.metrics.applied(meta.get("namespace", ""), meta["name"], observed, decided)
+        refusals = ctx.applier.perform(observed.job, decided, refusals,
+                                       attempted=hold is None)
+    ctx.metrics.refused(refusals)
+    if refusals:
+        hold = ctx.refusal_backoff.refused(key, ctx.clock())
+    elif hold is None:
+        ctx.refusal_backoff.accepted(key)
+    ctx.metrics.applied(key[0], key[1], observed, decided)
     if decided.delete_job:
         return None
-    resync: float = ctx.settings.resync_seconds
-    if decided.requeue_after is None:
-        return resync
-    return min(decided.requeue_after, resync)
+    delay: float = ctx.settings.resync_seconds
+    if decided.requeue_after is not None:
+        delay = min(decided.requeue_after, delay)
+    if hold is not None:
+        delay = min(delay, max(hold - ctx.clock(), 0.05))
+    return delay
 
 
 async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
@@ -223,11 +244,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
                 job = _current(_plain(body), ctx.written.get("TrainingJob", ns, name))
                 now = ctx.clock()
                 reports = cache.configmap(ns, reports_configmap_name(name))
-                scaffold = (scaffolded_at is None
-                            or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds
-                            or not owned_by(reports, job["metadata"].get("uid", "")))
+                missing = not owned_by(reports, job["metadata"].get("uid", ""))
+                scaffold = (scaffolded_at is None or missing
+                            or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds)
                 try:
-                    delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold)
+                    delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold,
+                                                    missing)
                 except ApiError as err:
                     if "NamespaceTerminating" in err.causes:
                         # The namespace goes, and the job with it: nothing to do but wait.
@@ -249,3 +271,4 @@ def register(registry: kopf.OperatorRegistry) -> None:
                 if body.get("metadata", {}).get("deletionTimestamp") is not None:
                     ctx.written.forget_job(ns, name)
                     ctx.metrics.forget(ns, name)
+                    ctx.refusal_backoff.accepted((ns, name))

@@ -67,6 +67,8 @@ class Observed:
     reports: dict[str, Report]
     policy: SchedulingPolicySpec | None
     inventory: Inventory
+    hold_creates_until: float | None = None
+    """Set while the API refuses the job's writes: no pod is created before then."""
 
 
 @dataclass(frozen=True)
@@ -340,6 +342,10 @@ class _Round:
             self.add_pods(alive + ps_alive, missing_workers)
 
     def add_pods(self, live: list[PodView], missing_workers: int) -> None:
+        hold = self.obs.hold_creates_until
+        if hold is not None and self.now < hold:
+            self.plan.soon(hold - self.now)  # a refused create waits out its backoff
+            return
         last_failure = parse_time(self.status.get("lastFailureTime"))
         if last_failure is not None:
             ready_at = last_failure + backoff(int(self.status.get("restarts", 0)),

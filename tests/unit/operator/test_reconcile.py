@@ -80,9 +80,10 @@ class FakePlacer:
 
 def run(body: Obj, pods: Sequence[Obj] = (), world: World | None = None,
         reports: dict[str, Report] | None = None, policy: bool = True, now: float = NOW,
-        placer: FakePlacer | None = None) -> Any:
+        placer: FakePlacer | None = None, hold: float | None = None) -> Any:
     observed = Observed(job=body, pods=pods, world=world, reports=reports or {},
-                        policy=SchedulingPolicySpec() if policy else None, inventory=NODES)
+                        policy=SchedulingPolicySpec() if policy else None, inventory=NODES,
+                        hold_creates_until=hold)
     return plan(observed, SETTINGS, now, placer or FakePlacer())
 
 

@@ -1,0 +1,86 @@
+"""The job lifecycle under faults, on the real control plane with the operator running.
+
+Refused writes (a ResourceQuota), suspend and resume, ownership against hijacked labels and
+same-name re-creation, policy trouble, events and time limits.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ringwright.kube import KubeClient, api_path
+from tests.cluster.test_operator import events_of, pods_of, wait_world, world_of
+from tests.jobs import OperatorProcess, get_status, tj_path, training_job
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def condition(kube: KubeClient, ns: str, name: str, type_: str) -> dict[str, Any] | None:
+    conds = get_status(kube, ns, name).get("conditions") or []
+    return next((c for c in conds if c["type"] == type_), None)
+
+
+def events(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = kube.list(api_path("v1", "events", ns),
+                                          fieldSelector=f"involvedObject.name={name}")
+    return out
+
+
+def metric(operator: OperatorProcess, name: str, **labels: str) -> float:
+    """The sum of a counter's samples whose labels include ``labels``."""
+    with urllib.request.urlopen(operator.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text)
+               for s in family.samples
+               if s.name == f"{name}_total" and labels.items() <= s.labels.items())
+
+
+def test_a_quota_refusal_is_reported_backed_off_and_the_round_goes_on(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(api_path("v1", "resourcequotas", namespace),
+                {"apiVersion": "v1", "kind": "ResourceQuota",
+                 "metadata": {"name": "three-pods"}, "spec": {"hard": {"pods": "3"}}})
+    kube.create(tj_path(namespace), training_job("quota", replicas=4, minimum=2))
+
+    refused = wait_for(lambda: (c := condition(kube, namespace, "quota", "WritesAccepted"))
+                       and c["status"] == "False" and c, "WritesAccepted=False")
+    assert refused["reason"] == "FailedCreate"
+    assert "exceeded quota" in refused["message"]
+    warning = wait_for(lambda: next((e for e in events(kube, namespace, "quota")
+                                     if e["reason"] == "FailedCreate"), None),
+                       "a FailedCreate event")
+    assert warning["type"] == "Warning" and "exceeded quota" in warning["message"]
+    # The three pods the quota admits still form a world.
+    before = wait_world(kube, namespace, "quota", 3)
+
+    # Refused creates are retried after a backoff, not on every wake-up: the job is
+    # touched every 0.2 s (each touch wakes its reconcile loop), creates stay ≤ 1/s.
+    start, t0 = metric(operator, "ringwright_operator_writes_refused", kind="Pod"), time.time()
+    for i in range(40):
+        kube.merge_patch(tj_path(namespace, "quota"),
+                         {"metadata": {"annotations": {"test/touch": str(i)}}})
+        time.sleep(0.2)
+    rate = (metric(operator, "ringwright_operator_writes_refused", kind="Pod") - start) \
+        / (time.time() - t0)
+    assert rate <= 1.5, f"{rate:.2f} refused pod creates per second"
+
+    # A member dies: it is still dropped from the world and counted in the status.
+    victim = before.members[1]
+    kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0)
+    after = wait_for(lambda: (w := world_of(kube, namespace, "quota")) is not None
+                     and w.epoch > before.epoch
+                     and victim.pod_uid not in {m.pod_uid for m in w.members} and w,
+                     "the dead member dropped from the world")
+    assert after.size >= 2
+    status = wait_for(lambda: (s := get_status(kube, namespace, "quota"))
+                      .get("restarts", 0) >= 1 and s, "restarts counted")
+    assert status["world"]["epoch"] >= after.epoch
+    # One series for the refusal, however many times it was retried.
+    assert sum(1 for e in events(kube, namespace, "quota") if e["reason"] == "FailedCreate") == 1
