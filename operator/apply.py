@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Generic, TypeVar
 
@@ -27,7 +27,7 @@ from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import LEAVING_ANNOTATION, scaffold, world_configmap
 from ringwright.operator.models import TrainingJobStatus
 from ringwright.operator.observe import job_path
-from ringwright.operator.reconcile import Plan
+from ringwright.operator.reconcile import Event, Plan
 from ringwright.operator.refusals import Refused, is_refusal, refusal_conditions, refused
 from ringwright.world import reports_configmap_name
 
@@ -88,6 +88,24 @@ def _attempt(call: Callable[[T], None], item: T) -> ApiError | None:
     return None
 
 
+_PUBLISHED = ("phase", "world", "startTime", "lastRecovery", "candidate")
+"""Status fields a round sets because it publishes a world."""
+
+
+def unpublished(status: Obj, before: Obj, events: list[Event]) -> tuple[Obj, list[Event]]:
+    """The status and events of a round whose world the API refused: what the world's
+    publication would have changed stays as it was, and its events are not told."""
+    out = dict(status)
+    for key in _PUBLISHED:
+        if key in before:
+            out[key] = before[key]
+        else:
+            out.pop(key, None)
+    told = [e for e in events if e.reason != "WorldPublished"
+            and not (e.reason == "Running" and status.get("phase") != before.get("phase"))]
+    return out, told
+
+
 class Applier:
     """Performs plans for jobs; the only operator code that writes to the API."""
 
@@ -144,8 +162,12 @@ class Applier:
                 self.written.put("ConfigMap", self.kube.apply(_object_path(cm), cm))
                 log.info("published world %s/%s epoch=%d size=%d", ns, name, world.epoch,
                          world.size)
+            before = len(refusals)
             self._try(refusals, "create" if world.epoch == 1 else "update", "ConfigMap",
                       cm["metadata"]["name"], publish)
+            if len(refusals) > before:
+                status, events = unpublished(status, job.get("status") or {}, plan.events)
+                plan = replace(plan, events=events)
         for pod_name in plan.delete:
             path = api_path("v1", "pods", ns, pod_name)
             self._try(refusals, "delete", "Pod", pod_name, partial(self.kube.delete, path, grace=0))

@@ -41,12 +41,19 @@ def metric(operator: OperatorProcess, name: str, **labels: str) -> float:
                if s.name == f"{name}_total" and labels.items() <= s.labels.items())
 
 
+def quota(kube: KubeClient, ns: str, hard: dict[str, str]) -> None:
+    """A ResourceQuota, once the quota controller has counted what the namespace holds."""
+    kube.create(api_path("v1", "resourcequotas", ns),
+                {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"},
+                 "spec": {"hard": hard}})
+    wait_for(lambda: (kube.get(api_path("v1", "resourcequotas", ns, "q")).get("status") or {})
+             .get("used"), "the quota's usage counted")
+
+
 def test_a_quota_refusal_is_reported_backed_off_and_the_round_goes_on(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    kube.create(api_path("v1", "resourcequotas", namespace),
-                {"apiVersion": "v1", "kind": "ResourceQuota",
-                 "metadata": {"name": "three-pods"}, "spec": {"hard": {"pods": "3"}}})
+    quota(kube, namespace, {"pods": "3"})
     kube.create(tj_path(namespace), training_job("quota", replicas=4, minimum=2))
 
     refused = wait_for(lambda: (c := condition(kube, namespace, "quota", "WritesAccepted"))
@@ -84,3 +91,28 @@ def test_a_quota_refusal_is_reported_backed_off_and_the_round_goes_on(
     assert status["world"]["epoch"] >= after.epoch
     # One series for the refusal, however many times it was retried.
     assert sum(1 for e in events(kube, namespace, "quota") if e["reason"] == "FailedCreate") == 1
+
+
+def test_a_refused_world_does_not_stop_pods_or_status_and_clears_when_allowed(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    # Room for the reports ConfigMap but not the world's.
+    present = len(kube.list(api_path("v1", "configmaps", namespace)))
+    quota(kube, namespace, {"configmaps": str(present + 1)})
+    kube.create(tj_path(namespace), training_job("noroom", replicas=2, minimum=1))
+
+    refused = wait_for(lambda: (c := condition(kube, namespace, "noroom", "WritesAccepted"))
+                       and c["status"] == "False" and c, "WritesAccepted=False")
+    assert refused["reason"] == "FailedCreate" and "noroom-world" in refused["message"]
+    # The rest of the round went on: pods made, the status written from them.
+    status = wait_for(lambda: (s := get_status(kube, namespace, "noroom"))
+                      .get("workers", {}).get("ready") == 2 and s, "2 ready workers in status")
+    assert status["phase"] == "Pending" and world_of(kube, namespace, "noroom") is None
+
+    kube.delete(api_path("v1", "resourcequotas", namespace, "q"))
+    wait_world(kube, namespace, "noroom", 2)
+    accepted = wait_for(lambda: (c := condition(kube, namespace, "noroom", "WritesAccepted"))
+                        and c["status"] == "True" and c, "WritesAccepted=True again")
+    assert accepted["reason"] == "Accepted"
+    assert wait_for(lambda: get_status(kube, namespace, "noroom").get("phase") == "Running",
+                    "Running")
