@@ -171,6 +171,9 @@ class Applier:
         for pod_name in plan.delete:
             path = api_path("v1", "pods", ns, pod_name)
             self._try(refusals, "delete", "Pod", pod_name, partial(self.kube.delete, path, grace=0))
+        for pod_name in plan.delete_gracefully:
+            path = api_path("v1", "pods", ns, pod_name)
+            self._try(refusals, "delete", "Pod", pod_name, partial(self.kube.delete, path))
         if plan.clear_reports:
             reports = reports_configmap_name(name)
             self._try(refusals, "update", "ConfigMap", reports, lambda: self.kube.merge_patch(

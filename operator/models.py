@@ -496,6 +496,14 @@ class PendingMembership(ApiModel):
     since: float = Field(description="When it was first seen (seconds since the Unix epoch).")
 
 
+class PhaseTransition(ApiModel):
+    """One step of the job's life: the phase it entered, why, and when."""
+
+    phase: JobPhase = Field(description="The phase entered.")
+    reason: str = Field(default="", max_length=1024, description="Why (CamelCase).")
+    time: str = Field(json_schema_extra={"format": "date-time"}, description="When.")
+
+
 class RecoveryStatus(ApiModel):
     """How long the last recovery from a lost pod took, as the operator saw it."""
 
@@ -554,6 +562,12 @@ class TrainingJobStatus(ApiModel):
     )
     candidate: PendingMembership | None = Field(
         default=None, description="A membership waiting out the settle window."
+    )
+    phase_history: list[PhaseTransition] = Field(
+        default_factory=list,
+        max_length=32,
+        description="The latest phase transitions, oldest first (Pending -> Running -> "
+        "Suspended -> Pending -> ...).",
     )
 
 

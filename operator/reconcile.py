@@ -85,6 +85,8 @@ class Plan:
     create: list[Obj] = field(default_factory=list)
     mark_leaving: list[str] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
+    delete_gracefully: list[str] = field(default_factory=list)
+    """Pods deleted with their own terminationGracePeriodSeconds (SIGTERM, checkpoint)."""
     clear_reports: list[str] = field(default_factory=list)
     world: World | None = None
     status: Obj = field(default_factory=dict)
@@ -96,6 +98,16 @@ class Plan:
         """Ask to be run again within ``seconds``."""
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = max(seconds, 0.05)
+
+
+PHASE_HISTORY = 32
+"""Phase transitions kept in status.phaseHistory (the oldest go first)."""
+
+
+def empty_world(current: World) -> World:
+    """The epoch after ``current`` with no members: everyone leaves (suspend)."""
+    return current.model_copy(update={"epoch": current.epoch + 1, "members": (), "ps": (),
+                                      "store": current.store.model_copy(update={"address": ""})})
 
 
 def backoff(restarts: int, base: float, cap: float) -> float:
@@ -141,6 +153,10 @@ class _Round:
         check_transition(self.phase, phase)
         self.event(reason, f"{self.phase} -> {phase}: {message}",
                    warning=phase in (JobPhase.FAILED, JobPhase.RESTARTING))
+        self.status["phaseHistory"] = [
+            *(self.status.get("phaseHistory") or []),
+            {"phase": phase.value, "reason": reason, "time": rfc3339(self.now)},
+        ][-PHASE_HISTORY:]
         self.phase = phase
         if phase in TERMINAL:
             self.status["completionTime"] = rfc3339(self.now)
@@ -164,11 +180,24 @@ class _Round:
                 self.plan.soon(done + ttl - self.now)
 
     def suspended(self) -> None:
+        """Members learn from an empty world that they are out, then their pods get their
+        own grace period (SIGTERM: the final checkpoint is written). Nothing here is a
+        failure: no member is lost, restarts and backoffLimit are untouched."""
+        current = self.obs.world
+        if current is not None and (current.members or current.ps):
+            self.plan.world = empty_world(current)
+            self.status["world"] = {**(self.status.get("world") or {}),
+                                    "epoch": current.epoch + 1, "size": 0, "racks": 0,
+                                    "crossRackEdges": 0, "rackMembers": []}
+            self.event("WorldPublished", f"epoch {current.epoch + 1}: empty (suspended)")
         for p in self.workers + self.ps:
             if p.state != PodState.DELETING:
-                self.plan.delete.append(p.name)
+                self.plan.delete_gracefully.append(p.name)
+        self.status["candidate"] = None
+        self.status["belowMinSince"] = None
         if self.phase != JobPhase.SUSPENDED:
-            self.move(JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true")
+            self.move(JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true; "
+                      "pods stop with their grace period, restarts are kept")
         self.condition("Suspended", True, "Suspended", "pods deleted; the job is kept")
 
     def run(self) -> Plan:
@@ -479,7 +508,7 @@ class _Round:
         st["observedGeneration"] = self.generation
         name = self.meta["name"]
         st["selector"] = f"{JOB_LABEL}={name},{ROLE_LABEL}={WORKER}"
-        deleted = set(self.plan.delete)
+        deleted = set(self.plan.delete) | set(self.plan.delete_gracefully)
         live = [p for p in self.workers if p.alive and p.name not in deleted]
         st["workers"] = {
             "desired": self.spec.workers.replicas,

@@ -116,3 +116,44 @@ def test_a_refused_world_does_not_stop_pods_or_status_and_clears_when_allowed(
     assert accepted["reason"] == "Accepted"
     assert wait_for(lambda: get_status(kube, namespace, "noroom").get("phase") == "Running",
                     "Running")
+
+
+def test_suspend_is_not_failure_and_resume_keeps_restarts(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    job = training_job("nap", replicas=8, minimum=8, runPolicy={"backoffLimit": 1})
+    job["spec"]["workers"]["template"]["spec"]["terminationGracePeriodSeconds"] = 7
+    kube.create(tj_path(namespace), job)
+    first = wait_world(kube, namespace, "nap", 8, timeout=120)
+    held = first.members[3].pod
+    # A finalizer of the test's keeps one pod visible while it terminates.
+    kube.merge_patch(api_path("v1", "pods", namespace, held),
+                     {"metadata": {"finalizers": ["test.ringwright.dev/hold"]}})
+    restarts = get_status(kube, namespace, "nap").get("restarts", 0)
+
+    kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": True}}})
+    empty = wait_for(lambda: (w := world_of(kube, namespace, "nap")) is not None
+                     and w.epoch > first.epoch and w, "the next world")
+    assert empty.size == 0  # members learn they are out before their pods go
+    terminating = wait_for(lambda: (p := kube.get(api_path("v1", "pods", namespace, held)))
+                           ["metadata"].get("deletionTimestamp") and p, "the held pod deleted")
+    # Deleted with its own grace period: SIGTERM, and time to write the checkpoint.
+    assert terminating["metadata"]["deletionGracePeriodSeconds"] == 7
+    kube.merge_patch(api_path("v1", "pods", namespace, held), {"metadata": {"finalizers": None}})
+    wait_for(lambda: not pods_of(kube, namespace, "nap"), "every pod gone")
+    status = wait_for(lambda: (s := get_status(kube, namespace, "nap"))
+                      .get("phase") == "Suspended" and s, "phase Suspended")
+    time.sleep(3)  # more rounds while suspended: still nothing lost
+    status = get_status(kube, namespace, "nap")
+    assert status["phase"] == "Suspended" and status["restarts"] == restarts
+
+    kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": False}}})
+    resumed = wait_world(kube, namespace, "nap", 8, after=empty.epoch, timeout=120)
+    status = wait_for(lambda: (s := get_status(kube, namespace, "nap"))
+                      .get("phase") == "Running" and s, "Running again")
+    assert status["restarts"] == restarts
+    assert not {m.pod_uid for m in resumed.members} & {m.pod_uid for m in first.members}
+    phases = [h["phase"] for h in status["phaseHistory"]]
+    assert phases[-4:] == ["Running", "Suspended", "Pending", "Running"]
+    reasons = events_of(kube, namespace, "nap")
+    assert {"Suspended", "Resumed"} <= set(reasons) and "MemberLost" not in reasons
