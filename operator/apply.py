@@ -171,6 +171,10 @@ class Applier:
         for pod_name in plan.delete:
             path = api_path("v1", "pods", ns, pod_name)
             self._try(refusals, "delete", "Pod", pod_name, partial(self.kube.delete, path, grace=0))
+        for pod_name, uid in plan.delete_left_behind:
+            path = api_path("v1", "pods", ns, pod_name)
+            self._try(refusals, "delete", "Pod", pod_name,
+                      partial(self.kube.delete, path, grace=0, precondition_uid=uid))
         for pod_name in plan.delete_gracefully:
             path = api_path("v1", "pods", ns, pod_name)
             self._try(refusals, "delete", "Pod", pod_name, partial(self.kube.delete, path))

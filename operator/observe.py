@@ -10,7 +10,7 @@ from ringwright.kube import Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Cache
 from ringwright.operator.models import TrainingJobSpec
-from ringwright.operator.ownership import owned, owned_by
+from ringwright.operator.ownership import left_behind, owned, owned_by
 from ringwright.operator.reconcile import Observed
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.world import (
@@ -49,8 +49,9 @@ def observe(cache: Cache, job: Obj) -> Observed:
     uid = str(meta.get("uid", ""))
     world_cm = cache.configmap(namespace, world_configmap_name(name))
     reports_cm = cache.configmap(namespace, reports_configmap_name(name))
+    labelled = cache.job_pods(namespace, name)
     return Observed(
-        job=job, pods=owned(cache.job_pods(namespace, name), uid),
+        job=job, pods=owned(labelled, uid), left_behind=left_behind(labelled, uid),
         world=_world(world_cm, namespace, name) if owned_by(world_cm, uid) else None,
         reports=_reports(reports_cm) if owned_by(reports_cm, uid) else {},
         policy=policy, inventory=inventory)

@@ -27,3 +27,16 @@ def owned_by(obj: Obj | None, uid: str) -> bool:
 def owned(objs: Iterable[Obj], uid: str) -> list[Obj]:
     """The objects of ``objs`` that ``uid`` controls."""
     return [o for o in objs if owned_by(o, uid)]
+
+
+def left_behind(objs: Iterable[Obj], uid: str) -> list[Obj]:
+    """Objects of ``objs`` controlled by another TrainingJob: one of the same name that
+    was deleted (names are unique, so it cannot still exist) and whose dependents the
+    garbage collector has not removed yet. They hold names the job's own pods need."""
+    out = []
+    for o in objs:
+        refs = (o.get("metadata") or {}).get("ownerReferences") or []
+        ref = next((r for r in refs if r.get("controller")), None)
+        if ref is not None and ref.get("kind") == "TrainingJob" and ref.get("uid") != uid:
+            out.append(o)
+    return out

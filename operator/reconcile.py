@@ -69,6 +69,8 @@ class Observed:
     inventory: Inventory
     hold_creates_until: float | None = None
     """Set while the API refuses the job's writes: no pod is created before then."""
+    left_behind: Sequence[Obj] = ()
+    """Pods of an earlier job of the same name, not yet garbage-collected."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ class Plan:
     delete: list[str] = field(default_factory=list)
     delete_gracefully: list[str] = field(default_factory=list)
     """Pods deleted with their own terminationGracePeriodSeconds (SIGTERM, checkpoint)."""
+    delete_left_behind: list[tuple[str, str]] = field(default_factory=list)
+    """(name, uid) of pods an earlier job of the same name left: deleted by UID only."""
     clear_reports: list[str] = field(default_factory=list)
     world: World | None = None
     status: Obj = field(default_factory=dict)
@@ -201,6 +205,10 @@ class _Round:
         self.condition("Suspended", True, "Suspended", "pods deleted; the job is kept")
 
     def run(self) -> Plan:
+        # They hold the names this job's pods need; not members, never counted.
+        self.plan.delete_left_behind = [
+            (p["metadata"]["name"], p["metadata"]["uid"]) for p in self.obs.left_behind
+            if not p["metadata"].get("deletionTimestamp")]
         if self.phase in TERMINAL:
             self.finished()
             return self.finish()

@@ -14,6 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.kube import KubeClient, api_path
+from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from ringwright.world import world_configmap_name
 from tests.cluster.test_operator import events_of, pods_of, wait_world, world_of
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job
 from tests.waiting import wait_for
@@ -157,3 +159,65 @@ def test_suspend_is_not_failure_and_resume_keeps_restarts(
     assert phases[-4:] == ["Running", "Suspended", "Pending", "Running"]
     reasons = events_of(kube, namespace, "nap")
     assert {"Suspended", "Resumed"} <= set(reasons) and "MemberLost" not in reasons
+
+
+def test_a_foreign_pod_with_the_job_label_is_not_a_member(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("victim", replicas=2, minimum=1))
+    before = wait_world(kube, namespace, "victim", 2)
+    node = before.members[0].node
+    kube.create(api_path("v1", "pods", namespace), {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "intruder", "labels": {
+            JOB_LABEL: "victim", ROLE_LABEL: "worker", INDEX_LABEL: "7"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}})
+    wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
+                         (kube.get(api_path("v1", "pods", namespace, "intruder"))
+                          .get("status") or {}).get("conditions") or []), "intruder Ready")
+    # Several rounds later (resync 2 s, settle 0.5 s): the world is as it was.
+    time.sleep(6)
+    after = world_of(kube, namespace, "victim")
+    assert after is not None and after.epoch == before.epoch
+    assert "intruder" not in {m.pod for m in after.members}
+    assert get_status(kube, namespace, "victim")["workers"]["ready"] == 2
+    assert kube.get_or_none(api_path("v1", "pods", namespace, "intruder")) is not None
+
+
+def test_a_job_recreated_under_the_same_name_starts_clean(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("again", replicas=3, minimum=1))
+    wait_world(kube, namespace, "again", 3)
+    # Scale down once so the old world is past epoch 1.
+    kube.merge_patch(tj_path(namespace, "again", "scale"), {"spec": {"replicas": 2}})
+    old = wait_world(kube, namespace, "again", 2, after=1)
+    wait_for(lambda: len(pods_of(kube, namespace, "again")) == 2, "the leaving pod gone")
+    old_uids = {p["metadata"]["uid"] for p in pods_of(kube, namespace, "again")}
+    old_job = kube.get(tj_path(namespace, "again"))["metadata"]["uid"]
+    # The test's finalizers keep an old pod and the old world around (as a slow garbage
+    # collector would) while the new job starts.
+    held = [api_path("v1", "pods", namespace, old.members[0].pod),
+            api_path("v1", "configmaps", namespace, world_configmap_name("again"))]
+    for path in held:
+        kube.merge_patch(path, {"metadata": {"finalizers": ["test.ringwright.dev/hold"]}})
+
+    kube.delete(tj_path(namespace, "again"))
+    wait_for(lambda: kube.get_or_none(tj_path(namespace, "again")) is None, "job deleted")
+    kube.create(tj_path(namespace), training_job("again", replicas=2, minimum=1))
+    new_job = kube.get(tj_path(namespace, "again"))["metadata"]["uid"]
+    assert new_job != old_job
+
+    try:
+        fresh = wait_for(lambda: (w := world_of(kube, namespace, "again")) is not None
+                         and w.job.uid == new_job and w, "the new job's world", timeout=120)
+        assert fresh.epoch == 1 < old.epoch  # a new job, a new history
+        assert not {m.pod_uid for m in fresh.members} & old_uids
+    finally:
+        for path in held:
+            kube.merge_patch(path, {"metadata": {"finalizers": None}})
+    wait_for(lambda: (w := world_of(kube, namespace, "again")) is not None and w.size == 2
+             and w.job.uid == new_job and not {m.pod_uid for m in w.members} & old_uids,
+             "both new workers in the world", timeout=120)
+    status = get_status(kube, namespace, "again")
+    assert status.get("restarts", 0) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ringwright.kube import Obj
@@ -9,6 +10,7 @@ from ringwright.operator.inventory import Inventory
 from ringwright.operator.manifests import JOB_LABEL, ROLE_LABEL, owner_reference, pod
 from ringwright.operator.observe import observe
 from ringwright.operator.ownership import controller_uid, owned_by
+from ringwright.operator.reconcile import plan
 from ringwright.operator.schedulingpolicy import NodeLabelKeys
 from ringwright.world import (
     WORLD_KEY,
@@ -19,6 +21,7 @@ from ringwright.world import (
     reports_configmap_name,
     world_configmap_name,
 )
+from tests.unit.operator.test_reconcile import NODES, SETTINGS, FakePlacer
 
 JOB: Obj = {
     "apiVersion": "ringwright.dev/v1alpha1", "kind": "TrainingJob",
@@ -106,3 +109,14 @@ def test_template_cannot_set_the_operators_labels_or_annotations() -> None:
     assert made["metadata"]["labels"]["team"] == "a"
     assert made["metadata"]["annotations"] == {"note": "x"}
     assert controller_uid(made) == "uid-new"
+
+
+def test_pods_an_earlier_job_of_the_same_name_left_are_deleted_by_uid_never_members() -> None:
+    earlier = _pod("tj-worker-0", "uid-old")
+    going = _pod("tj-worker-1", "uid-old")
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    seen = observe(FakeCache([earlier, going, _pod("intruder", None)], {}), JOB)
+    assert seen.pods == [] and len(seen.left_behind) == 2
+    decided = plan(replace(seen, inventory=NODES), SETTINGS, 1_000_000.0, FakePlacer())
+    assert decided.delete_left_behind == [("tj-worker-0", "pod-tj-worker-0")]
+    assert decided.delete == [] and decided.status.get("restarts", 0) == 0
