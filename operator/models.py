@@ -326,7 +326,9 @@ class RunPolicy(ApiModel):
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="Seconds the job may run before it is failed. Unset: no deadline.",
+        description="Seconds after creation (metadata.creationTimestamp, so time spent "
+        "Pending or Suspended counts) before the job is failed: DeadlineExceeded, or "
+        "NeverSchedulable when it never started. Unset: no deadline.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,

@@ -71,6 +71,8 @@ class Observed:
     """Set while the API refuses the job's writes: no pod is created before then."""
     left_behind: Sequence[Obj] = ()
     """Pods of an earlier job of the same name, not yet garbage-collected."""
+    policy_error: str = ""
+    """Why the named SchedulingPolicy exists but cannot be used (``policy`` is None)."""
 
 
 @dataclass(frozen=True)
@@ -212,23 +214,15 @@ class _Round:
         if self.phase in TERMINAL:
             self.finished()
             return self.finish()
-        if self.obs.policy is None:
-            name = self.spec.scheduling_policy_name
-            self.condition("PolicyFound", False, "PolicyNotFound",
-                           f"SchedulingPolicy {name!r} does not exist; create it or set "
-                           "spec.schedulingPolicyName to an existing policy")
-            self.plan.soon(self.settings.resync_seconds)
+        self.policy_condition()
+        if self.deadline_passed():
             return self.finish()
-        self.condition("PolicyFound", True, "PolicyFound",
-                       f"placing with SchedulingPolicy {self.spec.scheduling_policy_name!r}")
         if self.spec.run_policy.suspend:
             self.suspended()
             return self.finish()
         if self.phase == JobPhase.SUSPENDED:
             self.move(JobPhase.PENDING, "Resumed", "spec.runPolicy.suspend is false")
             self.condition("Suspended", False, "Resumed", "pods are recreated")
-        if self.deadline_passed():
-            return self.finish()
         if self.completed():
             return self.finish()
         self.failures()
@@ -238,6 +232,21 @@ class _Round:
         self.resize()
         self.world()
         return self.finish()
+
+    def policy_condition(self) -> None:
+        """Say whether the policy is usable. Without it nothing new is placed, but the
+        rest of the lifecycle (failures, suspend, deadline, completion) goes on."""
+        name = self.spec.scheduling_policy_name
+        if self.obs.policy is not None:
+            self.condition("PolicyFound", True, "PolicyFound",
+                           f"placing with SchedulingPolicy {name!r}")
+        elif self.obs.policy_error:
+            self.condition("PolicyFound", False, "PolicyInvalid",
+                           f"SchedulingPolicy {name!r} is invalid: {self.obs.policy_error}")
+        else:
+            self.condition("PolicyFound", False, "PolicyNotFound",
+                           f"SchedulingPolicy {name!r} does not exist; create it or set "
+                           "spec.schedulingPolicyName to an existing policy")
 
     def checkpoints(self) -> None:
         """Members' checkpoint-failure reports become the CheckpointFailing condition."""
@@ -250,15 +259,26 @@ class _Round:
         self.condition(CHECKPOINT_CONDITION, change.failing, change.reason, change.message)
 
     def deadline_passed(self) -> bool:
+        """activeDeadlineSeconds counts from the job's creation, through Pending and
+        Suspended too: a job that never becomes schedulable still ends, and says why."""
         limit = self.spec.run_policy.active_deadline_seconds
-        start = parse_time(self.status.get("startTime"))
+        start = parse_time(self.meta.get("creationTimestamp")) or parse_time(
+            self.status.get("startTime"))
         if limit is None or start is None:
             return False
         if self.now - start < limit:
             self.plan.soon(start + limit - self.now)
             return False
-        self.move(JobPhase.FAILED, "DeadlineExceeded",
-                  f"the job ran longer than spec.runPolicy.activeDeadlineSeconds={limit}")
+        placed = condition(list(self.status.get("conditions") or []), "Schedulable")
+        if self.status.get("startTime") is None and self.phase == JobPhase.PENDING:
+            why = (f"{placed.get('reason')}: {placed.get('message')}" if placed is not None
+                   and placed.get("status") == "False" else "its pods never all became ready")
+            self.move(JobPhase.FAILED, "NeverSchedulable",
+                      f"not running {limit}s after creation "
+                      f"(spec.runPolicy.activeDeadlineSeconds): {why}")
+        else:
+            self.move(JobPhase.FAILED, "DeadlineExceeded",
+                      f"more than spec.runPolicy.activeDeadlineSeconds={limit} since creation")
         self.finished()
         return True
 
@@ -348,7 +368,7 @@ class _Round:
 
     def resize(self) -> None:
         """Bring the worker (and ps) count to the spec: remove highest ranks, add lowest free."""
-        if self.gang_withdrawn():
+        if self.obs.policy is not None and self.gang_withdrawn():
             return
         wanted = self.spec.workers.replicas
         doomed = set(self.plan.delete)
@@ -379,6 +399,9 @@ class _Round:
             self.add_pods(alive + ps_alive, missing_workers)
 
     def add_pods(self, live: list[PodView], missing_workers: int) -> None:
+        if self.obs.policy is None:
+            self.plan.soon(self.settings.resync_seconds)  # placed once the policy is fixed
+            return
         hold = self.obs.hold_creates_until
         if hold is not None and self.now < hold:
             self.plan.soon(hold - self.now)  # a refused create waits out its backoff
@@ -391,7 +414,6 @@ class _Round:
             if self.now < ready_at:
                 self.plan.soon(ready_at - self.now)
                 return
-        assert self.obs.policy is not None
         placed = self.placer(self.spec, self.obs.policy, self.obs.inventory, live)
         if placed.reason:
             # Gang rule and policy limits: nothing is created until all of it fits.
