@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.kube import KubeClient, api_path
+from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 from ringwright.world import world_configmap_name
 from tests.cluster.test_operator import events_of, pods_of, wait_world, world_of
@@ -221,3 +222,56 @@ def test_a_job_recreated_under_the_same_name_starts_clean(
              "both new workers in the world", timeout=120)
     status = get_status(kube, namespace, "again")
     assert status.get("restarts", 0) == 0
+
+
+def test_a_running_job_keeps_its_lifecycle_when_its_policy_goes(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    policies = api_path(API_VERSION, "schedulingpolicies")
+    policy = f"p-{namespace}"
+    default = kube.get(f"{policies}/default")
+    kube.create(policies, {"apiVersion": API_VERSION, "kind": "SchedulingPolicy",
+                           "metadata": {"name": policy}, "spec": default["spec"]})
+    try:
+        kube.create(tj_path(namespace), training_job("orphan", replicas=3, minimum=1,
+                                                     schedulingPolicyName=policy))
+        before = wait_world(kube, namespace, "orphan", 3)
+        kube.delete(f"{policies}/{policy}")
+        gone = wait_for(lambda: (c := condition(kube, namespace, "orphan", "PolicyFound"))
+                        and c["status"] == "False" and c, "PolicyFound=False")
+        assert gone["reason"] == "PolicyNotFound"
+
+        # A member dies: still dropped and counted, though nothing can be placed.
+        victim = before.members[2]
+        kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0)
+        after = wait_world(kube, namespace, "orphan", 2, after=before.epoch)
+        assert victim.pod not in {m.pod for m in after.members}
+        assert wait_for(lambda: get_status(kube, namespace, "orphan").get("restarts") == 1,
+                        "the loss counted")
+        # Suspend still works.
+        kube.merge_patch(tj_path(namespace, "orphan"),
+                         {"spec": {"runPolicy": {"suspend": True}}})
+        wait_for(lambda: get_status(kube, namespace, "orphan").get("phase") == "Suspended"
+                 and not pods_of(kube, namespace, "orphan"), "suspended without pods")
+    finally:
+        kube.delete(f"{policies}/{policy}")
+
+
+def test_a_job_that_never_fits_times_out_with_a_reason_and_warns_once(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    job = training_job("never", replicas=40, minimum=40, gpusPerWorker=8,
+                       runPolicy={"activeDeadlineSeconds": 8})
+    job["spec"]["workers"]["max"] = 40
+    kube.create(tj_path(namespace), job)
+    status = wait_for(lambda: (s := get_status(kube, namespace, "never"))
+                      .get("phase") == "Failed" and s, "phase Failed", timeout=90)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NeverSchedulable"
+    assert "activeDeadlineSeconds" in failed["message"] and "40" in failed["message"]
+    assert pods_of(kube, namespace, "never") == []
+    # Several resyncs passed while it waited: each warning reason is one Event series.
+    warnings = [e for e in events(kube, namespace, "never") if e["type"] == "Warning"]
+    reasons = [e["reason"] for e in warnings]
+    assert "NeverSchedulable" in reasons
+    assert len(reasons) == len(set(reasons)), reasons
