@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ringwright.kube import KubeClient, api_path
+from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 from ringwright.world import world_configmap_name
@@ -119,6 +119,56 @@ def test_a_refused_world_does_not_stop_pods_or_status_and_clears_when_allowed(
     assert accepted["reason"] == "Accepted"
     assert wait_for(lambda: get_status(kube, namespace, "noroom").get("phase") == "Running",
                     "Running")
+
+
+def test_an_admission_policy_refusal_is_reported_and_lifted(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    admission = "admissionregistration.k8s.io/v1"
+    name = f"no-gated-pods-{namespace}"
+    policies = api_path(admission, "validatingadmissionpolicies")
+    bindings = api_path(admission, "validatingadmissionpolicybindings")
+    kube.create(policies, {
+        "apiVersion": admission, "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name},
+        "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [{
+            "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+            "resources": ["pods"]}]},
+            "validations": [{"expression": f"!has(object.metadata.labels) || "
+                             f"object.metadata.labels[?'{JOB_LABEL}'].orValue('') != 'gated'",
+                             "message": "pods of job gated are not admitted here"}]}})
+    kube.create(bindings, {
+        "apiVersion": admission, "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"], "matchResources": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}}})
+    try:
+        # The policy takes effect once the API server has loaded it.
+        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "generateName": "probe-", "labels": {JOB_LABEL: "gated"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+        def denied() -> bool:
+            try:
+                made = kube.create(api_path("v1", "pods", namespace), probe)
+            except ApiError:
+                return True
+            kube.delete(api_path("v1", "pods", namespace, made["metadata"]["name"]), grace=0)
+            return False
+
+        wait_for(denied, "the admission policy in force")
+        kube.create(tj_path(namespace), training_job("gated", replicas=2, minimum=1))
+        refused = wait_for(lambda: (c := condition(kube, namespace, "gated", "WritesAccepted"))
+                           and c["status"] == "False" and c, "WritesAccepted=False")
+        assert refused["reason"] == "FailedCreate"
+        assert "pods of job gated are not admitted here" in refused["message"]
+        assert get_status(kube, namespace, "gated")["phase"] == "Pending"
+        assert pods_of(kube, namespace, "gated") == []
+    finally:
+        kube.delete(f"{bindings}/{name}")
+        kube.delete(f"{policies}/{name}")
+    wait_world(kube, namespace, "gated", 2, timeout=90)
+    assert wait_for(lambda: (c := condition(kube, namespace, "gated", "WritesAccepted"))
+                    and c["status"] == "True", "WritesAccepted=True again")
 
 
 def test_suspend_is_not_failure_and_resume_keeps_restarts(
