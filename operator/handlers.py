@@ -247,6 +247,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
                 missing = not owned_by(reports, job["metadata"].get("uid", ""))
                 scaffold = (scaffolded_at is None or missing
                             or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds)
+                # A round within a refusal backoff skips the scaffold: it stays due.
+                held = ctx.refusal_backoff.hold_until((ns, name), now) is not None
                 try:
                     delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold,
                                                     missing)
@@ -259,7 +261,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
                     ctx.metrics.api_error(err.verb, err.status)
                     raise kopf.TemporaryError(f"reconcile {ns}/{name}: {err}", delay=1.0) \
                         from err
-                if scaffold:
+                if scaffold and not held:
                     scaffolded_at = now
                 if delay is None:
                     await stopped.wait()
