@@ -15,20 +15,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Generic, TypeVar
 
 from ringwright.kube import ApiError, KubeClient, Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Written
-from ringwright.operator.conditions import set_condition
 from ringwright.operator.drift import drifted, record
 from ringwright.operator.events import EventRecorder
 from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import LEAVING_ANNOTATION, scaffold, world_configmap
 from ringwright.operator.models import TrainingJobStatus
 from ringwright.operator.observe import job_path
-from ringwright.operator.reconcile import Plan
+from ringwright.operator.reconcile import Event, Plan
+from ringwright.operator.refusals import Refused, is_refusal, refusal_conditions, refused
 from ringwright.world import reports_configmap_name
 
 log = logging.getLogger("ringwright.operator.apply")
@@ -49,7 +50,7 @@ def _object_path(obj: Obj) -> str:
 
 @dataclass(frozen=True)
 class Refusal(Generic[T]):
-    """A create the API server refused, with its reason."""
+    """A create of a slow-start batch that the API server refused, with its error."""
 
     item: T
     error: ApiError
@@ -88,6 +89,24 @@ def _attempt(call: Callable[[T], None], item: T) -> ApiError | None:
     return None
 
 
+_PUBLISHED = ("phase", "world", "startTime", "lastRecovery", "candidate")
+"""Status fields a round sets because it publishes a world."""
+
+
+def unpublished(status: Obj, before: Obj, events: list[Event]) -> tuple[Obj, list[Event]]:
+    """The status and events of a round whose world the API refused: what the world's
+    publication would have changed stays as it was, and its events are not told."""
+    out = dict(status)
+    for key in _PUBLISHED:
+        if key in before:
+            out[key] = before[key]
+        else:
+            out.pop(key, None)
+    told = [e for e in events if e.reason != "WorldPublished"
+            and not (e.reason == "Running" and status.get("phase") != before.get("phase"))]
+    return out, told
+
+
 class Applier:
     """Performs plans for jobs; the only operator code that writes to the API."""
 
@@ -97,19 +116,21 @@ class Applier:
         self.events, self.ledger, self.written = events, ledger, written
 
     def ensure_scaffold(self, job: Obj, seen_as: Callable[[str, str, str], Obj | None],
-                        force: bool = False) -> int:
+                        force: bool = False, first: bool = False) -> list[Refused]:
         """Apply those of the job's scaffold objects that drifted from what the watch cache
         holds (``seen_as(kind, namespace, name)``, e.g. :meth:`Cache.scaffold_object`; all
-        of them with ``force``); returns how many were applied.
+        of them with ``force``).
 
         Server-side apply is idempotent and takes back every field we own, so one apply
         repairs an edit or recreates a deleted object. The reports map's ``data`` is not
         in the applied object, so pods' reports are left alone. An object that still
         differs right after our apply (another manager's list entries, say) is not
-        applied again until it changes: applying cannot change it.
+        applied again until it changes: applying cannot change it. ``first``: the objects
+        are being made (a refusal is a FailedCreate). Returns the refusals; every object
+        is tried.
         """
         ns = job["metadata"]["namespace"]
-        applied = 0
+        out: list[Refused] = []
         for obj in scaffold(job):
             kind, name = obj["kind"], obj["metadata"]["name"]
             seen = seen_as(kind, ns, name)
@@ -118,46 +139,96 @@ class Applier:
                 continue
             if seen is not None and not force:
                 log.info("scaffold %s %s/%s drifted; applying it again", kind, ns, name)
-            self.written.put(kind, record(self.kube.apply(_object_path(obj), obj)), sent=obj)
-            applied += 1
-        return applied
 
-    def perform(self, job: Obj, plan: Plan) -> None:
-        """Create, mark, publish, delete, events, status: in that order."""
+            def write(obj: Obj = obj, kind: str = kind) -> None:
+                self.written.put(kind, record(self.kube.apply(_object_path(obj), obj)),
+                                 sent=obj)
+            self._try(out, "create" if first or seen is None else "update", kind, name, write)
+        return out
+
+    def perform(self, job: Obj, plan: Plan, refusals: list[Refused] | None = None, *,
+                attempted: bool = True) -> list[Refused]:
+        """Create, mark, publish, delete, events, status: in that order.
+
+        A write the API refuses is added to ``refusals`` (the scaffold's, passed in) and
+        the rest still happens; the refusals become events and the ``WritesAccepted``
+        condition. ``attempted`` is False while the job's creates are held back after a
+        refusal (the condition then stays). Returns the refusals.
+        """
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         status = dict(plan.status)
+        refusals = list(refusals or [])
         refusal = self._create(ns, plan.create)
         if refusal is not None:
-            pod_name = refusal.item["metadata"]["name"]
-            message = f"creating pod {pod_name}: {refusal.error.message or refusal.error}"
-            self.events.record(job, "Warning", "CreateRefused", message)
-            status["conditions"] = set_condition(
-                list(status.get("conditions") or []), "PodsCreated", False,
-                refusal.error.reason or "CreateRefused", message, self.clock(),
-                int(job["metadata"].get("generation", 0)))
+            refusals.append(refused("create", "Pod", refusal.item["metadata"]["name"],
+                                    refusal.error))
         now = self.clock()
+        leaving: Obj = {"metadata": {"annotations": {LEAVING_ANNOTATION: f"{now}"}}}
         for pod_name in plan.mark_leaving:
-            self.kube.merge_patch(api_path("v1", "pods", ns, pod_name),
-                                  {"metadata": {"annotations": {LEAVING_ANNOTATION: f"{now}"}}})
+            path = api_path("v1", "pods", ns, pod_name)
+            self._try(refusals, "update", "Pod", pod_name,
+                      partial(self.kube.merge_patch, path, leaving))
         if plan.world is not None:
-            cm = world_configmap(job, plan.world.to_json())
-            self.written.put("ConfigMap", self.kube.apply(_object_path(cm), cm))
-            log.info("published world %s/%s epoch=%d size=%d", ns, name, plan.world.epoch,
-                     plan.world.size)
+            world = plan.world
+            cm = world_configmap(job, world.to_json())
+
+            def publish() -> None:
+                self.written.put("ConfigMap", self.kube.apply(_object_path(cm), cm))
+                log.info("published world %s/%s epoch=%d size=%d", ns, name, world.epoch,
+                         world.size)
+            before = len(refusals)
+            self._try(refusals, "create" if world.epoch == 1 else "update", "ConfigMap",
+                      cm["metadata"]["name"], publish)
+            if len(refusals) > before:
+                status, events = unpublished(status, job.get("status") or {}, plan.events)
+                plan = replace(plan, events=events)
         for pod_name in plan.delete:
-            self.kube.delete(api_path("v1", "pods", ns, pod_name), grace=0)
+            path = api_path("v1", "pods", ns, pod_name)
+            self._try(refusals, "delete", "Pod", pod_name, partial(self.kube.delete, path, grace=0))
+        for pod_name, uid in plan.delete_left_behind:
+            path = api_path("v1", "pods", ns, pod_name)
+            self._try(refusals, "delete", "Pod", pod_name,
+                      partial(self.kube.delete, path, grace=0, precondition_uid=uid))
+        for pod_name in plan.delete_gracefully:
+            path = api_path("v1", "pods", ns, pod_name)
+            self._try(refusals, "delete", "Pod", pod_name, partial(self.kube.delete, path))
         if plan.clear_reports:
-            self.kube.merge_patch(
-                api_path("v1", "configmaps", ns, reports_configmap_name(name)),
-                {"data": dict.fromkeys(plan.clear_reports)})
+            reports = reports_configmap_name(name)
+            self._try(refusals, "update", "ConfigMap", reports, lambda: self.kube.merge_patch(
+                api_path("v1", "configmaps", ns, reports),
+                {"data": dict.fromkeys(plan.clear_reports)}))
         # Events before status: whoever sees the new status finds its events recorded.
         for event in plan.events:
             self.events.record(job, event.type, event.reason, event.message)
+        for r in refusals:
+            self.events.record(job, "Warning", r.reason, r.describe())
+        status["conditions"] = refusal_conditions(
+            list(status.get("conditions") or []), refusals, attempted, now,
+            int(job["metadata"].get("generation", 0)))
         if status:
-            self.apply_status(job, status)
+            try:
+                self.apply_status(job, status)
+            except ApiError as err:
+                if not is_refusal(err):
+                    raise
+                self.events.record(job, "Warning", "FailedUpdate",
+                                   f"update TrainingJob status {name}: {err.message or err}")
+                refusals.append(refused("update", "TrainingJob", name, err))
         if plan.delete_job:
             log.info("deleting finished job %s/%s (ttlSecondsAfterFinished)", ns, name)
             self.kube.delete(job_path(ns, name))
+        return refusals
+
+    def _try(self, refusals: list[Refused], verb: str, kind: str, name: str,
+             write: Callable[[], object]) -> None:
+        """Run one write; a refusal is noted in ``refusals``, anything else propagates."""
+        try:
+            write()
+        except ApiError as err:
+            if not is_refusal(err):
+                raise
+            log.warning("%s %s %s refused: %s", verb, kind, name, err)
+            refusals.append(refused(verb, kind, name, err))
 
     def apply_status(self, job: Obj, status: Obj) -> None:
         """Server-side apply of the whole status, checked against the typed model first;

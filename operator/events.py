@@ -3,6 +3,12 @@
 The same (type, reason, message) on the same job within ``series_seconds`` bumps the
 existing Event's ``count`` and ``lastTimestamp`` instead of creating another object, so
 a job that stays unschedulable for an hour leaves one Event, not 360.
+
+A Warning is one series per reason: a repeat whose message changed (a refusal that
+names another pod, a count that moved) bumps the same Event and updates its message,
+so a condition that persists through every resync never makes a new Warning. Normal
+events keep one series per message: each tells a step of the job's story (epoch 3,
+then epoch 4) that must stay readable.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class EventRecorder:
         """Record one Event on ``obj``; never raises (an event is not worth a failed round)."""
         meta = obj["metadata"]
         message = message[:1000]
-        key = (str(meta.get("uid", "")), type_, reason, message)
+        key = (str(meta.get("uid", "")), type_, reason, "" if type_ == "Warning" else message)
         now = self.clock()
         with self._lock:
             series = self._series.get(key)
@@ -71,7 +77,7 @@ class EventRecorder:
             if series is not None:
                 self.kube.merge_patch(
                     api_path("v1", "events", meta["namespace"], series.name),
-                    {"count": series.count, "lastTimestamp": rfc3339(now)})
+                    {"count": series.count, "lastTimestamp": rfc3339(now), "message": message})
                 return
             created = self.kube.create(api_path("v1", "events", meta["namespace"]),
                                        self._body(obj, type_, reason, message, now))

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -42,10 +42,12 @@ from ringwright.operator.ledger import CapacityLedger, node_record, pod_slots, t
 from ringwright.operator.manifests import JOB_LABEL
 from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.observe import observe
+from ringwright.operator.ownership import owned_by
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import plan
+from ringwright.operator.refusals import RefusalBackoff
 from ringwright.operator.settings import OperatorSettings
-from ringwright.world import world_configmap_name
+from ringwright.world import reports_configmap_name, world_configmap_name
 
 log = logging.getLogger("ringwright.operator")
 
@@ -67,8 +69,11 @@ class OperatorContext:
         default_factory=lambda: ThreadPoolExecutor(MAX_IN_FLIGHT, "ringwright-create"))
     placement_lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    refusal_backoff: RefusalBackoff = field(init=False)
 
     def __post_init__(self) -> None:
+        self.refusal_backoff = RefusalBackoff(self.settings.backoff_base_seconds,
+                                              self.settings.backoff_cap_seconds)
         self.events = EventRecorder(self.kube, self.clock)
         self.applier = Applier(self.kube, self.clock, pool=self.pool, events=self.events,
                                ledger=self.ledger, written=self.written)
@@ -81,32 +86,48 @@ class OperatorContext:
 
 
 def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
-                   force_scaffold: bool) -> float | None:
+                   force_scaffold: bool, scaffold_missing: bool = False) -> float | None:
     """One observe -> plan -> apply round; returns when to run again (None: job deleted).
 
     The scaffold is ensured every round (only drifted objects are sent), and applied
-    whole when ``force_scaffold``.
+    whole when ``force_scaffold``; ``scaffold_missing`` says it does not exist yet (so a
+    refusal of it is a FailedCreate).
+
+    A write the API refuses does not end the round (see :mod:`.refusals`): it holds the
+    job's creates, and its scaffold, for a backoff that grows per refusal.
     """
+    meta = job["metadata"]
+    key = (meta.get("namespace", ""), meta["name"])
+    hold = ctx.refusal_backoff.hold_until(key, ctx.clock())
     with ctx.metrics.round():
-        ctx.applier.ensure_scaffold(job, cache.scaffold_object, force_scaffold)
+        refusals = (ctx.applier.ensure_scaffold(job, cache.scaffold_object, force_scaffold,
+                                                first=scaffold_missing)
+                    if hold is None else [])
         # Plans of different jobs read the same free room: one at a time, and each
         # reserves what it will create before the next one looks (no two gangs on the
         # same GPUs).
         with ctx.placement_lock:
-            observed = observe(cache, job)
+            observed = replace(observe(cache, job), hold_creates_until=hold)
             with ctx.metrics.planning():
                 decided = plan(observed, ctx.settings, ctx.clock(), place)
             for pod in decided.create:
                 ctx.ledger.reserve(pod)
-        ctx.applier.perform(observed.job, decided)
-    meta = observed.job["metadata"]
-    ctx.metrics.applied(meta.get("namespace", ""), meta["name"], observed, decided)
+        refusals = ctx.applier.perform(observed.job, decided, refusals,
+                                       attempted=hold is None)
+    ctx.metrics.refused(refusals)
+    if refusals:
+        hold = ctx.refusal_backoff.refused(key, ctx.clock())
+    elif hold is None:
+        ctx.refusal_backoff.accepted(key)
+    ctx.metrics.applied(key[0], key[1], observed, decided)
     if decided.delete_job:
         return None
-    resync: float = ctx.settings.resync_seconds
-    if decided.requeue_after is None:
-        return resync
-    return min(decided.requeue_after, resync)
+    delay: float = ctx.settings.resync_seconds
+    if decided.requeue_after is not None:
+        delay = min(decided.requeue_after, delay)
+    if hold is not None:
+        delay = min(delay, max(hold - ctx.clock(), 0.05))
+    return delay
 
 
 async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
@@ -144,6 +165,17 @@ def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> N
             ctx.written.forget(kind, namespace or "", name)
         if name != world_configmap_name(job):  # our own publication needs no round
             ctx.wake(namespace or "", job)
+
+
+def _current(watched: Obj, written: Obj | None) -> Obj:
+    """The watched job, or our status write when the watch lags behind it; a write to an
+    earlier job of the same name (another UID) is not this job's."""
+    uid = watched.get("metadata", {}).get("uid")
+    if written is None or written.get("metadata", {}).get("uid") != uid:
+        return watched
+    job = newer(watched, written)
+    assert job is not None
+    return job
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
@@ -224,13 +256,17 @@ def register(registry: kopf.OperatorRegistry) -> None:
             while not stopped:
                 waker.clear()
                 # The watched body, or our own status write when the watch lags behind it.
-                job = newer(_plain(body), ctx.written.get("TrainingJob", ns, name))
-                assert job is not None
+                job = _current(_plain(body), ctx.written.get("TrainingJob", ns, name))
                 now = ctx.clock()
-                scaffold = (scaffolded_at is None
+                reports = cache.configmap(ns, reports_configmap_name(name))
+                missing = not owned_by(reports, job["metadata"].get("uid", ""))
+                scaffold = (scaffolded_at is None or missing
                             or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds)
+                # A round within a refusal backoff skips the scaffold: it stays due.
+                held = ctx.refusal_backoff.hold_until((ns, name), now) is not None
                 try:
-                    delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold)
+                    delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold,
+                                                    missing)
                 except ApiError as err:
                     if "NamespaceTerminating" in err.causes:
                         # The namespace goes, and the job with it: nothing to do but wait.
@@ -240,7 +276,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
                     ctx.metrics.api_error(err.verb, err.status)
                     raise kopf.TemporaryError(f"reconcile {ns}/{name}: {err}", delay=1.0) \
                         from err
-                if scaffold:
+                if scaffold and not held:
                     scaffolded_at = now
                 if delay is None:
                     await stopped.wait()
@@ -252,3 +288,4 @@ def register(registry: kopf.OperatorRegistry) -> None:
                 if body.get("metadata", {}).get("deletionTimestamp") is not None:
                     ctx.written.forget_job(ns, name)
                     ctx.metrics.forget(ns, name)
+                    ctx.refusal_backoff.accepted((ns, name))

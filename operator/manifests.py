@@ -17,7 +17,9 @@ from ringwright.world import (
     world_configmap_name,
 )
 
-JOB_LABEL = "ringwright.dev/job"
+RESERVED_PREFIX = "ringwright.dev/"
+"""Label and annotation keys the operator alone sets (admission refuses them in templates)."""
+JOB_LABEL = f"{RESERVED_PREFIX}job"
 ROLE_LABEL = "ringwright.dev/role"
 INDEX_LABEL = "ringwright.dev/index"
 LEAVING_ANNOTATION = "ringwright.dev/leaving-since"
@@ -59,7 +61,8 @@ def _meta(job: Obj, name: str, labels: dict[str, str] | None = None) -> Obj:
     return {
         "name": name,
         "namespace": job["metadata"]["namespace"],
-        "labels": {JOB_LABEL: job["metadata"]["name"], **(labels or {})},
+        # The job label last: it ties the object to this job, whatever else was passed.
+        "labels": {**(labels or {}), JOB_LABEL: job["metadata"]["name"]},
         "ownerReferences": [owner_reference(job)],
     }
 
@@ -159,6 +162,12 @@ def _fault_tolerance_env(job: Obj) -> list[Obj]:
     return [{"name": name, "value": str(v)} for name, v in values if v is not None]
 
 
+def _unreserved(keys: dict[str, str] | None) -> dict[str, str]:
+    """Template labels or annotations without the operator's own keys (admission refuses
+    them; an object stored before that rule existed must not steer another job's pods)."""
+    return {k: v for k, v in (keys or {}).items() if not k.startswith(RESERVED_PREFIX)}
+
+
 def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     """A worker or ps pod from the role's template, with the operator's additions.
 
@@ -171,9 +180,9 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     template = copy.deepcopy(job["spec"][spec_key]["template"])
     tmeta: dict[str, Any] = template.get("metadata") or {}
     spec: Obj = template["spec"]
-    labels = {**tmeta.get("labels", {}), ROLE_LABEL: role, INDEX_LABEL: str(index)}
+    labels = {**_unreserved(tmeta.get("labels")), ROLE_LABEL: role, INDEX_LABEL: str(index)}
     meta = _meta(job, pod_name(name, role, index), labels)
-    meta["annotations"] = dict(tmeta.get("annotations", {}))
+    meta["annotations"] = _unreserved(tmeta.get("annotations"))
     if placement.get("plannedNode"):
         meta["annotations"][PLANNED_NODE_ANNOTATION] = placement["plannedNode"]
 

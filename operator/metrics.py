@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -19,6 +20,7 @@ from ringwright.operator.manifests import ROLE_LABEL
 from ringwright.operator.models import JobPhase
 from ringwright.operator.pods import PodState, view
 from ringwright.operator.reconcile import Observed, Plan
+from ringwright.operator.refusals import Refused
 from ringwright.world import ReportKind
 
 # Reconcile rounds take milliseconds to a few seconds (API round trips).
@@ -118,6 +120,10 @@ class OperatorMetrics:
             "ringwright_operator_pods_created", "Pods created, by role.", ["role"], registry=r)
         self.pods_deleted = Counter(
             "ringwright_operator_pods_deleted", "Pods deleted, by role.", ["role"], registry=r)
+        self.writes_refused = Counter(
+            "ringwright_operator_writes_refused", "Writes the API server refused (quota, "
+            "admission), by verb and kind; they are retried after a per-job backoff.",
+            ["verb", "kind"], registry=r)
         self._phases: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         for phase in JobPhase:
@@ -134,6 +140,11 @@ class OperatorMetrics:
     def api_error(self, verb: str, code: int) -> None:
         """Count an API request that failed a round."""
         self.api_errors.labels(verb, str(code)).inc()
+
+    def refused(self, refusals: Iterable[Refused]) -> None:
+        """Count writes the API server refused."""
+        for r in refusals:
+            self.writes_refused.labels(r.verb, r.kind).inc()
 
     def applied(self, namespace: str, name: str, observed: Observed, plan: Plan) -> None:
         """Count what an applied plan did."""

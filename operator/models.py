@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
+from pydantic.config import JsonDict
 
 from ringwright.operator.apibase import (
     API_VERSION,
@@ -22,13 +23,19 @@ from ringwright.operator.apibase import (
     immutable,
     validations,
 )
+from ringwright.operator.manifests import RESERVED_PREFIX
 from ringwright.world import Backend, HierarchicalAllReduce, LRRule, Mode
 
 MAX_WORKERS = 10_000
 """Upper bound of any worker count; also bounds the cost of CEL rules over counts."""
 MAX_PS = 256
 MAX_NAME_LENGTH = 50
-"""Pod, Service and ConfigMap names derive from the job name plus a suffix; 50 leaves room."""
+"""Names derive from the job name plus a suffix; 50 leaves room for ``-worker-<n>`` within
+the 63 characters of a pod hostname (``-reports`` and ``-world`` are shorter)."""
+DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A DNS-1035 label: what a Service name (the job's headless service) must be."""
+MAX_TEMPLATE_KEYS = 64
+"""Most labels (and annotations) a template may carry; also bounds the cost of CEL over them."""
 
 
 class RackPacking(StrEnum):
@@ -77,11 +84,39 @@ class PodSpecBody(ApiModel):
     )
 
 
+def _no_reserved_keys(field: str) -> JsonDict:
+    return validations(cel(
+        f"self.all(k, !k.startsWith('{RESERVED_PREFIX}'))",
+        f"spec.*.template.metadata.{field}: keys under {RESERVED_PREFIX} are the operator's "
+        "(they tie a pod to its job); remove them from the template",
+    ))
+
+
+class TemplateMetadata(ApiModel):
+    """The labels and annotations of a pod template; other metadata fields are kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict,
+        max_length=MAX_TEMPLATE_KEYS,
+        description=f"Labels copied onto every pod of this role; none under {RESERVED_PREFIX}.",
+        json_schema_extra=_no_reserved_keys("labels"),
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_TEMPLATE_KEYS,
+        description=f"Annotations copied onto every pod of this role; none under "
+        f"{RESERVED_PREFIX}.",
+        json_schema_extra=_no_reserved_keys("annotations"),
+    )
+
+
 class PodTemplate(ApiModel):
     """A PodTemplateSpec: the pod every replica of a role starts from."""
 
-    metadata: dict[str, Any] = Field(
-        default_factory=dict,
+    metadata: TemplateMetadata = Field(
+        default_factory=TemplateMetadata,
         description="Labels and annotations copied onto every pod of this role.",
     )
     spec: PodSpecBody = Field(
@@ -291,7 +326,9 @@ class RunPolicy(ApiModel):
     active_deadline_seconds: int | None = Field(
         default=None,
         ge=1,
-        description="Seconds the job may run before it is failed. Unset: no deadline.",
+        description="Seconds after creation (metadata.creationTimestamp, so time spent "
+        "Pending or Suspended counts) before the job is failed: DeadlineExceeded, or "
+        "NeverSchedulable when it never started. Unset: no deadline.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
@@ -461,6 +498,14 @@ class PendingMembership(ApiModel):
     since: float = Field(description="When it was first seen (seconds since the Unix epoch).")
 
 
+class PhaseTransition(ApiModel):
+    """One step of the job's life: the phase it entered, why, and when."""
+
+    phase: JobPhase = Field(description="The phase entered.")
+    reason: str = Field(default="", max_length=1024, description="Why (CamelCase).")
+    time: str = Field(json_schema_extra={"format": "date-time"}, description="When.")
+
+
 class RecoveryStatus(ApiModel):
     """How long the last recovery from a lost pod took, as the operator saw it."""
 
@@ -520,6 +565,12 @@ class TrainingJobStatus(ApiModel):
     candidate: PendingMembership | None = Field(
         default=None, description="A membership waiting out the settle window."
     )
+    phase_history: list[PhaseTransition] = Field(
+        default_factory=list,
+        max_length=32,
+        description="The latest phase transitions, oldest first (Pending -> Running -> "
+        "Suspended -> Pending -> ...).",
+    )
 
 
 class TrainingJob(ApiModel):
@@ -533,9 +584,11 @@ class TrainingJob(ApiModel):
                 "service and config map names are derived from it",
             ),
             cel(
-                "self.metadata.name.matches('^[a-z]')",
-                "metadata.name must start with a letter: the job's headless service "
-                "takes its name",
+                f"self.metadata.name.matches('{DNS_1035}')",
+                "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', "
+                "starting with a letter, ending with a letter or digit): the job's headless "
+                "service, its pods (<name>-worker-<n>) and config maps (<name>-world, "
+                "<name>-reports) take their names from it",
             ),
         )
     )

@@ -10,6 +10,7 @@ from ringwright.kube import Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Cache
 from ringwright.operator.models import TrainingJobSpec
+from ringwright.operator.ownership import left_behind, owned, owned_by
 from ringwright.operator.reconcile import Observed
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.world import (
@@ -36,20 +37,33 @@ def observe(cache: Cache, job: Obj) -> Observed:
     namespace, name = meta["namespace"], meta["name"]
     spec = TrainingJobSpec.model_validate(job["spec"])
     policy: SchedulingPolicySpec | None = None
+    policy_error = ""
     policy_spec = cache.policy(spec.scheduling_policy_name)
     if policy_spec is not None:
         try:
             policy = SchedulingPolicySpec.model_validate(policy_spec)
         except ValidationError as err:
             log.warning("SchedulingPolicy %s is unusable: %s", spec.scheduling_policy_name, err)
+            policy_error = _validation_message(err)
     effective = policy or SchedulingPolicySpec()
     ps_priority = (cache.priority_value(effective.priority_classes.ps) if spec.ps else None)
     inventory = cache.inventory(effective.node_labels, effective.gpu_resource, ps_priority)
+    uid = str(meta.get("uid", ""))
+    world_cm = cache.configmap(namespace, world_configmap_name(name))
+    reports_cm = cache.configmap(namespace, reports_configmap_name(name))
+    labelled = cache.job_pods(namespace, name)
     return Observed(
-        job=job, pods=cache.job_pods(namespace, name),
-        world=_world(cache.configmap(namespace, world_configmap_name(name)), namespace, name),
-        reports=_reports(cache.configmap(namespace, reports_configmap_name(name))),
-        policy=policy, inventory=inventory)
+        job=job, pods=owned(labelled, uid), left_behind=left_behind(labelled, uid),
+        world=_world(world_cm, namespace, name) if owned_by(world_cm, uid) else None,
+        reports=_reports(reports_cm) if owned_by(reports_cm, uid) else {},
+        policy=policy, inventory=inventory, policy_error=policy_error)
+
+
+def _validation_message(err: ValidationError) -> str:
+    """Pydantic's errors as ``spec.field: what is wrong`` (camelCase paths, as in the API)."""
+    return "; ".join(
+        f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
+        for e in err.errors())[:1000]
 
 
 def _world(cm: Obj | None, namespace: str, name: str) -> World | None:

@@ -67,6 +67,12 @@ class Observed:
     reports: dict[str, Report]
     policy: SchedulingPolicySpec | None
     inventory: Inventory
+    hold_creates_until: float | None = None
+    """Set while the API refuses the job's writes: no pod is created before then."""
+    left_behind: Sequence[Obj] = ()
+    """Pods of an earlier job of the same name, not yet garbage-collected."""
+    policy_error: str = ""
+    """Why the named SchedulingPolicy exists but cannot be used (``policy`` is None)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,10 @@ class Plan:
     create: list[Obj] = field(default_factory=list)
     mark_leaving: list[str] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
+    delete_gracefully: list[str] = field(default_factory=list)
+    """Pods deleted with their own terminationGracePeriodSeconds (SIGTERM, checkpoint)."""
+    delete_left_behind: list[tuple[str, str]] = field(default_factory=list)
+    """(name, uid) of pods an earlier job of the same name left: deleted by UID only."""
     clear_reports: list[str] = field(default_factory=list)
     world: World | None = None
     status: Obj = field(default_factory=dict)
@@ -94,6 +104,16 @@ class Plan:
         """Ask to be run again within ``seconds``."""
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = max(seconds, 0.05)
+
+
+PHASE_HISTORY = 32
+"""Phase transitions kept in status.phaseHistory (the oldest go first)."""
+
+
+def empty_world(current: World) -> World:
+    """The epoch after ``current`` with no members: everyone leaves (suspend)."""
+    return current.model_copy(update={"epoch": current.epoch + 1, "members": (), "ps": (),
+                                      "store": current.store.model_copy(update={"address": ""})})
 
 
 def backoff(restarts: int, base: float, cap: float) -> float:
@@ -139,6 +159,10 @@ class _Round:
         check_transition(self.phase, phase)
         self.event(reason, f"{self.phase} -> {phase}: {message}",
                    warning=phase in (JobPhase.FAILED, JobPhase.RESTARTING))
+        self.status["phaseHistory"] = [
+            *(self.status.get("phaseHistory") or []),
+            {"phase": phase.value, "reason": reason, "time": rfc3339(self.now)},
+        ][-PHASE_HISTORY:]
         self.phase = phase
         if phase in TERMINAL:
             self.status["completionTime"] = rfc3339(self.now)
@@ -162,34 +186,43 @@ class _Round:
                 self.plan.soon(done + ttl - self.now)
 
     def suspended(self) -> None:
+        """Members learn from an empty world that they are out, then their pods get their
+        own grace period (SIGTERM: the final checkpoint is written). Nothing here is a
+        failure: no member is lost, restarts and backoffLimit are untouched."""
+        current = self.obs.world
+        if current is not None and (current.members or current.ps):
+            self.plan.world = empty_world(current)
+            self.status["world"] = {**(self.status.get("world") or {}),
+                                    "epoch": current.epoch + 1, "size": 0, "racks": 0,
+                                    "crossRackEdges": 0, "rackMembers": []}
+            self.event("WorldPublished", f"epoch {current.epoch + 1}: empty (suspended)")
         for p in self.workers + self.ps:
             if p.state != PodState.DELETING:
-                self.plan.delete.append(p.name)
+                self.plan.delete_gracefully.append(p.name)
+        self.status["candidate"] = None
+        self.status["belowMinSince"] = None
         if self.phase != JobPhase.SUSPENDED:
-            self.move(JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true")
+            self.move(JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true; "
+                      "pods stop with their grace period, restarts are kept")
         self.condition("Suspended", True, "Suspended", "pods deleted; the job is kept")
 
     def run(self) -> Plan:
+        # They hold the names this job's pods need; not members, never counted.
+        self.plan.delete_left_behind = [
+            (p["metadata"]["name"], p["metadata"]["uid"]) for p in self.obs.left_behind
+            if not p["metadata"].get("deletionTimestamp")]
         if self.phase in TERMINAL:
             self.finished()
             return self.finish()
-        if self.obs.policy is None:
-            name = self.spec.scheduling_policy_name
-            self.condition("PolicyFound", False, "PolicyNotFound",
-                           f"SchedulingPolicy {name!r} does not exist; create it or set "
-                           "spec.schedulingPolicyName to an existing policy")
-            self.plan.soon(self.settings.resync_seconds)
+        self.policy_condition()
+        if self.deadline_passed():
             return self.finish()
-        self.condition("PolicyFound", True, "PolicyFound",
-                       f"placing with SchedulingPolicy {self.spec.scheduling_policy_name!r}")
         if self.spec.run_policy.suspend:
             self.suspended()
             return self.finish()
         if self.phase == JobPhase.SUSPENDED:
             self.move(JobPhase.PENDING, "Resumed", "spec.runPolicy.suspend is false")
             self.condition("Suspended", False, "Resumed", "pods are recreated")
-        if self.deadline_passed():
-            return self.finish()
         if self.completed():
             return self.finish()
         self.failures()
@@ -199,6 +232,21 @@ class _Round:
         self.resize()
         self.world()
         return self.finish()
+
+    def policy_condition(self) -> None:
+        """Say whether the policy is usable. Without it nothing new is placed, but the
+        rest of the lifecycle (failures, suspend, deadline, completion) goes on."""
+        name = self.spec.scheduling_policy_name
+        if self.obs.policy is not None:
+            self.condition("PolicyFound", True, "PolicyFound",
+                           f"placing with SchedulingPolicy {name!r}")
+        elif self.obs.policy_error:
+            self.condition("PolicyFound", False, "PolicyInvalid",
+                           f"SchedulingPolicy {name!r} is invalid: {self.obs.policy_error}")
+        else:
+            self.condition("PolicyFound", False, "PolicyNotFound",
+                           f"SchedulingPolicy {name!r} does not exist; create it or set "
+                           "spec.schedulingPolicyName to an existing policy")
 
     def checkpoints(self) -> None:
         """Members' checkpoint-failure reports become the CheckpointFailing condition."""
@@ -211,15 +259,26 @@ class _Round:
         self.condition(CHECKPOINT_CONDITION, change.failing, change.reason, change.message)
 
     def deadline_passed(self) -> bool:
+        """activeDeadlineSeconds counts from the job's creation, through Pending and
+        Suspended too: a job that never becomes schedulable still ends, and says why."""
         limit = self.spec.run_policy.active_deadline_seconds
-        start = parse_time(self.status.get("startTime"))
+        start = parse_time(self.meta.get("creationTimestamp")) or parse_time(
+            self.status.get("startTime"))
         if limit is None or start is None:
             return False
         if self.now - start < limit:
             self.plan.soon(start + limit - self.now)
             return False
-        self.move(JobPhase.FAILED, "DeadlineExceeded",
-                  f"the job ran longer than spec.runPolicy.activeDeadlineSeconds={limit}")
+        placed = condition(list(self.status.get("conditions") or []), "Schedulable")
+        if self.status.get("startTime") is None and self.phase == JobPhase.PENDING:
+            why = (f"{placed.get('reason')}: {placed.get('message')}" if placed is not None
+                   and placed.get("status") == "False" else "its pods never all became ready")
+            self.move(JobPhase.FAILED, "NeverSchedulable",
+                      f"not running {limit}s after creation "
+                      f"(spec.runPolicy.activeDeadlineSeconds): {why}")
+        else:
+            self.move(JobPhase.FAILED, "DeadlineExceeded",
+                      f"more than spec.runPolicy.activeDeadlineSeconds={limit} since creation")
         self.finished()
         return True
 
@@ -309,7 +368,7 @@ class _Round:
 
     def resize(self) -> None:
         """Bring the worker (and ps) count to the spec: remove highest ranks, add lowest free."""
-        if self.gang_withdrawn():
+        if self.obs.policy is not None and self.gang_withdrawn():
             return
         wanted = self.spec.workers.replicas
         doomed = set(self.plan.delete)
@@ -340,6 +399,13 @@ class _Round:
             self.add_pods(alive + ps_alive, missing_workers)
 
     def add_pods(self, live: list[PodView], missing_workers: int) -> None:
+        if self.obs.policy is None:
+            self.plan.soon(self.settings.resync_seconds)  # placed once the policy is fixed
+            return
+        hold = self.obs.hold_creates_until
+        if hold is not None and self.now < hold:
+            self.plan.soon(hold - self.now)  # a refused create waits out its backoff
+            return
         last_failure = parse_time(self.status.get("lastFailureTime"))
         if last_failure is not None:
             ready_at = last_failure + backoff(int(self.status.get("restarts", 0)),
@@ -348,7 +414,6 @@ class _Round:
             if self.now < ready_at:
                 self.plan.soon(ready_at - self.now)
                 return
-        assert self.obs.policy is not None
         placed = self.placer(self.spec, self.obs.policy, self.obs.inventory, live)
         if placed.reason:
             # Gang rule and policy limits: nothing is created until all of it fits.
@@ -473,7 +538,7 @@ class _Round:
         st["observedGeneration"] = self.generation
         name = self.meta["name"]
         st["selector"] = f"{JOB_LABEL}={name},{ROLE_LABEL}={WORKER}"
-        deleted = set(self.plan.delete)
+        deleted = set(self.plan.delete) | set(self.plan.delete_gracefully)
         live = [p for p in self.workers if p.alive and p.name not in deleted]
         st["workers"] = {
             "desired": self.spec.workers.replicas,

@@ -22,10 +22,11 @@ class OperatorSettings(BaseModel):
         default=120.0, ge=0, description="How long a running job may stay below "
         "spec.workers.min before it fails.")
     backoff_base_seconds: float = Field(
-        default=1.0, ge=0, description="First delay before replacing a failed pod; doubles "
-        "with every further failure.")
+        default=1.0, ge=0, description="First delay before replacing a failed pod, and before "
+        "creating again after the API refused a write; doubles with every further one.")
     backoff_cap_seconds: float = Field(
-        default=60.0, ge=0, description="Longest delay before replacing a failed pod.")
+        default=60.0, ge=0, description="Longest delay before replacing a failed pod or "
+        "retrying refused creates.")
     resync_seconds: float = Field(
         default=10.0, gt=0, description="Reconcile every job at least this often.")
     scaffold_resync_seconds: float = Field(

@@ -98,6 +98,21 @@ def test_repeated_events_become_one_series_with_a_count() -> None:
         ("/api/v1/namespaces/a/events/ev-1", 2), ("/api/v1/namespaces/a/events/ev-1", 3)]
 
 
+def test_a_warning_is_one_series_per_reason_whatever_its_message() -> None:
+    writes, now = Writes(), [1000.0]
+    events = EventRecorder(writes, lambda: now[0], series_seconds=600)
+    for i in range(5):  # a refusal that names another pod on every resync
+        events.record(JOB, "Warning", "FailedCreate", f"create Pod j-worker-{i}: quota")
+        now[0] += 10
+    assert [e["reason"] for e in writes.created] == ["FailedCreate"]
+    assert [b["count"] for _, b in writes.patched] == [2, 3, 4, 5]
+    assert writes.patched[-1][1]["message"] == "create Pod j-worker-4: quota"
+    # Normal events stay one per message: each is a step of the story.
+    events.record(JOB, "Normal", "WorldPublished", "epoch 1")
+    events.record(JOB, "Normal", "WorldPublished", "epoch 2")
+    assert [e["message"] for e in writes.created[1:]] == ["epoch 1", "epoch 2"]
+
+
 def test_a_series_older_than_its_window_starts_a_new_event() -> None:
     writes, now = Writes(), [1000.0]
     events = EventRecorder(writes, lambda: now[0], series_seconds=60)

@@ -138,6 +138,7 @@ def test_observe_reads_everything_from_the_indices_and_our_newer_writes() -> Non
     job["metadata"].update(namespace="a", uid="u1", generation=1)
     worker = pod("w0", 1, node_name="n1", phase="Running")
     worker["metadata"]["labels"] = {JOB_LABEL: "j"}
+    worker["metadata"]["ownerReferences"] = [{"uid": "u1", "controller": True}]
     old_world = {"metadata": {"name": "j-world", "namespace": "a", "resourceVersion": "5"},
                  "data": {}}
     written = Written()

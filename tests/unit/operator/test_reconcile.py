@@ -80,9 +80,10 @@ class FakePlacer:
 
 def run(body: Obj, pods: Sequence[Obj] = (), world: World | None = None,
         reports: dict[str, Report] | None = None, policy: bool = True, now: float = NOW,
-        placer: FakePlacer | None = None) -> Any:
+        placer: FakePlacer | None = None, hold: float | None = None) -> Any:
     observed = Observed(job=body, pods=pods, world=world, reports=reports or {},
-                        policy=SchedulingPolicySpec() if policy else None, inventory=NODES)
+                        policy=SchedulingPolicySpec() if policy else None, inventory=NODES,
+                        hold_creates_until=hold)
     return plan(observed, SETTINGS, now, placer or FakePlacer())
 
 
@@ -189,14 +190,30 @@ def test_ttl_after_finished_deletes_the_job() -> None:
     assert run(body, now=NOW + 10).delete_job
 
 
-def test_suspend_deletes_pods_and_resume_recreates() -> None:
-    pods = [pod(i) for i in range(4)]
-    suspended = run(job(status={"phase": "Running"}, runPolicy={"suspend": True}), pods=pods)
-    assert sorted(suspended.delete) == [f"tj-worker-{i}" for i in range(4)]
-    assert suspended.status["phase"] == "Suspended"
-    resumed = run(job(status={"phase": "Suspended"}))
-    assert resumed.status["phase"] == "Pending"
-    assert len(resumed.create) == 4
+def test_suspend_empties_the_world_deletes_gracefully_and_resume_loses_nobody() -> None:
+    pods = [pod(i) for i in range(8)]
+    running = {"phase": "Running", "restarts": 2, "world": {"epoch": 4}}
+    body = job(replicas=8, status=running, runPolicy={"suspend": True, "backoffLimit": 2})
+    suspended = run(body, pods=pods, world=world_of(range(8), epoch=4))
+    # Members learn they are out from an empty world, then get their own grace period.
+    assert suspended.world is not None and suspended.world.epoch == 5
+    assert suspended.world.members == ()
+    assert sorted(suspended.delete_gracefully) == sorted(f"tj-worker-{i}" for i in range(8))
+    assert suspended.delete == []
+    st = suspended.status
+    assert st["phase"] == "Suspended" and st["restarts"] == 2
+    assert st["world"]["epoch"] == 5 and st["world"]["size"] == 0
+    assert [h["phase"] for h in st["phaseHistory"]] == ["Suspended"]
+    assert {"WorldPublished", "Suspended"} <= {e.reason for e in suspended.events}
+    assert not any(e.type == "Warning" for e in suspended.events)
+
+    # Resumed with no pods left: the empty world has no member to lose.
+    resumed = run(job(replicas=8, status=st, runPolicy={"backoffLimit": 2}),
+                  world=suspended.world, now=NOW + 60)
+    assert resumed.status["phase"] == "Pending" and resumed.status["restarts"] == 2
+    assert len(resumed.create) == 8
+    assert not any(e.reason == "MemberLost" for e in resumed.events)
+    assert [h["phase"] for h in resumed.status["phaseHistory"]] == ["Suspended", "Pending"]
 
 
 def test_missing_policy_is_a_condition_not_a_crash() -> None:
