@@ -63,6 +63,9 @@ class Env:
     """spec.faultTolerance.stallTimeoutSeconds: no progress for this long makes a member hung."""
     READINESS_PORT = "RINGWRIGHT_READINESS_PORT"
     """Port of the runtime's HTTP readiness endpoint (``/readyz``)."""
+    JOIN_TOKEN_FILE = "RINGWRIGHT_JOIN_TOKEN_FILE"
+    """File holding the job's join token (mounted from the job's Secret): every value
+    in the epoch stores is tagged with it, so only the job's own pods can claim a rank."""
 
 
 class Backend(StrEnum):
