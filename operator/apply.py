@@ -23,17 +23,20 @@ from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Written
 from ringwright.operator.conditions import set_condition
 from ringwright.operator.events import EventRecorder
+from ringwright.operator.isolation import join_token_secret, network_policy, new_token
 from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import LEAVING_ANNOTATION, scaffold, world_configmap
 from ringwright.operator.models import TrainingJobStatus
 from ringwright.operator.observe import job_path
 from ringwright.operator.reconcile import Plan
+from ringwright.operator.settings import OperatorSettings
 from ringwright.world import reports_configmap_name
 
 log = logging.getLogger("ringwright.operator.apply")
 
 _PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
-            "Service": "services", "ConfigMap": "configmaps", "Pod": "pods"}
+            "Service": "services", "ConfigMap": "configmaps", "Pod": "pods",
+            "Secret": "secrets", "NetworkPolicy": "networkpolicies"}
 
 MAX_IN_FLIGHT = 64
 """Largest slow-start batch of concurrent creates (the Job controller's cap)."""
@@ -91,9 +94,13 @@ class Applier:
     """Performs plans for jobs; the only operator code that writes to the API."""
 
     def __init__(self, kube: KubeClient, clock: Callable[[], float], *, pool: Executor,
-                 events: EventRecorder, ledger: CapacityLedger, written: Written) -> None:
+                 events: EventRecorder, ledger: CapacityLedger, written: Written,
+                 settings: OperatorSettings | None = None) -> None:
         self.kube, self.clock, self.pool = kube, clock, pool
         self.events, self.ledger, self.written = events, ledger, written
+        self.settings = settings or OperatorSettings()
+        self._tokens: set[str] = set()
+        """Jobs (by uid) whose join-token Secret is known to exist."""
 
     def ensure_scaffold(self, job: Obj) -> None:
         """Apply the job's ServiceAccount, Role, RoleBinding, Service and reports map.
@@ -101,10 +108,32 @@ class Applier:
         Server-side apply is idempotent, so calling this again repairs drift; the reports
         map's ``data`` is not in the applied object, so pods' reports are left alone.
         """
-        for obj in scaffold(job):
+        self._ensure_join_token(job)
+        objects = scaffold(job)
+        if self.settings.network_policy:
+            objects.append(network_policy(job, self.settings.operator_namespace))
+        for obj in objects:
             written = self.kube.apply(_object_path(obj), obj)
             if obj["kind"] == "ConfigMap":
                 self.written.put("ConfigMap", written)
+
+    def _ensure_join_token(self, job: Obj) -> None:
+        """Create the job's join-token Secret once, with a fresh token.
+
+        Never applied: a second apply would change the token under running members.
+        A 409 means it exists; the operator never reads it back.
+        """
+        uid = job["metadata"]["uid"]
+        if uid in self._tokens:
+            return
+        secret = join_token_secret(job, new_token())
+        meta = secret["metadata"]
+        try:
+            self.kube.create(api_path("v1", "secrets", meta["namespace"]), secret)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+        self._tokens.add(uid)
 
     def perform(self, job: Obj, plan: Plan) -> None:
         """Create, mark, publish, delete, events, status: in that order."""

@@ -17,6 +17,7 @@ from ringwright.operator.checkpoint_condition import CONDITION as CHECKPOINT_CON
 from ringwright.operator.checkpoint_condition import checkpoint_condition
 from ringwright.operator.conditions import condition, parse_time, rfc3339, set_condition
 from ringwright.operator.inventory import Inventory
+from ringwright.operator.isolation import harden
 from ringwright.operator.manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
 from ringwright.operator.models import CleanPodPolicy, JobPhase, TrainingJobSpec
 from ringwright.operator.phases import TERMINAL, check_transition
@@ -373,7 +374,7 @@ class _Round:
         ):
             free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
             for fragment, index in zip(fragments, free, strict=False):
-                self.plan.create.append(pod(self.job, role, index, fragment))
+                self.plan.create.append(harden(self.job, pod(self.job, role, index, fragment)))
         if placed.gpu_model:
             self.status["world"] = {**(self.status.get("world") or {}),
                                     "gpuModel": placed.gpu_model}

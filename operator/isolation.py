@@ -1,0 +1,118 @@
+"""What keeps one job's pods apart from everything else: its join token and its
+NetworkPolicy.
+
+Pure builders of whole objects, like :mod:`ringwright.operator.manifests`:
+
+- the join-token Secret (owned by the job): the runtime tags every value in its epoch
+  stores with the token, so a process without it cannot claim a rank. It is mounted
+  into the training container of the job's pods only. The operator creates it once
+  with a random token and never reads it back (its RBAC holds ``create`` on Secrets,
+  nothing else);
+- the NetworkPolicy: the job's pods admit the job's own pods on every port (the
+  rendezvous store and the library's collective connections, whose ports are chosen
+  at run time), the operator's pods on the readiness and metrics ports, and anyone on
+  the metrics port (Prometheus runs wherever the admin put it). Nothing else.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from ringwright.kube import Obj
+from ringwright.operator.manifests import JOB_LABEL, READINESS_PORT, owner_reference
+from ringwright.world import DEFAULT_METRICS_PORT, Env
+
+JOIN_TOKEN_KEY = "token"
+JOIN_TOKEN_DIR = "/var/run/ringwright/join"
+"""Where the training container finds the token (``<dir>/token``)."""
+JOIN_TOKEN_VOLUME = "ringwright-join-token"
+OPERATOR_POD_LABELS = {"app.kubernetes.io/component": "operator"}
+"""Labels of the operator's pods (the chart sets them), admitted for health and metrics."""
+
+
+def _meta(job: Obj, name: str) -> Obj:
+    return {
+        "name": name,
+        "namespace": job["metadata"]["namespace"],
+        "labels": {JOB_LABEL: job["metadata"]["name"]},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def join_token_secret_name(job: str) -> str:
+    """The Secret holding the job's join token."""
+    return f"{job}-join-token"
+
+
+def new_token() -> str:
+    """A fresh random join token (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def join_token_secret(job: Obj, token: str) -> Obj:
+    """The job's join-token Secret, owned by the job (deleted with it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, join_token_secret_name(job["metadata"]["name"])),
+        "type": "Opaque",
+        "stringData": {JOIN_TOKEN_KEY: token},
+    }
+
+
+def harden(job: Obj, pod: Obj) -> Obj:
+    """``pod`` (built from the job's template) with what isolates it: the join token."""
+    mount_join_token(job, pod["spec"])
+    return pod
+
+
+def mount_join_token(job: Obj, spec: Obj) -> None:
+    """Mount the job's token into the training container of pod ``spec`` (only there)
+    and tell the runtime where it is."""
+    volume = {"name": JOIN_TOKEN_VOLUME, "secret": {
+        "secretName": join_token_secret_name(job["metadata"]["name"]),
+        "items": [{"key": JOIN_TOKEN_KEY, "path": JOIN_TOKEN_KEY}],
+        # Readable by the container's user whatever its uid; other containers of the
+        # pod do not mount it.
+        "defaultMode": 0o444,
+    }}
+    spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != JOIN_TOKEN_VOLUME]
+    spec["volumes"].append(volume)
+    main = spec["containers"][0]
+    mounts = [m for m in main.get("volumeMounts") or [] if m.get("name") != JOIN_TOKEN_VOLUME]
+    main["volumeMounts"] = [*mounts, {"name": JOIN_TOKEN_VOLUME, "mountPath": JOIN_TOKEN_DIR,
+                                      "readOnly": True}]
+    env = [e for e in main.get("env") or [] if e.get("name") != Env.JOIN_TOKEN_FILE]
+    main["env"] = [*env, {"name": Env.JOIN_TOKEN_FILE,
+                          "value": f"{JOIN_TOKEN_DIR}/{JOIN_TOKEN_KEY}"}]
+
+
+def network_policy(job: Obj, operator_namespace: str) -> Obj:
+    """The job's NetworkPolicy (see the module docstring for what it admits).
+
+    ``operator_namespace`` empty (an operator running outside the cluster) leaves out
+    the operator's rule: its probes then come from outside any pod.
+    """
+    name = job["metadata"]["name"]
+    own = {"podSelector": {"matchLabels": {JOB_LABEL: name}}}
+    ingress: list[Obj] = [{"from": [own]}]
+    if operator_namespace:
+        ingress.append({
+            "from": [{
+                "namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": operator_namespace}},
+                "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
+            }],
+            "ports": [{"protocol": "TCP", "port": READINESS_PORT}],
+        })
+    ingress.append({"ports": [{"protocol": "TCP", "port": DEFAULT_METRICS_PORT}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, name),
+        "spec": {
+            "podSelector": {"matchLabels": {JOB_LABEL: name}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }

@@ -1,0 +1,62 @@
+"""The objects that isolate a job: its join-token Secret, the mount, its NetworkPolicy."""
+
+from __future__ import annotations
+
+from ringwright.kube import Obj
+from ringwright.operator.isolation import (
+    JOIN_TOKEN_DIR,
+    harden,
+    join_token_secret,
+    network_policy,
+    new_token,
+)
+from ringwright.operator.manifests import JOB_LABEL, READINESS_PORT, pod
+from ringwright.world import DEFAULT_METRICS_PORT, Env
+
+JOB: Obj = {
+    "apiVersion": "ringwright.dev/v1alpha1", "kind": "TrainingJob",
+    "metadata": {"name": "tj", "namespace": "ns", "uid": "uid-tj"},
+    "spec": {"workers": {"min": 1, "replicas": 2, "template": {"spec": {"containers": [
+        {"name": "train", "image": "img"},
+        {"name": "sidecar", "image": "side"}]}}}},
+}
+
+
+def test_tokens_are_random_and_the_secret_is_owned_by_the_job() -> None:
+    assert new_token() != new_token() and len(new_token()) >= 43
+    secret = join_token_secret(JOB, "t0k")
+    assert secret["metadata"]["name"] == "tj-join-token"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-tj"
+    assert secret["stringData"] == {"token": "t0k"}
+
+
+def test_the_token_is_mounted_into_the_training_container_only() -> None:
+    built = harden(JOB, pod(JOB, "worker", 0, {}))
+    spec = built["spec"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "ringwright-join-token")
+    assert volume["secret"]["secretName"] == "tj-join-token"
+    train, sidecar = spec["containers"]
+    assert [m["mountPath"] for m in train["volumeMounts"]] == [JOIN_TOKEN_DIR]
+    assert "volumeMounts" not in sidecar
+    env = {e["name"]: e.get("value") for e in train["env"]}
+    assert env[Env.JOIN_TOKEN_FILE] == f"{JOIN_TOKEN_DIR}/token"
+    # Building twice (a template that already carries it) keeps one of each.
+    again = harden(JOB, built)["spec"]
+    assert len(again["volumes"]) == 1 and len(again["containers"][0]["volumeMounts"]) == 1
+
+
+def test_the_policy_admits_own_pods_everywhere_the_operator_to_readiness_anyone_to_metrics(
+) -> None:
+    policy = network_policy(JOB, "ringwright-system")
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {JOB_LABEL: "tj"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    own, operator, metrics = spec["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {JOB_LABEL: "tj"}}}]}
+    assert operator["ports"] == [{"protocol": "TCP", "port": READINESS_PORT}]
+    assert operator["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "ringwright-system"}
+    assert metrics == {"ports": [{"protocol": "TCP", "port": DEFAULT_METRICS_PORT}]}
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-tj"
+    # Outside the cluster the operator has no pods to admit.
+    assert len(network_policy(JOB, "")["spec"]["ingress"]) == 2
