@@ -8,6 +8,8 @@ Pure builders of whole objects, like :mod:`ringwright.operator.manifests`:
   into the training container of the job's pods only. The operator creates it once
   with a random token and never reads it back (its RBAC holds ``create`` on Secrets,
   nothing else);
+- the pod: the token's mount, a default securityContext on every container that sets
+  none (:mod:`ringwright.operator.templates_policy`);
 - the NetworkPolicy: the job's pods admit the job's own pods on every port (the
   rendezvous store and the library's collective connections, whose ports are chosen
   at run time), the operator's pods on the readiness and metrics ports, and anyone on
@@ -19,7 +21,14 @@ from __future__ import annotations
 import secrets
 
 from ringwright.kube import Obj
-from ringwright.operator.manifests import JOB_LABEL, READINESS_PORT, owner_reference
+from ringwright.operator.manifests import (
+    JOB_LABEL,
+    PS,
+    READINESS_PORT,
+    ROLE_LABEL,
+    owner_reference,
+)
+from ringwright.operator.templates_policy import secure
 from ringwright.world import DEFAULT_METRICS_PORT, Env
 
 JOIN_TOKEN_KEY = "token"
@@ -61,8 +70,18 @@ def join_token_secret(job: Obj, token: str) -> Obj:
 
 
 def harden(job: Obj, pod: Obj) -> Obj:
-    """``pod`` (built from the job's template) with what isolates it: the join token."""
-    mount_join_token(job, pod["spec"])
+    """``pod`` (built from the job's template, which passed the policy's template
+    limits) with what isolates it: the join token, default securityContexts, and the
+    ServiceAccount the template names (allowed by the policy) instead of the job's own.
+    """
+    spec = pod["spec"]
+    mount_join_token(job, spec)
+    secure(spec)
+    role_key = "ps" if pod["metadata"]["labels"].get(ROLE_LABEL) == PS else "workers"
+    template = job["spec"][role_key]["template"]["spec"]
+    account = template.get("serviceAccountName") or template.get("serviceAccount")
+    if account:
+        spec["serviceAccountName"] = account
     return pod
 
 

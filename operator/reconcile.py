@@ -25,6 +25,7 @@ from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.recovery import recovery
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
+from ringwright.operator.templates_policy import TEMPLATE_CONDITION, job_violations
 from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
 from ringwright.world import (
     CheckpointSettings,
@@ -183,6 +184,8 @@ class _Round:
             return self.finish()
         self.condition("PolicyFound", True, "PolicyFound",
                        f"placing with SchedulingPolicy {self.spec.scheduling_policy_name!r}")
+        if self.template_refused():
+            return self.finish()
         if self.spec.run_policy.suspend:
             self.suspended()
             return self.finish()
@@ -200,6 +203,24 @@ class _Round:
         self.resize()
         self.world()
         return self.finish()
+
+    def template_refused(self) -> bool:
+        """Refuse templates that ask for more than the policy allows: no pod is created."""
+        assert self.obs.policy is not None
+        found = job_violations(self.job["spec"], self.obs.policy.templates)
+        name = self.spec.scheduling_policy_name
+        if found:
+            message = (f"SchedulingPolicy {name!r} does not allow: " + "; ".join(found)
+                       + " (set the named spec.templates field of the policy, or remove "
+                       "the field from the template)")
+            self.condition(TEMPLATE_CONDITION, False, "TemplateRefused", message)
+            self.event("TemplateRefused", message, warning=True)
+            self.plan.soon(self.settings.resync_seconds)
+            return True
+        if condition(list(self.status.get("conditions") or []), TEMPLATE_CONDITION) is not None:
+            self.condition(TEMPLATE_CONDITION, True, "TemplateAllowed",
+                           f"the templates are within SchedulingPolicy {name!r}")
+        return False
 
     def checkpoints(self) -> None:
         """Members' checkpoint-failure reports become the CheckpointFailing condition."""

@@ -41,8 +41,8 @@ class OperatorSettings(BaseModel):
         "pods to its store and collective ports (the operator's pods to readiness).")
     operator_namespace: str = Field(
         default="", description="Namespace of the operator's pods, admitted by each job's "
-        "NetworkPolicy to the readiness port; empty when the operator runs outside the "
-        "cluster.")
+        "NetworkPolicy to the readiness port. Default: the leader-election Lease's namespace "
+        "($POD_NAMESPACE); empty when the operator runs outside the cluster.")
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> OperatorSettings:

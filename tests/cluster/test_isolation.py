@@ -59,3 +59,37 @@ def test_each_job_gets_its_own_token_mounted_in_its_pods_and_a_network_policy(
     wait_for(lambda: kube.get_or_none(api_path("v1", "secrets", namespace,
                                                "iso-b-join-token")) is None,
              "iso-b's token collected", timeout=60)
+
+
+def test_a_template_beyond_the_policy_creates_no_pod_and_names_the_field(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    job = training_job("too-much", replicas=2, minimum=1)
+    template = job["spec"]["workers"]["template"]["spec"]
+    template["hostNetwork"] = True
+    template["containers"][0]["securityContext"] = {"privileged": True}
+    kube.create(tj_path(namespace), job)
+    cond = wait_for(lambda: next((c for c in (kube.get(tj_path(namespace, "too-much"))
+                                              .get("status") or {}).get("conditions") or []
+                                  if c["type"] == "TemplateAllowed"), None),
+                    "the TemplateAllowed condition")
+    assert cond["status"] == "False" and cond["reason"] == "TemplateRefused"
+    assert "spec.workers.template.spec.hostNetwork is true (allowHostNetwork)" in cond["message"]
+    assert "containers[0].securityContext.privileged" in cond["message"]
+    events = kube.list(api_path("v1", "events", namespace),
+                       fieldSelector="involvedObject.name=too-much")
+    assert any(e["reason"] == "TemplateRefused" and e["type"] == "Warning" and
+               "hostNetwork" in e["message"] for e in events)
+    assert kube.list(api_path("v1", "pods", namespace),
+                     labelSelector=f"{JOB_LABEL}=too-much") == []
+
+
+def test_pods_run_with_the_default_security_context(
+    kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.create(tj_path(namespace), training_job("hardened", replicas=1, minimum=1))
+    wait_world(kube, namespace, "hardened", 1)
+    [pod] = kube.list(api_path("v1", "pods", namespace), labelSelector=f"{JOB_LABEL}=hardened")
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "runAsNonRoot": True, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
