@@ -23,7 +23,12 @@ from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Written
 from ringwright.operator.conditions import set_condition
 from ringwright.operator.events import EventRecorder
-from ringwright.operator.isolation import join_token_secret, network_policy, new_token
+from ringwright.operator.isolation import (
+    join_token_secret,
+    network_policy,
+    new_token,
+    with_report_key,
+)
 from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import LEAVING_ANNOTATION, scaffold, world_configmap
 from ringwright.operator.models import TrainingJobStatus
@@ -189,7 +194,8 @@ class Applier:
     def _create(self, ns: str, pods: list[Obj]) -> Refusal[Obj] | None:
         def create(pod: Obj) -> None:
             try:
-                self.kube.create(api_path("v1", "pods", ns), pod)
+                # A fresh report key per pod: random, so chosen here and not in the plan.
+                self.kube.create(api_path("v1", "pods", ns), with_report_key(pod, new_token()))
             except ApiError as err:
                 # Not created by this call: its room is not ours to hold. (409: an earlier
                 # round made it, and the pods index counts that one.)

@@ -10,6 +10,8 @@ Pure builders of whole objects, like :mod:`ringwright.operator.manifests`:
   nothing else);
 - the pod: the token's mount, a default securityContext on every container that sets
   none (:mod:`ringwright.operator.templates_policy`);
+- each pod's report key (:mod:`ringwright.report_seal`): given to that pod alone at
+  creation, so a report counts only for the pod that wrote it;
 - the NetworkPolicy: the job's pods admit the job's own pods on every port (the
   rendezvous store and the library's collective connections, whose ports are chosen
   at run time), the operator's pods on the readiness and metrics ports, and anyone on
@@ -18,7 +20,9 @@ Pure builders of whole objects, like :mod:`ringwright.operator.manifests`:
 
 from __future__ import annotations
 
+import logging
 import secrets
+from collections.abc import Mapping, Sequence
 
 from ringwright.kube import Obj
 from ringwright.operator.manifests import (
@@ -29,7 +33,10 @@ from ringwright.operator.manifests import (
     owner_reference,
 )
 from ringwright.operator.templates_policy import secure
-from ringwright.world import DEFAULT_METRICS_PORT, Env
+from ringwright.report_seal import written_by
+from ringwright.world import DEFAULT_METRICS_PORT, Env, Report
+
+log = logging.getLogger("ringwright.operator.isolation")
 
 JOIN_TOKEN_KEY = "token"
 JOIN_TOKEN_DIR = "/var/run/ringwright/join"
@@ -135,3 +142,41 @@ def network_policy(job: Obj, operator_namespace: str) -> Obj:
             "ingress": ingress,
         },
     }
+
+
+def with_report_key(pod: Obj, key: str) -> Obj:
+    """``pod`` whose training container holds ``key``, its own key for sealing reports.
+
+    Chosen at random per pod when it is created (so the apply step adds it, not the
+    pure plan); the job's pods may not read pods, so no member learns another's key.
+    """
+    main = pod["spec"]["containers"][0]
+    env = [e for e in main.get("env") or [] if e.get("name") != Env.REPORT_KEY]
+    main["env"] = [*env, {"name": Env.REPORT_KEY, "value": key}]
+    return pod
+
+
+def report_key(pod: Obj) -> str | None:
+    """The report key the operator gave ``pod``; None for a pod created without one."""
+    for var in pod["spec"]["containers"][0].get("env") or []:
+        if var.get("name") == Env.REPORT_KEY:
+            return str(var.get("value", ""))
+    return None
+
+
+def honest_reports(reports: Mapping[str, Report], pods: Sequence[Obj]) -> dict[str, Report]:
+    """The reports written by the pod whose name they sit under.
+
+    A report under a pod's name counts only when sealed with that pod's key; a pod
+    created without a key (by an operator before report keys) is taken at its word.
+    Reports under names of no pod of the job are kept: the planner ignores non-members.
+    """
+    keys = {p["metadata"]["name"]: report_key(p) for p in pods}
+    out: dict[str, Report] = {}
+    for name, report in reports.items():
+        key = keys.get(name)
+        if key is not None and not written_by(name, report, key):
+            log.warning("ignoring a report under %s's name that %s did not write", name, name)
+            continue
+        out[name] = report
+    return out

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from ringwright.kube import Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Cache
+from ringwright.operator.isolation import honest_reports
 from ringwright.operator.models import TrainingJobSpec
 from ringwright.operator.reconcile import Observed
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
@@ -48,7 +49,9 @@ def observe(cache: Cache, job: Obj) -> Observed:
     return Observed(
         job=job, pods=cache.job_pods(namespace, name),
         world=_world(cache.configmap(namespace, world_configmap_name(name)), namespace, name),
-        reports=_reports(cache.configmap(namespace, reports_configmap_name(name))),
+        reports=honest_reports(
+            _reports(cache.configmap(namespace, reports_configmap_name(name))),
+            cache.job_pods(namespace, name)),
         policy=policy, inventory=inventory)
 
 

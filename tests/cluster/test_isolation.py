@@ -4,14 +4,17 @@ least privilege. (KWOK has no network plane: the NetworkPolicy is checked as an 
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any
 
 import pytest
 
-from ringwright.kube import KubeClient, api_path
-from ringwright.operator.isolation import JOIN_TOKEN_DIR
+from ringwright.devcluster.control_plane import Cluster
+from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
+from ringwright.operator.isolation import JOIN_TOKEN_DIR, report_key
 from ringwright.operator.manifests import JOB_LABEL
-from ringwright.world import Env
+from ringwright.report_seal import seal
+from ringwright.world import Env, Report, ReportKind, reports_configmap_name
 from tests.cluster.test_operator import wait_world
 from tests.jobs import OperatorProcess, tj_path, training_job
 from tests.waiting import wait_for
@@ -93,3 +96,53 @@ def test_pods_run_with_the_default_security_context(
     assert pod["spec"]["containers"][0]["securityContext"] == {
         "runAsNonRoot": True, "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _as_job_pods(cluster: Cluster, kube: KubeClient, namespace: str, job: str) -> KubeClient:
+    """A client with a token of the job's pods' ServiceAccount, as the kubelet mounts it."""
+    token = kube.create(api_path("v1", "serviceaccounts", namespace, f"{job}-runtime", "token"),
+                        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                         "spec": {"expirationSeconds": 600}})["status"]["token"]
+    return KubeClient(with_token(load_kubeconfig(cluster.kubeconfig), token))
+
+
+def test_one_member_forging_its_peers_reports_evicts_nobody(
+    cluster: Cluster, kube: KubeClient, namespace: str, operator: OperatorProcess
+) -> None:
+    job = "reports"
+    kube.create(tj_path(namespace), training_job(job, replicas=3, minimum=1))
+    world = wait_world(kube, namespace, job, 3)
+    pods = {p["metadata"]["name"]: p for p in kube.list(
+        api_path("v1", "pods", namespace), labelSelector=f"{JOB_LABEL}={job}")}
+    keys = {name: report_key(p) for name, p in pods.items()}
+    assert all(keys.values()) and len(set(keys.values())) == 3
+    w0, w1, w2 = (m.pod for m in world.members)
+    victim_uid = pods[w2]["metadata"]["uid"]
+    path = api_path("v1", "configmaps", namespace, reports_configmap_name(job))
+    dead = Report(kind=ReportKind.PEER_DEAD, epoch=world.epoch, at=time.time(), suspects=(w2,))
+    stalled = Report(kind=ReportKind.STALLED, epoch=world.epoch, at=time.time())
+    with _as_job_pods(cluster, kube, namespace, job) as member:
+        # A member cannot read the reports (nor others' seals) ...
+        with pytest.raises(ApiError) as refused:
+            member.get(path)
+        assert refused.value.status == 403
+        # ... but may patch them: w0, knowing only its own key, names the healthy w2
+        # dead in its own name and in w1's, and says w2 stalled in w2's name.
+        member.merge_patch(path, {"data": {
+            w0: seal(w0, dead, keys[w0] or "").to_json(),
+            w1: seal(w1, dead, keys[w0] or "").to_json(),
+            w2: seal(w2, stalled, keys[w0] or "").to_json()}})
+        wait_for(lambda: f"ignoring a report under {w2}'s name" in operator.log.read_text(),
+                 "the operator to refuse the forged reports")
+        time.sleep(6)  # several resync rounds (2 s each)
+        assert wait_world(kube, namespace, job, 3).epoch == world.epoch
+        assert kube.get(api_path("v1", "pods", namespace, w2))["metadata"]["uid"] == victim_uid
+        reasons = [e["reason"] for e in kube.list(api_path("v1", "events", namespace),
+                                                 fieldSelector=f"involvedObject.name={job}")]
+        assert "MemberDead" not in reasons and "MemberStalled" not in reasons
+        # The same report, sealed by w1 itself, corroborates w0's: w2 is replaced.
+        member.merge_patch(path, {"data": {w1: seal(w1, dead, keys[w1] or "").to_json()}})
+    wait_for(lambda: "MemberDead" in [
+        e["reason"] for e in kube.list(api_path("v1", "events", namespace),
+                                       fieldSelector=f"involvedObject.name={job}")],
+             "w2 evicted on two honest reports")
