@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +18,7 @@ from ringwright.operator.isolation import JOIN_TOKEN_DIR, report_key
 from ringwright.operator.manifests import JOB_LABEL
 from ringwright.report_seal import seal
 from ringwright.world import Env, Report, ReportKind, reports_configmap_name
+from tests.cluster.test_chart import _install
 from tests.cluster.test_operator import wait_world
 from tests.jobs import OperatorProcess, tj_path, training_job
 from tests.waiting import wait_for
@@ -146,3 +150,77 @@ def test_one_member_forging_its_peers_reports_evicts_nobody(
         e["reason"] for e in kube.list(api_path("v1", "events", namespace),
                                        fieldSelector=f"involvedObject.name={job}")],
              "w2 evicted on two honest reports")
+
+
+def can_i(kube: KubeClient, user: str, verb: str, resource: str, namespace: str = "",
+          *, group: str = "", subresource: str = "", name: str = "") -> bool:
+    """What ``kubectl auth can-i VERB RESOURCE --as USER`` answers, asked of the API
+    server by the same review (a SubjectAccessReview), without needing kubectl."""
+    attributes = {"verb": verb, "resource": resource, "group": group,
+                  "subresource": subresource, "namespace": namespace, "name": name}
+    review = kube.create(api_path("authorization.k8s.io/v1", "subjectaccessreviews"), {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"],
+                 "resourceAttributes": {k: v for k, v in attributes.items() if v}}})
+    return bool(review["status"].get("allowed"))
+
+
+@pytest.fixture()
+def other_namespace(kube: KubeClient) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
+    yield name
+    kube.delete(api_path("v1", "namespaces", name=name))
+
+
+@pytest.mark.parametrize("mode", ["all-namespaces", "namespaced"])
+def test_the_charts_operator_account_holds_least_privilege(
+    cluster: Cluster, kube: KubeClient, namespace: str, other_namespace: str,
+    tmp_path: Path, mode: str,
+) -> None:
+    """Audit the installed chart's RBAC, as `kubectl auth can-i --as` would."""
+    served = [namespace] if mode == "namespaced" else []
+    with _install(cluster, kube, namespace, tmp_path, served) as release:
+        op = f"system:serviceaccount:{namespace}:{release.fullname}"
+
+        def can(verb: str, resource: str, ns: str = "", **kw: str) -> bool:
+            return can_i(kube, op, verb, resource, ns, **kw)
+
+        # What it does for a job in a served namespace.
+        for verb, resource in (("create", "pods"), ("delete", "pods"), ("patch", "configmaps"),
+                               ("watch", "configmaps"), ("create", "secrets"),
+                               ("list", "pods")):
+            assert can(verb, resource, namespace), (verb, resource)
+        assert can("create", "networkpolicies", namespace, group="networking.k8s.io")
+        # Secrets: it creates the join tokens and can read none, not even its own.
+        for verb in ("get", "list", "watch", "update", "patch", "delete"):
+            assert not can(verb, "secrets", namespace), verb
+            assert not can(verb, "secrets", namespace, name="job-join-token"), verb
+            assert not can(verb, "secrets", "kube-system"), verb
+        # No way into a container, no way around RBAC.
+        for sub in ("exec", "attach", "portforward"):
+            assert not can("create", "pods", namespace, subresource=sub), sub
+            assert not can("get", "pods", namespace, subresource=sub), sub
+        assert not can("impersonate", "serviceaccounts", namespace)
+        assert not can("bind", "roles", namespace, group="rbac.authorization.k8s.io")
+        assert not can("escalate", "roles", namespace, group="rbac.authorization.k8s.io")
+        assert not can("create", "serviceaccounts", namespace, subresource="token")
+        assert not can("patch", "nodes")
+        # Verbs nothing uses are gone.
+        assert not can("update", "configmaps", namespace)
+        assert not can("delete", "configmaps", namespace)
+        assert not can("update", "trainingjobs", namespace, group="ringwright.dev")
+        assert not can("patch", "trainingjobs", namespace, group="ringwright.dev",
+                       subresource="scale")
+        elsewhere = other_namespace
+        if mode == "namespaced":
+            # Nothing namespaced outside the served namespaces, and no pod read
+            # cluster-wide.
+            for verb, resource in (("create", "pods"), ("list", "pods"), ("list", "configmaps"),
+                                   ("create", "secrets"), ("create", "configmaps")):
+                assert not can(verb, resource, elsewhere), (verb, resource)
+            assert not can("list", "trainingjobs", elsewhere, group="ringwright.dev")
+            assert not can("list", "pods")
+            assert not can("list", "trainingjobs", group="ringwright.dev")
+        else:
+            assert can("create", "pods", elsewhere) and can("list", "pods")
