@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from ringwright.kube import Obj
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from ringwright.kube import ApiError, Obj
+from ringwright.operator.apply import Applier
+from ringwright.operator.cache import Written
+from ringwright.operator.events import EventRecorder
 from ringwright.operator.isolation import (
     JOIN_TOKEN_DIR,
     harden,
@@ -10,7 +18,9 @@ from ringwright.operator.isolation import (
     network_policy,
     new_token,
 )
+from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import JOB_LABEL, READINESS_PORT, pod
+from ringwright.operator.settings import OperatorSettings
 from ringwright.world import DEFAULT_METRICS_PORT, Env
 
 JOB: Obj = {
@@ -60,3 +70,47 @@ def test_the_policy_admits_own_pods_everywhere_the_operator_to_readiness_anyone_
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-tj"
     # Outside the cluster the operator has no pods to admit.
     assert len(network_policy(JOB, "")["spec"]["ingress"]) == 2
+
+
+class ScaffoldWrites:
+    """What the applier sends, by kind; the Secret's create answers 409 when told to."""
+
+    def __init__(self, secret_exists: bool = False) -> None:
+        self.applied: list[str] = []
+        self.created: list[Obj] = []
+        self.secret_exists = secret_exists
+
+    def apply(self, path: str, body: Obj) -> Obj:
+        self.applied.append(body["kind"])
+        return body
+
+    def create(self, path: str, body: Obj) -> Obj:
+        self.created.append(body)
+        if self.secret_exists:
+            raise ApiError(409, "AlreadyExists", "exists", path)
+        return body
+
+
+def applier(writes: ScaffoldWrites, **settings: Any) -> Applier:
+    kube: Any = writes
+    return Applier(kube, lambda: 0.0, pool=ThreadPoolExecutor(1),
+                   events=EventRecorder(kube, lambda: 0.0), ledger=CapacityLedger(),
+                   written=Written(), settings=OperatorSettings(**settings))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_scaffold_carries_the_policy_when_enabled_and_creates_the_token_once(
+        enabled: bool) -> None:
+    writes = ScaffoldWrites()
+    apply = applier(writes, network_policy=enabled)
+    apply.ensure_scaffold(JOB)
+    apply.ensure_scaffold(JOB)  # drift repair re-applies; the token stays as created
+    assert ("NetworkPolicy" in writes.applied) is enabled
+    assert [c["kind"] for c in writes.created] == ["Secret"]
+    assert writes.created[0]["metadata"]["name"] == "tj-join-token"
+
+
+def test_an_existing_token_is_kept() -> None:
+    writes = ScaffoldWrites(secret_exists=True)
+    applier(writes).ensure_scaffold(JOB)
+    assert "ServiceAccount" in writes.applied  # the 409 is not an error
