@@ -2,7 +2,9 @@
 
 KWOK makes pods Running without a kubelet, so no container ever starts. The pod host
 plays the rest of the kubelet for one job: it starts the training command for every
-Running pod with that pod's environment (its 127.x pod IP included) and a token of
+Running pod with that pod's environment (its 127.x pod IP included), the Secret
+volumes its training container mounts (written to a folder of its own, with
+environment values naming the mount path pointed there), and a token of
 the pod's own ServiceAccount, so the runtime talks to the API exactly as in a real
 pod. It kills the process when the pod is deleted, restarts it in place after a
 non-zero exit (restartPolicy OnFailure), marks the pod Succeeded after exit 0, and
@@ -12,6 +14,7 @@ would.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import os
@@ -102,7 +105,7 @@ class PodHost:
         name = pod["metadata"]["name"]
         health = self.workdir / name / "healthy"
         health.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self._pod_env(pod), **self.extra_env,
+        env = {**os.environ, **self._mounted(pod, self._pod_env(pod)), **self.extra_env,
                Env.HEALTH_FILE: str(health), "PYTHONUNBUFFERED": "1",
                "KUBECONFIG": str(self._token_kubeconfig(pod))}
         env.pop(Env.WORLD_FILE, None)
@@ -174,6 +177,30 @@ class PodHost:
                 ref = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
                 if ref in fields:
                     env[var["name"]] = fields[ref]
+        return env
+
+    def _mounted(self, pod: Obj, env: dict[str, str]) -> dict[str, str]:
+        """Write the Secret volumes the training container mounts under the pod's folder;
+        ``env`` with values under a mount path pointed at the written copy."""
+        spec = pod["spec"]
+        secrets = {v["name"]: v["secret"] for v in spec.get("volumes") or [] if "secret" in v}
+        for mount in spec["containers"][0].get("volumeMounts") or []:
+            source = secrets.get(mount["name"])
+            if source is None:
+                continue
+            data = self.kube.get(api_path("v1", "secrets", self.namespace,
+                                          source["secretName"])).get("data") or {}
+            items = source.get("items") or [{"key": k, "path": k} for k in data]
+            target = self.workdir / str(pod["metadata"]["name"]) / "mounts" / mount["name"]
+            target.mkdir(parents=True, exist_ok=True)
+            for item in items:
+                path = target / item["path"]
+                path.unlink(missing_ok=True)  # read-only from an earlier start
+                path.write_bytes(base64.b64decode(data[item["key"]]))
+                path.chmod(source.get("defaultMode", 0o644) & 0o777)
+            at = mount["mountPath"].rstrip("/")
+            env = {k: str(target) + v[len(at):] if v == at or v.startswith(at + "/") else v
+                   for k, v in env.items()}
         return env
 
     def _token_kubeconfig(self, pod: Obj) -> Path:

@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     config = default_config()
     kube = KubeClient(config)
-    ctx = OperatorContext(kube=kube, settings=OperatorSettings.from_env(dict(os.environ)))
+    # Jobs' NetworkPolicies admit the operator's namespace: the Lease's, unless set.
+    env = {"RINGWRIGHT_OPERATOR_NAMESPACE": args.lease_namespace, **os.environ}
+    ctx = OperatorContext(kube=kube, settings=OperatorSettings.from_env(env))
     if args.metrics_port:
         serve(ctx.metrics.registry, args.metrics_port, args.metrics_address)
     if not args.no_leader_election:

@@ -24,18 +24,27 @@ from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Written
 from ringwright.operator.drift import drifted, record
 from ringwright.operator.events import EventRecorder
+from ringwright.operator.isolation import (
+    join_token_secret,
+    join_token_secret_name,
+    network_policy,
+    new_token,
+    with_report_key,
+)
 from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import LEAVING_ANNOTATION, scaffold, world_configmap
 from ringwright.operator.models import TrainingJobStatus
 from ringwright.operator.observe import job_path
 from ringwright.operator.reconcile import Event, Plan
 from ringwright.operator.refusals import Refused, is_refusal, refusal_conditions, refused
+from ringwright.operator.settings import OperatorSettings
 from ringwright.world import reports_configmap_name
 
 log = logging.getLogger("ringwright.operator.apply")
 
 _PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
-            "Service": "services", "ConfigMap": "configmaps", "Pod": "pods"}
+            "Service": "services", "ConfigMap": "configmaps", "Pod": "pods",
+            "Secret": "secrets", "NetworkPolicy": "networkpolicies"}
 
 MAX_IN_FLIGHT = 64
 """Largest slow-start batch of concurrent creates (the Job controller's cap)."""
@@ -111,9 +120,13 @@ class Applier:
     """Performs plans for jobs; the only operator code that writes to the API."""
 
     def __init__(self, kube: KubeClient, clock: Callable[[], float], *, pool: Executor,
-                 events: EventRecorder, ledger: CapacityLedger, written: Written) -> None:
+                 events: EventRecorder, ledger: CapacityLedger, written: Written,
+                 settings: OperatorSettings | None = None) -> None:
         self.kube, self.clock, self.pool = kube, clock, pool
         self.events, self.ledger, self.written = events, ledger, written
+        self.settings = settings or OperatorSettings()
+        self._tokens: set[str] = set()
+        """Jobs (by uid) whose join-token Secret is known to exist."""
 
     def ensure_scaffold(self, job: Obj, seen_as: Callable[[str, str, str], Obj | None],
                         force: bool = False, first: bool = False) -> list[Refused]:
@@ -131,7 +144,12 @@ class Applier:
         """
         ns = job["metadata"]["namespace"]
         out: list[Refused] = []
-        for obj in scaffold(job):
+        self._try(out, "create", "Secret", join_token_secret_name(job["metadata"]["name"]),
+                  partial(self._ensure_join_token, job))
+        objects = scaffold(job)
+        if self.settings.network_policy:
+            objects.append(network_policy(job, self.settings.operator_namespace))
+        for obj in objects:
             kind, name = obj["kind"], obj["metadata"]["name"]
             seen = seen_as(kind, ns, name)
             if not force and (not drifted(obj, seen) or (
@@ -145,6 +163,24 @@ class Applier:
                                  sent=obj)
             self._try(out, "create" if first or seen is None else "update", kind, name, write)
         return out
+
+    def _ensure_join_token(self, job: Obj) -> None:
+        """Create the job's join-token Secret once, with a fresh token.
+
+        Never applied: a second apply would change the token under running members.
+        A 409 means it exists; the operator never reads it back.
+        """
+        uid = job["metadata"]["uid"]
+        if uid in self._tokens:
+            return
+        secret = join_token_secret(job, new_token())
+        meta = secret["metadata"]
+        try:
+            self.kube.create(api_path("v1", "secrets", meta["namespace"]), secret)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+        self._tokens.add(uid)
 
     def perform(self, job: Obj, plan: Plan, refusals: list[Refused] | None = None, *,
                 attempted: bool = True) -> list[Refused]:
@@ -247,7 +283,8 @@ class Applier:
     def _create(self, ns: str, pods: list[Obj]) -> Refusal[Obj] | None:
         def create(pod: Obj) -> None:
             try:
-                self.kube.create(api_path("v1", "pods", ns), pod)
+                # A fresh report key per pod: random, so chosen here and not in the plan.
+                self.kube.create(api_path("v1", "pods", ns), with_report_key(pod, new_token()))
             except ApiError as err:
                 # Not created by this call: its room is not ours to hold. (409: an earlier
                 # round made it, and the pods index counts that one.)

@@ -37,6 +37,7 @@ SCAFFOLD_KINDS: dict[str, Watched] = {
     "Role": Watched("rbac.authorization.k8s.io", "v1", "roles"),
     "RoleBinding": Watched("rbac.authorization.k8s.io", "v1", "rolebindings"),
     "Service": Watched("", "v1", "services"),
+    "NetworkPolicy": Watched("networking.k8s.io", "v1", "networkpolicies"),
     # The world and reports maps are indexed for the rounds already (cache.JOB_CONFIGMAPS):
     # one copy of their data is enough.
     "ConfigMap": Watched("", "v1", "configmaps", shared_index="job_configmaps"),

@@ -76,7 +76,8 @@ class OperatorContext:
                                               self.settings.backoff_cap_seconds)
         self.events = EventRecorder(self.kube, self.clock)
         self.applier = Applier(self.kube, self.clock, pool=self.pool, events=self.events,
-                               ledger=self.ledger, written=self.written)
+                               ledger=self.ledger, written=self.written,
+                               settings=self.settings)
 
     def wake(self, namespace: str, name: str) -> None:
         """Cut the sleep of the job's daemon short (nothing when it has none yet)."""

@@ -78,12 +78,13 @@ def scaffold(job: Obj) -> list[Obj]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(job, account),
-            # Pods may read their own job's world and write their own reports; nothing else.
+            # Pods may read their own job's world and write reports; nothing else (not
+            # even read the reports back: each writes its own key by merge patch).
             "rules": [
                 {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [world_cm],
                  "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [reports_cm],
-                 "verbs": ["get", "patch"]},
+                 "verbs": ["patch"]},
             ],
         },
         {

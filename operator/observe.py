@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from ringwright.kube import Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Cache
+from ringwright.operator.isolation import honest_reports
 from ringwright.operator.models import TrainingJobSpec
 from ringwright.operator.ownership import left_behind, owned, owned_by
 from ringwright.operator.reconcile import Observed
@@ -55,7 +56,8 @@ def observe(cache: Cache, job: Obj) -> Observed:
     return Observed(
         job=job, pods=owned(labelled, uid), left_behind=left_behind(labelled, uid),
         world=_world(world_cm, namespace, name) if owned_by(world_cm, uid) else None,
-        reports=_reports(reports_cm) if owned_by(reports_cm, uid) else {},
+        reports=(honest_reports(_reports(reports_cm), owned(labelled, uid))
+                 if owned_by(reports_cm, uid) else {}),
         policy=policy, inventory=inventory, policy_error=policy_error)
 
 

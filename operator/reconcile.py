@@ -17,6 +17,7 @@ from ringwright.operator.checkpoint_condition import CONDITION as CHECKPOINT_CON
 from ringwright.operator.checkpoint_condition import checkpoint_condition
 from ringwright.operator.conditions import condition, parse_time, rfc3339, set_condition
 from ringwright.operator.inventory import Inventory
+from ringwright.operator.isolation import harden
 from ringwright.operator.manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
 from ringwright.operator.models import CleanPodPolicy, JobPhase, TrainingJobSpec
 from ringwright.operator.phases import TERMINAL, check_transition
@@ -24,6 +25,7 @@ from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.recovery import recovery
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
+from ringwright.operator.templates_policy import TEMPLATE_CONDITION, job_violations
 from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
 from ringwright.world import (
     CheckpointSettings,
@@ -217,6 +219,8 @@ class _Round:
         self.policy_condition()
         if self.deadline_passed():
             return self.finish()
+        if self.obs.policy is not None and self.template_refused():
+            return self.finish()
         if self.spec.run_policy.suspend:
             self.suspended()
             return self.finish()
@@ -247,6 +251,24 @@ class _Round:
             self.condition("PolicyFound", False, "PolicyNotFound",
                            f"SchedulingPolicy {name!r} does not exist; create it or set "
                            "spec.schedulingPolicyName to an existing policy")
+
+    def template_refused(self) -> bool:
+        """Refuse templates that ask for more than the policy allows: no pod is created."""
+        assert self.obs.policy is not None
+        found = job_violations(self.job["spec"], self.obs.policy.templates)
+        name = self.spec.scheduling_policy_name
+        if found:
+            message = (f"SchedulingPolicy {name!r} does not allow: " + "; ".join(found)
+                       + " (set the named spec.templates field of the policy, or remove "
+                       "the field from the template)")
+            self.condition(TEMPLATE_CONDITION, False, "TemplateRefused", message)
+            self.event("TemplateRefused", message, warning=True)
+            self.plan.soon(self.settings.resync_seconds)
+            return True
+        if condition(list(self.status.get("conditions") or []), TEMPLATE_CONDITION) is not None:
+            self.condition(TEMPLATE_CONDITION, True, "TemplateAllowed",
+                           f"the templates are within SchedulingPolicy {name!r}")
+        return False
 
     def checkpoints(self) -> None:
         """Members' checkpoint-failure reports become the CheckpointFailing condition."""
@@ -438,7 +460,7 @@ class _Round:
         ):
             free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
             for fragment, index in zip(fragments, free, strict=False):
-                self.plan.create.append(pod(self.job, role, index, fragment))
+                self.plan.create.append(harden(self.job, pod(self.job, role, index, fragment)))
         if placed.gpu_model:
             self.status["world"] = {**(self.status.get("world") or {}),
                                     "gpuModel": placed.gpu_model}

@@ -22,6 +22,7 @@ from ringwright.operator.apibase import (
     validations,
 )
 from ringwright.operator.models import MAX_PS, MAX_WORKERS, RackPacking
+from ringwright.operator.templates_policy import TemplateLimits
 
 DEFAULT_POLICY_NAME = "default"
 RACK_LABEL = "ringwright.dev/rack"
@@ -160,6 +161,10 @@ class SchedulingPolicySpec(ApiModel):
         "Preferred: the rack set only steers the scheduler.",
     )
     limits: PolicyLimits = Field(default_factory=PolicyLimits, description="Per-job bounds.")
+    templates: TemplateLimits = Field(
+        default_factory=TemplateLimits,
+        description="What jobs' pod templates may ask for (host namespaces, privilege, "
+        "capabilities, host paths, nodeName, ServiceAccounts, root); refused by default.")
     gang_timeout_seconds: int = Field(
         default=300, ge=10, le=86400,
         description="A job whose new pods stay unbound this long withdraws them and is "

@@ -38,6 +38,14 @@ class OperatorSettings(BaseModel):
         default=DEFAULT_STORE_PORT, ge=1, le=65535,
         description="Port of the rendezvous store that rank 0 hosts.")
 
+    network_policy: bool = Field(
+        default=True, description="Give every job a NetworkPolicy that admits only its own "
+        "pods to its store and collective ports (the operator's pods to readiness).")
+    operator_namespace: str = Field(
+        default="", description="Namespace of the operator's pods, admitted by each job's "
+        "NetworkPolicy to the readiness port. Default: the leader-election Lease's namespace "
+        "($POD_NAMESPACE); empty when the operator runs outside the cluster.")
+
     @classmethod
     def from_env(cls, env: dict[str, str]) -> OperatorSettings:
         """Settings from ``RINGWRIGHT_<FIELD>`` variables (e.g. RINGWRIGHT_SETTLE_SECONDS)."""

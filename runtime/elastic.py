@@ -194,7 +194,7 @@ class ElasticRuntime:
             client, namespace, env.get(Env.WORLD_CONFIGMAP) or world_configmap_name(job))
         reporter = KubeReporter(
             client, namespace, env.get(Env.REPORTS_CONFIGMAP) or reports_configmap_name(job),
-            pod)
+            pod, key=env.get(Env.REPORT_KEY, ""))
         return cls(source, pod, settings=settings, reporter=reporter, backend_kind=kind)
 
     def run(self, train_fn: Callable[[State], R], state: State) -> R:

@@ -10,12 +10,16 @@ never read or write the keys of a new one.
 Before the process group is created every member passes :func:`join_barrier`,
 which is abortable: while waiting it keeps asking whether a newer world has replaced
 this one, so a member that died before arriving costs one epoch bump rather than a
-full timeout. From the barrier on, every member heartbeats on the epoch's store
-(:mod:`ringwright.runtime.liveness`) until it leaves the epoch.
+full timeout. Every value of an epoch is tagged with the job's join token
+(:mod:`ringwright.runtime.signed_store`): a process without the token cannot claim a
+rank, nor pass for a member in the library's own rendezvous. From the barrier on,
+every member heartbeats on the epoch's store (:mod:`ringwright.runtime.liveness`)
+until it leaves the epoch.
 """
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -32,6 +36,7 @@ from ringwright.world import World
 from .backend import CollectiveError, RankTaken, Superseded
 from .liveness import Heartbeat, LagListener, PeerFailure, heartbeat_key
 from .settings import RuntimeSettings
+from .signed_store import ForgedValue, SignedStore, epoch_key
 
 WAIT_SLICE_S = 0.2
 """Longest single store wait; bounds how late a newer world is noticed while joining."""
@@ -40,6 +45,17 @@ WAIT_SLICE_S = 0.2
 def epoch_prefix(world: World) -> str:
     """Key prefix of ``world``'s epoch (job-qualified, in case stores are ever shared)."""
     return f"ringwright/{world.job.namespace}/{world.job.name}/epoch-{world.epoch}/"
+
+
+def epoch_store(raw: Store, world: World, token: bytes) -> SignedStore:
+    """``raw`` seen through ``world``'s epoch prefix, its values tagged with ``token``."""
+    prefix = epoch_prefix(world)
+    return SignedStore(PrefixStore(prefix, raw), epoch_key(token, prefix))
+
+
+def claim_key(store: SignedStore, rank: int) -> str:
+    """Key holding the claim of ``rank`` in an epoch (private to the job's token)."""
+    return store.private_key(f"claim/{rank}")
 
 
 class StoreHost:
@@ -107,7 +123,7 @@ def connect_client(
 
 
 def join_barrier(
-    store: Store,
+    store: SignedStore,
     rank: int,
     size: int,
     *,
@@ -115,35 +131,57 @@ def join_barrier(
     superseded: Callable[[], bool],
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Claim ``rank`` in this epoch and wait until all ``size`` ranks have claimed theirs.
+    """Claim ``rank`` in this epoch and wait until all ``size`` ranks hold a valid claim.
 
-    Raises :class:`RankTaken` when another process claimed the rank first (a restarted
-    container whose previous incarnation already joined this epoch).
+    A claim is a tagged value: one without the job's token is overwritten, never
+    counted. Raises :class:`RankTaken` when another process with the token claimed
+    the rank first (a restarted container whose previous incarnation already joined
+    this epoch).
     """
+    mine = secrets.token_hex(8)
     try:
-        if store.add(f"claim/{rank}", 1) != 1:
+        try:
+            held = store.compare_set(claim_key(store, rank), "", mine).decode()
+        except ForgedValue:
+            store.set(claim_key(store, rank), mine)
+            held = mine
+        if held != mine:
             raise RankTaken(f"rank {rank} was already claimed in this epoch by another process")
-        # Every counter exists once the barrier completes: peers read them all at once.
+        # Every heartbeat exists once the barrier completes: peers read them all at once.
         store.set(heartbeat_key(rank), "0")
-        if store.add("arrived", 1) == size:
-            store.set("complete", "1")
-    except dist.DistError as err:
+    except dist.DistNetworkError as err:
         raise CollectiveError(f"store failed while joining: {err}") from err
+    claims = [claim_key(store, r) for r in range(size)]
     while True:
         try:
-            store.wait(["complete"], timedelta(seconds=WAIT_SLICE_S))
-            return
+            store.wait(claims, timedelta(seconds=WAIT_SLICE_S))
+            if _valid_claims(store, claims) == size:
+                return
         except dist.DistNetworkError as err:
             raise CollectiveError(f"lost the store while joining: {err}") from err
         except dist.DistStoreError:
-            # Not everyone has arrived yet; keep waiting unless the world moved on.
-            if superseded():
-                raise Superseded from None
-            if clock() >= deadline:
-                arrived = store.add("arrived", 0)
-                raise CollectiveError(
-                    f"only {arrived} of {size} members arrived before the rendezvous deadline"
-                ) from None
+            pass  # not every rank has a claim yet
+        # Not everyone has arrived yet; keep waiting unless the world moved on.
+        if superseded():
+            raise Superseded from None
+        if clock() >= deadline:
+            arrived = _valid_claims(store, claims)
+            raise CollectiveError(
+                f"only {arrived} of {size} members arrived before the rendezvous deadline")
+
+
+def _valid_claims(store: SignedStore, claims: list[str]) -> int:
+    """How many of ``claims`` exist with this job's tag."""
+    valid = 0
+    for key in claims:
+        if not store.check([key]):
+            continue
+        try:
+            store.get(key)
+            valid += 1
+        except ForgedValue:
+            pass
+    return valid
 
 
 class EpochStores:
@@ -182,7 +220,7 @@ class EpochStores:
             raw = connect_client(at.address, at.port, timeout_s=s.collective_timeout_s,
                                  attempt_s=s.connect_retry_s, deadline=deadline,
                                  superseded=superseded, clock=clock)
-        store = PrefixStore(epoch_prefix(world), raw)
+        store = epoch_store(raw, world, s.join_token.get_secret_value().encode())
         self._stores = [raw, store]
         join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded,
                      clock=clock)
@@ -208,9 +246,8 @@ class EpochStores:
         self.release(left_cleanly=True)
         self._host.close()
 
-    @staticmethod
-    def _connect(world: World, timeout_s: float) -> Store:
+    def _connect(self, world: World, timeout_s: float) -> Store:
         at = world.store
         raw = TCPStore(at.address, at.port, None, False, timedelta(seconds=timeout_s),
                        wait_for_workers=False)
-        return PrefixStore(epoch_prefix(world), raw)
+        return epoch_store(raw, world, self._settings.join_token.get_secret_value().encode())

@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -63,6 +64,13 @@ from .kvlog import log_event, runtime_logger
 from .local_pods import LocalPod, Loopback, PodNetwork, process_stopped
 
 _log = runtime_logger("local_launcher")
+
+def write_token(path: Path, token: str) -> None:
+    """Write ``token`` to ``path``, readable and writable by the owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+
 
 def free_port() -> int:
     """A TCP port that is free on loopback right now."""
@@ -107,6 +115,8 @@ class LocalJob:
         self.capture_logs = capture_logs
         self.settle_s = settle_s
         self.store_port = free_port()
+        self.token_file = workdir / "join-token"
+        """The job's join token, readable by the owner only, as a mounted Secret is."""
         self.restart = restart
         self.network = network or Loopback()
         self.verdict_wait_s = verdict_wait_s
@@ -167,6 +177,7 @@ class LocalJob:
     def start(self, workers: int) -> World:
         """Start ``workers`` processes, publish the first world, begin watching them."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        write_token(self.token_file, secrets.token_urlsafe(32))
         with self._lock:
             for _ in range(workers):
                 self._members.append(self._spawn().name)
@@ -245,6 +256,7 @@ class LocalJob:
             Env.NAMESPACE: self.job.namespace,
             Env.WORLD_FILE: str(self.world_file),
             Env.HEALTH_FILE: str(self.health_path(name)),
+            Env.JOIN_TOKEN_FILE: str(self.token_file),
         }
         out: IO[bytes] | None = None
         if self.capture_logs:

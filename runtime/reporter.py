@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.report_seal import seal
 from ringwright.world import Report, ReportKind
 
 from .kvlog import log_event, runtime_logger
@@ -88,7 +89,8 @@ class KubeReporter:
     """Merge-patches key ``<pod>`` of the job's reports ConfigMap from a sender thread.
 
     A merge patch touches only this pod's key, so pods never conflict with each
-    other and need no read-modify-write.
+    other and need no read-modify-write. Reports are sealed with ``key``, this pod's
+    own report key, so the operator can tell they are this pod's.
     """
 
     def __init__(
@@ -98,9 +100,11 @@ class KubeReporter:
         configmap: str,
         pod: str,
         *,
+        key: str = "",
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._factory = client_factory
+        self._key = key
         self._path = api_path("v1", "configmaps", namespace=namespace, name=configmap)
         self._pod = pod
         self._wall = wall_clock
@@ -128,7 +132,8 @@ class KubeReporter:
             while (report := self._queue.get()) is not None:
                 try:
                     client = client or self._factory()
-                    client.merge_patch(self._path, {"data": {self._pod: report.to_json()}})
+                    sealed = seal(self._pod, report, self._key)
+                    client.merge_patch(self._path, {"data": {self._pod: sealed.to_json()}})
                 except (ApiError, OSError, ValueError) as err:
                     log_event(_log, logging.WARNING, "report_not_delivered", pod=self._pod,
                               kind=report.kind.value, error=err)

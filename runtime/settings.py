@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from ringwright.world import Env
 
@@ -81,6 +82,11 @@ class RuntimeSettings(BaseModel):
     file_poll_interval_s: Annotated[float, Field(gt=0)] = 0.05
     """How often the local file membership source looks at the world file."""
 
+    join_token: SecretStr = SecretStr("")
+    """The job's join token (read from the file named by ``RINGWRIGHT_JOIN_TOKEN_FILE``):
+    it tags every value in the epoch stores, so a process without it cannot claim a
+    rank. Empty only in runs that launch no untrusted neighbours."""
+
     connect_retry_s: Annotated[float, Field(gt=0)] = 1.0
     """Attempt length when connecting to this epoch's store; between attempts the
     runtime checks whether a newer world has replaced the one it is joining."""
@@ -120,6 +126,12 @@ class RuntimeSettings(BaseModel):
         values: dict[str, Any] = {
             field: environ[var] for field, var in names.items() if environ.get(var, "") != ""
         }
+        token_file = environ.get(Env.JOIN_TOKEN_FILE, "")
+        if token_file:
+            try:
+                values["join_token"] = Path(token_file).read_text().strip()
+            except OSError as err:
+                raise ValueError(f"cannot read the join token at {token_file}: {err}") from err
         values.update(overrides)
         try:
             return cls.model_validate(values)

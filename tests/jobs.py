@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +32,10 @@ class OperatorProcess:
     """``python -m ringwright.operator`` as a child process, as a user would run it."""
 
     def __init__(self, cluster: Cluster, log: Path, *, kubeconfig: Path | None = None,
-                 args: Sequence[str] = ()) -> None:
+                 args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
         self.cluster, self.log = cluster, log
+        self.env = dict(env or {})
+        """Set last: e.g. ``KUBECONFIG=""`` with an in-cluster environment."""
         self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -45,7 +47,7 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
-        env = {**os.environ, **FAST, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, **FAST, "KUBECONFIG": str(self.kubeconfig), **self.env}
         self.metrics_port = free_port()
         # A short lease: a restarted operator takes over from a killed one in seconds.
         args = ["--lease-seconds", str(LEASE_SECONDS), "--metrics-address", "127.0.0.1",

@@ -36,6 +36,9 @@ Params = Mapping[str, str | int | bool]
 
 FIELD_MANAGER = "ringwright"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SERVICE_ACCOUNT_DIR_ENV = "RINGWRIGHT_SERVICE_ACCOUNT_DIR"
+"""Where the in-cluster ServiceAccount (token, ca.crt, namespace) is mounted, when a
+pod mounts a projected token elsewhere; default :data:`SERVICE_ACCOUNT_DIR`."""
 LIST_PAGE_SIZE = 500
 """Items per page of a LIST (what kubectl and client-go's pager use)."""
 POOL_SIZE = 64
@@ -198,7 +201,8 @@ def default_config() -> KubeConfig:
     if env:
         return load_kubeconfig(env.split(os.pathsep)[0])
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return in_cluster_config()
+        return in_cluster_config(Path(os.environ.get(SERVICE_ACCOUNT_DIR_ENV)
+                                      or SERVICE_ACCOUNT_DIR))
     return load_kubeconfig(Path.home() / ".kube" / "config")
 
 

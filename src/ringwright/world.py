@@ -63,6 +63,11 @@ class Env:
     """spec.faultTolerance.stallTimeoutSeconds: no progress for this long makes a member hung."""
     READINESS_PORT = "RINGWRIGHT_READINESS_PORT"
     """Port of the runtime's HTTP readiness endpoint (``/readyz``)."""
+    REPORT_KEY = "RINGWRIGHT_REPORT_KEY"
+    """This pod's own key for sealing its reports (set by the operator per pod)."""
+    JOIN_TOKEN_FILE = "RINGWRIGHT_JOIN_TOKEN_FILE"
+    """File holding the job's join token (mounted from the job's Secret): every value
+    in the epoch stores is tagged with it, so only the job's own pods can claim a rank."""
 
 
 class Backend(StrEnum):
@@ -229,6 +234,9 @@ class Report(_Wire):
     detail: str = ""
     suspects: tuple[str, ...] = ()
     """Pods this reporter found dead in ``epoch`` (the evidence is in ``detail``)."""
+    mac: str = ""
+    """Proof that the pod whose name the report sits under wrote it
+    (:mod:`ringwright.report_seal`)."""
 
     def to_json(self) -> str:
         return _dumps(self.model_dump(mode="json", by_alias=True))

@@ -241,14 +241,15 @@ def test_namespace_list_confines_the_operator_to_those_namespaces(
 ) -> None:
     with _install(cluster, kube, namespace, tmp_path, [namespace]) as release:
         binding = kube.get(api_path(RBAC, "rolebindings", namespace, f"{release.fullname}-jobs"))
-        assert binding["roleRef"]["kind"] == "ClusterRole"
+        assert binding["roleRef"]["kind"] == "Role"
         assert kube.get_or_none(
             api_path(RBAC, "clusterrolebindings", name=f"{release.fullname}-jobs")) is None
         with _as_operator(cluster, kube, release) as op:
             op.list(api_path("ringwright.dev/v1alpha1", "trainingjobs", namespace))
             op.list(api_path("v1", "configmaps", namespace))
             op.list(api_path("v1", "namespaces"))  # kopf follows the watched namespaces
-            op.list(api_path("v1", "pods"))  # node capacity counts every pod
+            op.list(api_path("v1", "pods", namespace))  # node capacity: the watched pods
+            assert _forbidden(op.list, api_path("v1", "pods"))
             assert _forbidden(op.list, api_path("ringwright.dev/v1alpha1", "trainingjobs"))
             assert _forbidden(op.list, api_path("v1", "configmaps", "default"))
             assert _forbidden(op.create, api_path(RBAC, "roles", "default"),

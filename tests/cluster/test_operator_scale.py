@@ -4,17 +4,26 @@ electing one leader, and two gangs that cannot both fit applied at once."""
 
 from __future__ import annotations
 
+import base64
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from ringwright.devcluster.control_plane import Cluster
-from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
+from ringwright.kube import (
+    SERVICE_ACCOUNT_DIR_ENV,
+    ApiError,
+    KubeClient,
+    api_path,
+    load_kubeconfig,
+    with_token,
+)
 from ringwright.operator.manifests import JOB_LABEL
 from tests.cluster.test_operator import wait_world
 from tests.credentials import exec_calls, exec_user, kubeconfig
@@ -77,17 +86,38 @@ def _refused(cluster: Cluster, token: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("credential", ["exec-plugin", "token-file"])
+def in_cluster(cluster: Cluster, sa_dir: Path, token: Path, namespace: str) -> dict[str, str]:
+    """The environment and mounted files of a pod's in-cluster ServiceAccount, with the
+    token at ``token`` (the kubelet's projected volume, here under ``sa_dir``)."""
+    stanza = _cluster_stanza(cluster)
+    sa_dir.mkdir(parents=True, exist_ok=True)
+    ca = stanza.get("certificate-authority")
+    (sa_dir / "ca.crt").write_bytes(Path(ca).read_bytes() if ca else
+                                    base64.b64decode(stanza["certificate-authority-data"]))
+    (sa_dir / "namespace").write_text(namespace)
+    server = urlsplit(stanza["server"])
+    return {"KUBECONFIG": "", "KUBERNETES_SERVICE_HOST": str(server.hostname),
+            "KUBERNETES_SERVICE_PORT": str(server.port), SERVICE_ACCOUNT_DIR_ENV: str(sa_dir)}
+
+
+@pytest.mark.parametrize("credential", ["exec-plugin", "token-file", "in-cluster"])
 def test_a_rotated_token_keeps_the_operator_working(
     cluster: Cluster, kube: KubeClient, namespace: str, api: None, solo: None,
     admin_account: str, tmp_path: Path, credential: str,
 ) -> None:
-    token = tmp_path / "token"
+    token = tmp_path / "sa" / "token"
+    token.parent.mkdir()
     token.write_text(bound_token(kube, namespace, admin_account, "op-token-1"))
-    user = (exec_user(tmp_path, token) if credential == "exec-plugin"
-            else {"tokenFile": str(token)})
-    config = kubeconfig(tmp_path / "kubeconfig", _cluster_stanza(cluster), user, namespace)
-    proc = OperatorProcess(cluster, tmp_path / "operator.log", kubeconfig=config)
+    env: dict[str, str] = {}
+    config = None
+    if credential == "in-cluster":
+        # The path a pod's operator takes: the mounted ServiceAccount, rotated in place.
+        env = in_cluster(cluster, token.parent, token, namespace)
+    else:
+        user = (exec_user(tmp_path, token) if credential == "exec-plugin"
+                else {"tokenFile": str(token)})
+        config = kubeconfig(tmp_path / "kubeconfig", _cluster_stanza(cluster), user, namespace)
+    proc = OperatorProcess(cluster, tmp_path / "operator.log", kubeconfig=config, env=env)
     proc.start()
     try:
         kube.create(tj_path(namespace), training_job("rotate", replicas=2, minimum=1))

@@ -181,25 +181,30 @@ def test_helm_lint_is_clean(helm: Path, tmp_path: Path, values: Obj | None) -> N
 
 # Every permission the operator holds, as (ClusterRole suffix, group, resource, verb).
 # A change here is a change to the operator's privileges: make it on purpose.
-_CLUSTER = {
-    ("ringwright.dev", "schedulingpolicies", v) for v in ("get", "list", "watch")
+_WATCH = ("list", "watch")
+_CLUSTER_READS = {
+    ("ringwright.dev", "schedulingpolicies", v) for v in _WATCH
 } | {
-    ("", r, v) for r in ("nodes", "pods") for v in ("get", "list", "watch")
+    ("", "nodes", v) for v in _WATCH
 } | {
-    ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
+    ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in _WATCH
 } | {
-    ("scheduling.k8s.io", "priorityclasses", v) for v in ("get", "list", "watch")
+    ("scheduling.k8s.io", "priorityclasses", v) for v in _WATCH
 }
-_MANAGE = ("get", "list", "watch", "create", "patch", "update", "delete")
+_POD_READS = {("", "pods", v) for v in _WATCH}
+_CLUSTER = _CLUSTER_READS | _POD_READS
+"""Serving every namespace: node capacity counts every pod."""
+_APPLY = ("create", "patch")
 _JOBS = (
-    {("ringwright.dev", "trainingjobs", v)
-     for v in ("get", "list", "watch", "patch", "update", "delete")}
-    | {("ringwright.dev", sub, v)
-       for sub in ("trainingjobs/status", "trainingjobs/scale") for v in ("get", "patch", "update")}
+    {("ringwright.dev", "trainingjobs", v) for v in ("list", "watch", "patch", "delete")}
+    | {("ringwright.dev", "trainingjobs/status", "patch")}
     | {("", "pods", v) for v in ("create", "delete", "patch")}
-    | {("", "pods/status", "get")}
-    | {("", r, v) for r in ("configmaps", "services", "serviceaccounts") for v in _MANAGE}
-    | {("rbac.authorization.k8s.io", r, v) for r in ("roles", "rolebindings") for v in _MANAGE}
+    | {("", "configmaps", v) for v in ("get", "list", "watch", "create", "patch")}
+    | {("", r, v) for r in ("services", "serviceaccounts") for v in _WATCH + _APPLY}
+    | {("rbac.authorization.k8s.io", r, v) for r in ("roles", "rolebindings")
+       for v in _WATCH + _APPLY}
+    | {("networking.k8s.io", "networkpolicies", v) for v in _WATCH + _APPLY}
+    | {("", "secrets", "create")}
     | {("", "events", v) for v in ("create", "patch")}
 )
 _NAMESPACES = {("", "namespaces", v) for v in ("list", "watch")}
@@ -237,7 +242,9 @@ def test_rbac_never_reaches_secrets_wildcards_or_escalation(
     objs = render(helm, tmp_path, values)
     for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
         for group, resource, verb in permissions(role):
-            assert "secrets" not in resource, f"{role['metadata']['name']} grants {verb} {resource}"
+            # Creating the jobs' join tokens only: never reading a Secret back.
+            assert "secrets" not in resource or verb == "create", \
+                f"{role['metadata']['name']} grants {verb} {resource}"
             assert "*" not in (group, resource, verb), f"wildcard in {role['metadata']['name']}"
             assert verb not in ("bind", "escalate", "impersonate"), (
                 f"{role['metadata']['name']} grants {verb}")
@@ -278,10 +285,19 @@ def test_namespace_list_grants_job_rights_only_in_those_namespaces(
     assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
     for binding in role_bindings:
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                      "kind": "ClusterRole", "name": f"{FULLNAME}-jobs"}
+                                      "kind": "Role", "name": f"{FULLNAME}-jobs"}
         assert binding["subjects"][0]["namespace"] == RELEASE_NS
-    # kopf follows the watched namespaces being created and deleted.
-    assert permissions(one(objs, "ClusterRole", f"{FULLNAME}-cluster")) == _CLUSTER | _NAMESPACES
+    # No ClusterRole for the jobs' objects: a Role in each watched namespace.
+    assert sorted(r["metadata"]["name"] for r in by_kind(objs, "ClusterRole")) == [
+        f"{FULLNAME}-cluster"]
+    roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] == f"{FULLNAME}-jobs"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert permissions(role) == _JOBS | _POD_READS
+    # kopf follows the watched namespaces being created and deleted; no pod is read
+    # outside them.
+    assert permissions(one(objs, "ClusterRole", f"{FULLNAME}-cluster")) == (
+        _CLUSTER_READS | _NAMESPACES)
     assert container(objs)["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
 
 

@@ -60,3 +60,44 @@ this, so `helm template`, `helm lint` and `helm install` all refuse bad values.
 {{- fail "schedulingPolicy.nodeLabels.rack, .nvlinkDomain and .gpuModel must be three different label keys" }}
 {{- end }}
 {{- end }}
+
+{{- /* The rules of <fullname>-jobs (rbac.yaml): a ClusterRole, or a Role per watched namespace. */}}
+{{- define "ringwright.jobRules" }}
+  # The jobs: kopf lists, watches and patches them (finalizers, progress), the
+  # operator applies status and deletes a job once ttlSecondsAfterFinished passes.
+  - apiGroups: [ringwright.dev]
+    resources: [trainingjobs]
+    verbs: [list, watch, patch, delete]
+  - apiGroups: [ringwright.dev]
+    resources: [trainingjobs/status]
+    verbs: [patch]
+  # Worker and ps pods: created, marked as leaving, deleted.
+  - apiGroups: [""]
+    resources: [pods]
+    verbs: [create, delete, patch]
+  # World and reports ConfigMaps: applied, watched, reports cleared. `get` is
+  # only held so the per-job Role may grant it on the world ConfigMap.
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get, list, watch, create, patch]
+  # Per job, applied: the headless Service, the pods' ServiceAccount, its Role and
+  # RoleBinding, the NetworkPolicy. Watched (label-selected) so that each round
+  # repairs drift from the cache instead of re-applying them all.
+  - apiGroups: [""]
+    resources: [services, serviceaccounts]
+    verbs: [list, watch, create, patch]
+  - apiGroups: [rbac.authorization.k8s.io]
+    resources: [roles, rolebindings]
+    verbs: [list, watch, create, patch]
+  - apiGroups: [networking.k8s.io]
+    resources: [networkpolicies]
+    verbs: [list, watch, create, patch]
+  # Per job: the join-token Secret, created once and never read back.
+  - apiGroups: [""]
+    resources: [secrets]
+    verbs: [create]
+  # Events at every phase transition, and kopf's handler events.
+  - apiGroups: [""]
+    resources: [events]
+    verbs: [create, patch]
+{{- end }}

@@ -13,6 +13,7 @@ from ringwright.kube import Obj
 from ringwright.operator.apply import Applier
 from ringwright.operator.cache import INDICES, JOB_CONFIGMAPS, Written, newer
 from ringwright.operator.drift import SCAFFOLD_KINDS, covers, drifted, record, watched
+from ringwright.operator.isolation import network_policy
 from ringwright.operator.ledger import CapacityLedger
 from ringwright.operator.manifests import scaffold
 from tests.jobs import training_job
@@ -41,9 +42,15 @@ class Server:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], Obj] = {}
         self.applies: list[str] = []
+        self.created: list[str] = []
         self.version = 0
         self.foreign: dict[str, Any] = {}
         """Extra top-level fields another manager keeps on every object (apply keeps them)."""
+
+    def create(self, path: str, body: Obj) -> Obj:
+        """The join-token Secret: created once, never applied (so never drift-checked)."""
+        self.created.append(body["kind"])
+        return body
 
     def apply(self, path: str, body: Obj, **_: Any) -> Obj:
         self.version += 1
@@ -72,7 +79,7 @@ def applier(server: Server) -> tuple[Applier, WatchCache]:
 
 
 def test_every_scaffold_kind_is_watched() -> None:
-    for obj in scaffold(job()):
+    for obj in [*scaffold(job()), network_policy(job(), "ops")]:
         assert watched(obj["kind"]) is SCAFFOLD_KINDS[obj["kind"]]
     with pytest.raises(KeyError, match="SCAFFOLD_KINDS"):
         watched("NetworkPolicy-not-yet")
@@ -118,7 +125,7 @@ def applied(server: Server, apply: Applier, cache: Any, force: bool = False) -> 
 def test_a_round_applies_nothing_until_an_object_is_deleted_or_edited() -> None:
     server = Server()
     apply, cache = applier(server)
-    kinds = [o["kind"] for o in scaffold(job())]
+    kinds = [o["kind"] for o in scaffold(job())] + ["NetworkPolicy"]
     assert applied(server, apply, cache) == len(kinds)  # nothing there yet
     assert applied(server, apply, cache) == 0
     del server.objects[("Service", "j")]

@@ -73,6 +73,7 @@ def test_a_refused_create_leaves_world_deletes_and_status_to_happen() -> None:
     plan = Plan(create=[pod(3)], delete=["tj-worker-1"], world=world,
                 status={"phase": "Running", "world": {"epoch": 2}})
     plan.create[0]["metadata"]["namespace"] = "ns"
+    plan.create[0]["spec"] = {"containers": [{"name": "train"}]}  # the report key goes here
     refusals = _applier(kube).perform(body, plan)
 
     assert [r.reason for r in refusals] == ["FailedCreate"]

@@ -10,13 +10,21 @@ import torch
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from ringwright.runtime.backend import CollectiveError, RankTaken, Superseded
-from ringwright.runtime.epoch_store import StoreHost, connect_client, epoch_prefix, join_barrier
+from ringwright.runtime.epoch_store import (
+    StoreHost,
+    claim_key,
+    connect_client,
+    epoch_prefix,
+    epoch_store,
+    join_barrier,
+)
 from ringwright.runtime.local_launcher import free_port
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.torch_backend import TorchDistributedBackend
 from ringwright.world import JobRef, Member, StoreAddress, World
 
 ADDRESS = "127.0.0.77"
+TOKEN = b"token-of-this-job"
 
 
 def world(epoch: int, size: int = 1, port: int = 0) -> World:
@@ -59,14 +67,30 @@ def test_keys_of_different_epochs_never_mix(host: StoreHost) -> None:
 
 
 def test_a_rank_can_be_claimed_once_per_epoch(host: StoreHost) -> None:
-    store = PrefixStore("e/", host.serve(ADDRESS, free_port(), 5))
+    store = epoch_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
     join_barrier(store, 0, 1, deadline=time.monotonic() + 5, superseded=never)
     with pytest.raises(RankTaken):
         join_barrier(store, 0, 1, deadline=time.monotonic() + 5, superseded=never)
 
 
+def test_only_claims_made_with_the_token_count(host: StoreHost) -> None:
+    raw = host.serve(ADDRESS, free_port(), 5)
+    ours = epoch_store(raw, world(1), TOKEN)
+    # An intruder that reaches the port writes junk where rank 1's claim goes, and one
+    # with another job's token claims rank 1 in its own way.
+    PrefixStore(epoch_prefix(world(1)), raw).set(claim_key(ours, 1), "intruder")
+    with pytest.raises(CollectiveError, match="only 1 of 2 members arrived"):
+        join_barrier(epoch_store(raw, world(1), b"token-of-another-job"), 1, 2,
+                     deadline=time.monotonic() + 0.3, superseded=never)
+    # Neither counts for this job's members, nor keeps rank 1 from its own member.
+    with pytest.raises(CollectiveError, match="only 1 of 2 members arrived"):
+        join_barrier(ours, 0, 2, deadline=time.monotonic() + 0.3, superseded=never)
+    join_barrier(epoch_store(raw, world(1), TOKEN), 1, 2, deadline=time.monotonic() + 5,
+                 superseded=never)
+
+
 def test_waiting_for_peers_stops_when_a_newer_world_appears(host: StoreHost) -> None:
-    store = PrefixStore("e/", host.serve(ADDRESS, free_port(), 5))
+    store = epoch_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
     polls: list[float] = []
 
     def superseded() -> bool:
@@ -78,7 +102,7 @@ def test_waiting_for_peers_stops_when_a_newer_world_appears(host: StoreHost) -> 
 
 
 def test_waiting_for_peers_has_a_deadline(host: StoreHost) -> None:
-    store = PrefixStore("e/", host.serve(ADDRESS, free_port(), 5))
+    store = epoch_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
     with pytest.raises(CollectiveError, match="only 1 of 3 members arrived"):
         join_barrier(store, 1, 3, deadline=time.monotonic() + 0.3, superseded=never)
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch._C._distributed_c10d import TCPStore
 
 from ringwright.runtime.backend import CollectiveError
-from ringwright.runtime.epoch_store import epoch_prefix
+from ringwright.runtime.epoch_store import epoch_store
 from ringwright.runtime.horovod_backend import RENDEZVOUS_KEY, HorovodBackend, horovod_env
 from ringwright.runtime.horovod_store import RendezvousStore
 from ringwright.runtime.local_launcher import free_port
@@ -166,10 +166,10 @@ def test_rank_zero_publishes_the_store_for_the_others(
         backend: HorovodBackend, fake: RecordingHorovod) -> None:
     w = world(1, ["127.0.0.92"])
     backend.init(w, 0, never, print)
-    # Read it as another member would: a client of the epoch store, under the epoch prefix.
+    # Read it as another member would: a client of the epoch store, with the job's token.
     client = TCPStore(w.store.address, w.store.port, None, False, timedelta(seconds=5),
                       wait_for_workers=False)
-    published = PrefixStore(epoch_prefix(w), client).get(RENDEZVOUS_KEY).decode()
+    published = epoch_store(client, w, b"").get(RENDEZVOUS_KEY).decode()
     assert published == (f"127.0.0.92:{fake.env_at_init['HOROVOD_GLOO_RENDEZVOUS_PORT']}")
 
 
