@@ -124,8 +124,7 @@ class Applier:
             self.kube.merge_patch(api_path("v1", "pods", ns, pod_name),
                                   {"metadata": {"annotations": {LEAVING_ANNOTATION: f"{now}"}}})
         if plan.world is not None:
-            cm = world_configmap(job, plan.world.to_json())
-            self.written.put("ConfigMap", self.kube.apply(_object_path(cm), cm))
+            self.written.put("ConfigMap", self._publish(job, plan))
             log.info("published world %s/%s epoch=%d size=%d", ns, name, plan.world.epoch,
                      plan.world.size)
         for pod_name in plan.delete:
@@ -142,6 +141,21 @@ class Applier:
         if plan.delete_job:
             log.info("deleting finished job %s/%s (ttlSecondsAfterFinished)", ns, name)
             self.kube.delete(job_path(ns, name))
+
+    def _publish(self, job: Obj, plan: Plan) -> Obj:
+        """Write the world over the version it was decided from, or create it.
+
+        A concurrent writer's world makes this fail with 409 Conflict (or AlreadyExists):
+        the round then ends and the next one re-reads, so one epoch never goes out with
+        two memberships.
+        """
+        assert plan.world is not None
+        cm = world_configmap(job, plan.world.to_json(), plan.world.epoch)
+        if not plan.world_version:
+            return self.kube.create(api_path("v1", "configmaps", cm["metadata"]["namespace"]),
+                                    cm)
+        cm["metadata"]["resourceVersion"] = plan.world_version
+        return self.kube.apply(_object_path(cm), cm)
 
     def apply_status(self, job: Obj, status: Obj) -> None:
         """Server-side apply of the whole status, checked against the typed model first;

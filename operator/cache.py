@@ -91,6 +91,22 @@ class Written:
         with self.lock:
             return self.objects.get((kind, namespace, name))
 
+    def outdated_by(self, kind: str, obj: Obj, deleted: bool) -> bool:
+        """Whether a watched ``obj`` is newer than our write of it (someone else wrote
+        or deleted it). A deletion also drops our copy, so it cannot stand in for an
+        object that is gone."""
+        meta = obj.get("metadata") or {}
+        key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self.lock:
+            ours = self.objects.get(key)
+            if ours is None:
+                return True
+            if _version(obj) <= _version(ours):
+                return False  # the echo of our own write, or older
+            if deleted:
+                del self.objects[key]
+            return True
+
     def forget_job(self, namespace: str, name: str) -> None:
         """Drop everything written for a job that is gone."""
         with self.lock:

@@ -153,7 +153,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         meta = body.get("metadata") or {}
         return {(namespace or "", name): {
             "metadata": {"name": name, "namespace": namespace,
-                         "resourceVersion": meta.get("resourceVersion", "")},
+                         "resourceVersion": meta.get("resourceVersion", ""),
+                         "annotations": dict(meta.get("annotations") or {})},
             "data": dict(body.get("data") or {})}}
 
     @kopf.index(GROUP, VERSION, "schedulingpolicies", registry=registry, id=POLICIES)
@@ -182,10 +183,16 @@ def register(registry: kopf.OperatorRegistry) -> None:
             ctx.wake(namespace or "", labels[JOB_LABEL])
 
     @kopf.on.event("configmaps", labels={JOB_LABEL: kopf.PRESENT}, registry=registry)
-    async def reports_changed(namespace: str | None, name: str, labels: Mapping[str, str],
-                              memo: Any, **_: Any) -> None:
-        if name == reports_configmap_name(labels[JOB_LABEL]):
-            memo["ctx"].wake(namespace or "", labels[JOB_LABEL])
+    async def configmap_changed(namespace: str | None, name: str, labels: Mapping[str, str],
+                                body: kopf.Body, type: str | None, memo: Any,
+                                **_: Any) -> None:
+        ctx: OperatorContext = memo["ctx"]
+        job = labels[JOB_LABEL]
+        # Reports always matter; the world only when someone else changed or deleted it
+        # (our own writes would wake the job for nothing).
+        if (name == reports_configmap_name(job)
+                or ctx.written.outdated_by("ConfigMap", dict(body), type == "DELETED")):
+            ctx.wake(namespace or "", job)
 
     @kopf.on.event(GROUP, VERSION, "trainingjobs", registry=registry)
     async def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:

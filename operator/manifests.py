@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from ringwright.kube import Obj
+from ringwright.operator.epochs import EPOCH_ANNOTATION
 from ringwright.world import (
     DEFAULT_METRICS_PORT,
     Env,
@@ -107,13 +108,16 @@ def scaffold(job: Obj) -> list[Obj]:
     ]
 
 
-def world_configmap(job: Obj, world_json: str) -> Obj:
-    """The world ConfigMap with the given document."""
+def world_configmap(job: Obj, world_json: str, epoch: int) -> Obj:
+    """The world ConfigMap with the given document, its epoch also kept as an annotation
+    (which a corrupted document leaves readable)."""
     name = job["metadata"]["name"]
+    meta = _meta(job, world_configmap_name(name))
+    meta["annotations"] = {EPOCH_ANNOTATION: str(epoch)}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(job, world_configmap_name(name)),
+        "metadata": meta,
         "data": {"world.json": world_json},
     }
 

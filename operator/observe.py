@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from ringwright.kube import Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Cache
+from ringwright.operator.epochs import annotated_epoch
 from ringwright.operator.models import TrainingJobSpec
 from ringwright.operator.reconcile import Observed
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
@@ -45,11 +46,14 @@ def observe(cache: Cache, job: Obj) -> Observed:
     effective = policy or SchedulingPolicySpec()
     ps_priority = (cache.priority_value(effective.priority_classes.ps) if spec.ps else None)
     inventory = cache.inventory(effective.node_labels, effective.gpu_resource, ps_priority)
+    world_cm = cache.configmap(namespace, world_configmap_name(name))
     return Observed(
         job=job, pods=cache.job_pods(namespace, name),
-        world=_world(cache.configmap(namespace, world_configmap_name(name)), namespace, name),
+        world=_world(world_cm, namespace, name),
         reports=_reports(cache.configmap(namespace, reports_configmap_name(name))),
-        policy=policy, inventory=inventory)
+        policy=policy, inventory=inventory,
+        world_annotation_epoch=annotated_epoch(world_cm),
+        world_version=str(((world_cm or {}).get("metadata") or {}).get("resourceVersion", "")))
 
 
 def _world(cm: Obj | None, namespace: str, name: str) -> World | None:

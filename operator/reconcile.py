@@ -16,6 +16,7 @@ from ringwright.kube import Obj
 from ringwright.operator.checkpoint_condition import CONDITION as CHECKPOINT_CONDITION
 from ringwright.operator.checkpoint_condition import checkpoint_condition
 from ringwright.operator.conditions import condition, parse_time, rfc3339, set_condition
+from ringwright.operator.epochs import EpochsSeen, next_epoch, status_epoch
 from ringwright.operator.inventory import Inventory
 from ringwright.operator.manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
 from ringwright.operator.models import CleanPodPolicy, JobPhase, TrainingJobSpec
@@ -67,6 +68,10 @@ class Observed:
     reports: dict[str, Report]
     policy: SchedulingPolicySpec | None
     inventory: Inventory
+    world_annotation_epoch: int = 0
+    """The world ConfigMap's epoch annotation (kept even when its document is unreadable)."""
+    world_version: str = ""
+    """The world ConfigMap's resourceVersion as read; empty when there is none."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class Plan:
     delete: list[str] = field(default_factory=list)
     clear_reports: list[str] = field(default_factory=list)
     world: World | None = None
+    world_version: str = ""
+    """Write ``world`` only over this resourceVersion (empty: only if none exists)."""
     status: Obj = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
@@ -413,7 +420,10 @@ class _Round:
 
     def publish(self, ready: list[PodView], ready_ps: list[PodView]) -> None:
         current = self.obs.world
-        epoch = (current.epoch + 1) if current else 1
+        epoch = next_epoch(EpochsSeen(
+            document=current.epoch if current else 0,
+            annotation=self.obs.world_annotation_epoch,
+            status=status_epoch(self.status)))
         spec = self.spec
         world = build_world(
             JobRef(namespace=self.meta["namespace"], name=self.meta["name"],
@@ -434,6 +444,7 @@ class _Round:
                 hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
         )
         self.plan.world = world
+        self.plan.world_version = self.obs.world_version
         racks, edges, per_rack = ring_summary(world)
         self.event("WorldPublished", f"epoch {epoch}: {world.size} workers in {racks} racks "
                    f"({edges} cross-rack ring edges)")
