@@ -32,13 +32,21 @@ from ringwright.kube import ApiError, KubeClient, RetryPolicy, api_path, load_ku
 log = logging.getLogger("ringwright.devcluster")
 
 STAGES = Path(__file__).resolve().parent / "stages" / "kwok.yaml"
-# Controllers that need a kubelet, a cloud or real networking are off: KWOK plays the
-# kubelet and nodes never send heartbeats, so node lifecycle would evict every pod.
+# Controllers that need a cloud or real networking are off. Node lifecycle is on: KWOK
+# renews every node's Lease, so a node is lost only when a test takes it down (see
+# NODE_DOWN_ANNOTATION), and then it is tainted and its pods evicted as on a real cluster.
 CONTROLLERS = ",".join((
-    "*", "-nodelifecycle", "-nodeipam", "-cloud-node-lifecycle", "-service-lb-controller",
+    "*", "-nodeipam", "-cloud-node-lifecycle", "-service-lb-controller",
     "-route", "-csrsigning", "-persistentvolume-binder", "-attachdetach", "-ttl",
     "-bootstrapsigner", "-tokencleaner",
 ))
+NODE_LEASE_SECONDS = 20
+"""KWOK's node Lease duration (renewed at a quarter of it, as a kubelet does)."""
+NODE_MONITOR_GRACE = "20s"
+"""A node whose Lease is not renewed this long is NotReady (Kubernetes' default: 50 s)."""
+NODE_DOWN_ANNOTATION = "ringwright.dev/kwok-node-down"
+"""A node carrying this annotation reports Ready=False (KWOK's node-down stage), as a node
+whose kubelet lost its runtime would; removing it brings the node back."""
 
 
 class ClusterError(RuntimeError):
@@ -193,6 +201,7 @@ class Cluster:
             f"--root-ca-file={pki.ca_cert}", f"--controllers={CONTROLLERS}",
             "--leader-elect=false", "--secure-port=0",
             "--kube-api-qps=200", "--kube-api-burst=400",
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=1s",
         ]
 
     def _scheduler_cmd(self, bins: Binaries) -> list[str]:
@@ -207,6 +216,7 @@ class Cluster:
             str(bins["kwok"]), f"--kubeconfig={self.kubeconfig}", f"--config={STAGES}",
             "--manage-all-nodes=true", f"--server-address=127.0.0.1:{ports['kwok']}",
             "--node-ip=127.1.0.1", "--cidr=127.9.0.0/16",
+            f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         ]
 
     # -- helpers -------------------------------------------------------------------

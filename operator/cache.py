@@ -48,6 +48,10 @@ class Cache(Protocol):
         """The SchedulingPolicy's spec, or None when it does not exist."""
         ...
 
+    def node_down_since(self, name: str) -> float | None:
+        """Since when node ``name`` is NotReady; None while Ready or unknown to us."""
+        ...
+
     def priority_value(self, name: str) -> int | None:
         """The value of PriorityClass ``name``; None when it does not exist."""
         ...
@@ -133,6 +137,12 @@ class IndexCache:
         """The indexed ConfigMap or our newer write of it."""
         seen: Obj | None = self._one(JOB_CONFIGMAPS, (namespace, name))
         return newer(seen, self._written.get("ConfigMap", namespace, name))
+
+    def node_down_since(self, name: str) -> float | None:
+        """From the nodes index."""
+        record: Obj | None = self._one(NODES, name)
+        since = (record or {}).get("notReadySince")
+        return float(since) if since is not None else None
 
     def policy(self, name: str) -> Obj | None:
         """The SchedulingPolicy's spec."""

@@ -520,6 +520,11 @@ class TrainingJobStatus(ApiModel):
     candidate: PendingMembership | None = Field(
         default=None, description="A membership waiting out the settle window."
     )
+    container_restarts: dict[str, int] = Field(
+        default_factory=dict,
+        max_length=MAX_WORKERS,
+        description="Container restarts (by pod name/uid) already counted in restarts.",
+    )
 
 
 class TrainingJob(ApiModel):

@@ -47,8 +47,11 @@ def observe(cache: Cache, job: Obj) -> Observed:
     ps_priority = (cache.priority_value(effective.priority_classes.ps) if spec.ps else None)
     inventory = cache.inventory(effective.node_labels, effective.gpu_resource, ps_priority)
     world_cm = cache.configmap(namespace, world_configmap_name(name))
+    pods = cache.job_pods(namespace, name)
+    nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}
+    down = {n: since for n in nodes if (since := cache.node_down_since(n)) is not None}
     return Observed(
-        job=job, pods=cache.job_pods(namespace, name),
+        job=job, pods=pods, node_down_since=down,
         world=_world(world_cm, namespace, name),
         reports=_reports(cache.configmap(namespace, reports_configmap_name(name))),
         policy=policy, inventory=inventory,

@@ -8,7 +8,7 @@ apply layer performs it; tests assert on it directly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringwright.eviction import judge, needs_new_epoch
@@ -20,6 +20,13 @@ from ringwright.operator.epochs import EpochsSeen, next_epoch, status_epoch
 from ringwright.operator.inventory import Inventory
 from ringwright.operator.manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
 from ringwright.operator.models import CleanPodPolicy, JobPhase, TrainingJobSpec
+from ringwright.operator.nodeloss import (
+    CRASH_LOOP,
+    crash_looping,
+    lost_members,
+    new_container_restarts,
+    with_node_loss_tolerations,
+)
 from ringwright.operator.phases import TERMINAL, check_transition
 from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.recovery import recovery
@@ -72,6 +79,8 @@ class Observed:
     """The world ConfigMap's epoch annotation (kept even when its document is unreadable)."""
     world_version: str = ""
     """The world ConfigMap's resourceVersion as read; empty when there is none."""
+    node_down_since: Mapping[str, float] = field(default_factory=dict)
+    """The job's pods' nodes that are NotReady, and since when."""
 
 
 @dataclass(frozen=True)
@@ -202,10 +211,23 @@ class _Round:
         self.failures()
         if self.phase in TERMINAL:
             return self.finish()
+        self.crash_loops()
         self.checkpoints()
         self.resize()
         self.world()
         return self.finish()
+
+    def crash_loops(self) -> None:
+        """Pods whose containers wait in CrashLoopBackOff show as a condition."""
+        looping = crash_looping(self.workers + self.ps)
+        current = condition(list(self.status.get("conditions") or []), CRASH_LOOP)
+        if looping:
+            message = f"{', '.join(looping)}: a container is waiting in {CRASH_LOOP}"
+            if current is None or current.get("status") != "True":
+                self.event(CRASH_LOOP, message, warning=True)
+            self.condition(CRASH_LOOP, True, CRASH_LOOP, message)
+        elif current is not None:
+            self.condition(CRASH_LOOP, False, "Running", "no container is in CrashLoopBackOff")
 
     def checkpoints(self) -> None:
         """Members' checkpoint-failure reports become the CheckpointFailing condition."""
@@ -272,6 +294,17 @@ class _Round:
                 self.event("MemberStalled",
                            f"{name} reports its training loop stalled; replacing it",
                            warning=True)
+        assert self.obs.policy is not None
+        losses, next_at = lost_members(
+            everyone, {m.pod for m in world.members} if world else set(),
+            self.obs.node_down_since, self.obs.policy.node_loss.unready_seconds, self.now)
+        for loss in losses:
+            lost.append(f"{loss.pod.name}/{loss.pod.uid}")
+            self.event(loss.reason, f"{loss.message}; replacing it", warning=True)
+        if next_at is not None:
+            self.plan.soon(next_at - self.now)
+        crashed, self.status["containerRestarts"] = new_container_restarts(
+            everyone, self.status.get("containerRestarts") or {})
         known = set(self.status.get("lostPods") or [])
         fresh = [key for key in dict.fromkeys(lost) if key not in known]
         # Remember what was counted while it is still visible, so each loss counts once.
@@ -280,15 +313,20 @@ class _Round:
             p = present.get(key)
             if p is not None and p.state != PodState.DELETING:
                 self.plan.delete.append(p.name)
-        if not fresh:
+        if not fresh and not crashed:
             return
-        restarts = int(self.status.get("restarts", 0)) + len(fresh)
+        restarts = int(self.status.get("restarts", 0)) + len(fresh) + sum(crashed.values())
         self.status["restarts"] = restarts
         self.status["lastFailureTime"] = rfc3339(self.now)
-        names = ", ".join(key.split("/")[0] for key in fresh)
         limit = self.spec.run_policy.backoff_limit
-        self.event("MemberLost", f"lost {names} (restart {restarts} of backoffLimit {limit})",
-                   warning=True)
+        if fresh:
+            names = ", ".join(key.split("/")[0] for key in fresh)
+            self.event("MemberLost", f"lost {names} (restart {restarts} of backoffLimit "
+                       f"{limit})", warning=True)
+        if crashed:
+            names = ", ".join(f"{key.split('/')[0]} ({n})" for key, n in crashed.items())
+            self.event("ContainerRestarted", f"containers restarted in {names} (restart "
+                       f"{restarts} of backoffLimit {limit})", warning=True)
         if restarts > limit:
             self.move(JobPhase.FAILED, "BackoffLimitExceeded",
                       f"{restarts} pod failures exceed spec.runPolicy.backoffLimit={limit}")
@@ -380,7 +418,9 @@ class _Round:
         ):
             free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
             for fragment, index in zip(fragments, free, strict=False):
-                self.plan.create.append(pod(self.job, role, index, fragment))
+                self.plan.create.append(pod(self.job, role, index, with_node_loss_tolerations(
+                    fragment, self.job["spec"], role == WORKER,
+                    self.obs.policy.node_loss.toleration_seconds)))
         if placed.gpu_model:
             self.status["world"] = {**(self.status.get("world") or {}),
                                     "gpuModel": placed.gpu_model}

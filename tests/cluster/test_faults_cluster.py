@@ -10,17 +10,20 @@ from typing import Any
 
 import pytest
 
-from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.control_plane import NODE_DOWN_ANNOTATION, Cluster
 from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.apply import Applier
 from ringwright.operator.cache import Written
 from ringwright.operator.epochs import EPOCH_ANNOTATION
 from ringwright.operator.events import EventRecorder
 from ringwright.operator.ledger import CapacityLedger
+from ringwright.operator.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
 from ringwright.operator.reconcile import Plan
+from ringwright.operator.schedulingpolicy import NodeLoss, SchedulingPolicy, SchedulingPolicySpec
 from ringwright.runtime.kube_source import KubeMembershipSource
 from ringwright.world import ContractError, World, parse_world, world_configmap_name
-from tests.cluster.test_operator import wait_world, world_of
+from tests.cluster.test_operator import events_of, wait_world, world_of
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job
 from tests.waiting import wait_for
 
@@ -142,3 +145,52 @@ def test_a_world_write_over_a_stale_version_is_refused(
             assert refused.value.status == 409
     after = world_of(kube, namespace, "fenced")
     assert after is not None and after.epoch == world.epoch and after.size == 1
+
+
+@pytest.fixture()
+def fast_node_loss(kube: KubeClient, namespace: str) -> Iterator[str]:
+    """A SchedulingPolicy of this test's own that gives up on lost nodes in seconds."""
+    name = f"{namespace}-node-loss"
+    policy = SchedulingPolicy(metadata={"name": name}, spec=SchedulingPolicySpec(
+        node_loss=NodeLoss(toleration_seconds=10, unready_seconds=4)))
+    kube.create(api_path(API_VERSION, "schedulingpolicies"), policy.to_wire())
+    yield name
+    kube.delete(api_path(API_VERSION, "schedulingpolicies", name=name))
+
+
+def _set_node_down(kube: KubeClient, node: str, down: bool) -> None:
+    kube.merge_patch(api_path("v1", "nodes", name=node),
+                     {"metadata": {"annotations": {NODE_DOWN_ANNOTATION: "true" if down
+                                                   else None}}})
+
+
+def test_a_member_on_a_lost_node_is_replaced_on_another_node(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, fast_node_loss: str,
+) -> None:
+    kube.create(tj_path(namespace), training_job("nodeloss", replicas=3, minimum=2,
+                                                 schedulingPolicyName=fast_node_loss))
+    before = wait_world(kube, namespace, "nodeloss", 3)
+    victim = before.members[1]
+    pod = kube.get(api_path("v1", "pods", namespace, victim.pod))
+    tolerations = {t["key"]: t.get("tolerationSeconds") for t in pod["spec"]["tolerations"]
+                   if t.get("effect") == "NoExecute"}
+    assert tolerations == {NOT_READY_TAINT: 10, UNREACHABLE_TAINT: 10}
+
+    _set_node_down(kube, victim.node, True)
+    try:
+        # KWOK reports the node NotReady; the node lifecycle controller taints it.
+        wait_for(lambda: any(t["key"] == NOT_READY_TAINT for t in kube.get(
+            api_path("v1", "nodes", name=victim.node))["spec"].get("taints") or ()),
+            "the node lifecycle controller to taint the lost node", timeout=30)
+        healed = wait_world(kube, namespace, "nodeloss", 3, after=before.epoch, timeout=60)
+        replacement = next(m for m in healed.members if m.pod == victim.pod)
+        assert replacement.pod_uid != victim.pod_uid and replacement.node != victim.node
+        status = wait_for(lambda: (s := get_status(kube, namespace, "nodeloss"))
+                          .get("phase") == "Running" and s, "the job to be Running again")
+        # Every pod on the lost node counts once.
+        assert status["restarts"] == sum(1 for m in before.members if m.node == victim.node)
+        assert "NodeNotReady" in events_of(kube, namespace, "nodeloss")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
+    finally:
+        _set_node_down(kube, victim.node, False)
