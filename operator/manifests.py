@@ -13,6 +13,8 @@ from ringwright.kube import Obj
 from ringwright.operator.epochs import EPOCH_ANNOTATION
 from ringwright.world import (
     DEFAULT_METRICS_PORT,
+    DEFAULT_PS_PORT,
+    PS_PORT_ENV,
     Env,
     reports_configmap_name,
     world_configmap_name,
@@ -163,6 +165,18 @@ def _fault_tolerance_env(job: Obj) -> list[Obj]:
     return [{"name": name, "value": str(v)} for name, v in values if v is not None]
 
 
+def _readiness_probe(role: str, main: Obj) -> Obj:
+    """Each role's own readiness: a worker's runtime serves ``/readyz`` (a stopped or
+    stalled training loop fails it); a parameter server is ready when its shard port
+    accepts connections."""
+    timing = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}
+    if role == PS:
+        env = {e.get("name"): e.get("value") for e in main.get("env") or ()}
+        port = int(env.get(PS_PORT_ENV) or DEFAULT_PS_PORT)
+        return {"tcpSocket": {"port": port}, **timing}
+    return {"httpGet": {"path": "/readyz", "port": READINESS_PORT}, **timing}
+
+
 def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     """A worker or ps pod from the role's template, with the operator's additions.
 
@@ -187,16 +201,15 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     main["env"] = [e for e in main.get("env", []) if e.get("name") not in known] + env
     if "resources" in placement:
         main["resources"] = placement["resources"]
+    pinned = placement.get("containerResources") or {}
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or ():
+            if container.get("name") in pinned:
+                container["resources"] = copy.deepcopy(pinned[container["name"]])
     ports = [p for p in main.get("ports") or [] if p.get("name") != METRICS_PORT_NAME]
     main["ports"] = [*ports, {"name": METRICS_PORT_NAME, "containerPort": DEFAULT_METRICS_PORT,
                               "protocol": "TCP"}]
-    main.setdefault("readinessProbe", {
-        # Served by the runtime itself: a stopped or stalled process fails it.
-        "httpGet": {"path": "/readyz", "port": READINESS_PORT},
-        "periodSeconds": 5,
-        "timeoutSeconds": 2,
-        "failureThreshold": 2,
-    })
+    main.setdefault("readinessProbe", _readiness_probe(role, main))
     spec.update({
         "serviceAccountName": runtime_account_name(name),
         "automountServiceAccountToken": True,
