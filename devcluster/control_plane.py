@@ -79,6 +79,10 @@ class Cluster:
     def _pids_file(self) -> Path:
         return self.dir / "pids.json"
 
+    @property
+    def _commands_file(self) -> Path:
+        return self.dir / "commands.json"
+
     def client(self) -> KubeClient:
         return KubeClient(load_kubeconfig(self.kubeconfig))
 
@@ -155,6 +159,28 @@ class Cluster:
         for pid in pids.values():
             _signal(pid, signal.SIGKILL)
         self._pids_file.unlink(missing_ok=True)
+        self._commands_file.unlink(missing_ok=True)
+
+    def restart(self, component: str, timeout: float = 60.0) -> None:
+        """Kill one component without warning (SIGKILL) and start it again with the same
+        command line, as a crashed control-plane process restarted by its supervisor
+        would be; returns once the API server answers again.
+
+        etcd keeps its data folder, so the cluster's state survives; clients see
+        connection errors and 5xx answers meanwhile.
+        """
+        pids = self._pids()
+        commands: dict[str, list[str]] = json.loads(self._commands_file.read_text())
+        if component not in pids or component not in commands:
+            raise ClusterError(f"no running component {component!r}: {sorted(pids)}")
+        _signal(pids[component], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(pids[component]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids[component] = self._spawn(component, commands[component])
+        self._save_pids(pids)
+        self._wait("API server /readyz", timeout, self._api_ready, component)
+        log.info("restarted %s (pid %d)", component, pids[component])
 
     # -- component command lines -------------------------------------------------
 
@@ -235,6 +261,9 @@ class Cluster:
         self.kubeconfig.chmod(0o600)
 
     def _spawn(self, name: str, cmd: list[str]) -> int:
+        commands = (json.loads(self._commands_file.read_text())
+                    if self._commands_file.exists() else {})
+        self._commands_file.write_text(json.dumps({**commands, name: cmd}))
         logfile: IO[bytes] = (self.dir / "logs" / f"{name}.log").open("ab")
         # A new session: the components outlive the command that started them
         # (the demo leaves the cluster up) and are stopped by `down`.

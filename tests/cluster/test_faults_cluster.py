@@ -3,6 +3,8 @@ worlds, operator restarts, lost nodes, control-plane restarts."""
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,7 @@ from ringwright.operator.cache import Written
 from ringwright.operator.epochs import EPOCH_ANNOTATION
 from ringwright.operator.events import EventRecorder
 from ringwright.operator.ledger import CapacityLedger
+from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 from ringwright.operator.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
 from ringwright.operator.reconcile import Plan
 from ringwright.operator.schedulingpolicy import NodeLoss, SchedulingPolicy, SchedulingPolicySpec
@@ -194,3 +197,188 @@ def test_a_member_on_a_lost_node_is_replaced_on_another_node(
         raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
     finally:
         _set_node_down(kube, victim.node, False)
+
+
+class EpochLog:
+    """Reads every world of a namespace a few times a second, on a thread of its own, and
+    notes what would break the runtime: an epoch going back, or one epoch published with
+    two different memberships. Read errors (a restarting API server) are skipped."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.seen: dict[str, list[tuple[int, str]]] = {}
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> EpochLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def epochs(self, job: str) -> list[int]:
+        return [epoch for epoch, _ in self.seen.get(job, [])]
+
+    def _run(self) -> None:
+        with self.cluster.client() as kube:
+            while not self._stop.wait(0.15):
+                try:
+                    maps = kube.list(api_path("v1", "configmaps", self.namespace),
+                                     labelSelector=JOB_LABEL)
+                except (ApiError, OSError, ValueError):
+                    continue
+                for cm in maps:
+                    self._note(cm)
+
+    def _note(self, cm: dict[str, Any]) -> None:
+        text = (cm.get("data") or {}).get("world.json")
+        try:
+            world = parse_world(text or "")
+        except ContractError:
+            return
+        members = "|".join(f"{m.pod}/{m.pod_uid}" for m in (*world.members, *world.ps))
+        seen = self.seen.setdefault(world.job.name, [])
+        if seen and seen[-1][0] == world.epoch:
+            if seen[-1][1] != members:
+                self.violations.append(f"{world.job.name}: epoch {world.epoch} published "
+                                       f"with two memberships")
+            return
+        if seen and world.epoch < seen[-1][0]:
+            self.violations.append(f"{world.job.name}: epoch {seen[-1][0]} -> {world.epoch}")
+        seen.append((world.epoch, members))
+
+
+def _supervise(operator: OperatorProcess) -> None:
+    """Start the operator again if it exited, as its Deployment would."""
+    if operator.proc is None or operator.proc.poll() is not None:
+        operator.start()
+
+
+def _live_workers(kube: KubeClient, namespace: str, job: str) -> list[dict[str, Any]]:
+    return [p for p in kube.list(api_path("v1", "pods", namespace),
+                                 labelSelector=f"{JOB_LABEL}={job},{ROLE_LABEL}=worker")
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def _no_orphans_or_duplicates(kube: KubeClient, namespace: str,
+                              replicas: dict[str, int]) -> None:
+    jobs = {j["metadata"]["name"]: j["metadata"]["uid"]
+            for j in kube.list(tj_path(namespace))}
+    for p in kube.list(api_path("v1", "pods", namespace)):
+        meta = p["metadata"]
+        owner = meta["labels"].get(JOB_LABEL, "")
+        assert owner in jobs, f"orphan pod {meta['name']}"
+        assert [r["uid"] for r in meta.get("ownerReferences") or []] == [jobs[owner]], \
+            f"pod {meta['name']} is not owned by its job"
+    for job, want in replicas.items():
+        indices = sorted(int(p["metadata"]["labels"][INDEX_LABEL])
+                         for p in _live_workers(kube, namespace, job))
+        assert indices == list(range(want)), f"{job}: worker indices {indices}"
+
+
+def test_the_operator_killed_twenty_times_leaves_every_job_where_it_should_be(
+    cluster: Cluster, kube: KubeClient, namespace: str, operator: OperatorProcess,
+) -> None:
+    seed = int(time.time())
+    rng = random.Random(seed)
+    for name, replicas in (("grow", 2), ("lose", 3), ("done", 2), ("nap", 2)):
+        kube.create(tj_path(namespace), training_job(
+            name, replicas=replicas, minimum=1, runPolicy={"backoffLimit": 50}))
+    for name, size in (("grow", 2), ("lose", 3), ("done", 2), ("nap", 2)):
+        wait_world(kube, namespace, name, size)
+
+    lost: list[str] = []
+
+    def lose_a_member() -> None:
+        # A member of the world as published, whose pod is that very pod (not a
+        # replacement under the same name that has not joined yet).
+        world = world_of(kube, namespace, "lose")
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"]
+                for p in _live_workers(kube, namespace, "lose")}
+        members = [m for m in world.members if uids.get(m.pod) == m.pod_uid]
+        if members:
+            victim = rng.choice(members)
+            if kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0,
+                           precondition_uid=victim.pod_uid):
+                lost.append(victim.pod)
+
+    def finish() -> None:
+        rank0 = world_of(kube, namespace, "done").members[0].pod
+        kube.merge_patch(api_path("v1", "pods", namespace, rank0, "status"),
+                         {"status": {"phase": "Succeeded"}})
+
+    actions = {
+        1: lambda: kube.merge_patch(tj_path(namespace, "grow", "scale"),
+                                    {"spec": {"replicas": 4}}),
+        3: lose_a_member,
+        6: lambda: kube.merge_patch(tj_path(namespace, "nap"),
+                                    {"spec": {"runPolicy": {"suspend": True}}}),
+        9: lose_a_member,
+        11: finish,
+        13: lambda: kube.merge_patch(tj_path(namespace, "grow", "scale"),
+                                     {"spec": {"replicas": 5}}),
+        16: lose_a_member,
+    }
+    with EpochLog(cluster, namespace) as log:
+        try:
+            for kill in range(20):
+                _supervise(operator)
+                if kill in actions:
+                    actions[kill]()
+                time.sleep(rng.uniform(0.2, 4.0))
+                operator.kill()
+            _supervise(operator)
+            wait_readable_world(kube, namespace, "grow", 5, after=0, timeout=90)
+            wait_for(lambda: [get_status(kube, namespace, j).get("phase")
+                              for j in ("grow", "lose", "done", "nap")]
+                     == ["Running", "Running", "Succeeded", "Suspended"],
+                     "every job in its phase", timeout=90)
+            wait_readable_world(kube, namespace, "lose", 3, after=0, timeout=60)
+            wait_for(lambda: not _live_workers(kube, namespace, "nap")
+                     and len(_live_workers(kube, namespace, "done")) == 1,
+                     "pods of the suspended and finished jobs gone", timeout=60)
+            # Settled: one pod per index, every pod owned by its job.
+            wait_for(lambda: len(_live_workers(kube, namespace, "grow")) == 5
+                     and len(_live_workers(kube, namespace, "lose")) == 3, "pods settled")
+            _no_orphans_or_duplicates(kube, namespace, {"grow": 5, "lose": 3})
+            # Each loss counted once, however the kills fell.
+            assert lost and get_status(kube, namespace, "lose")["restarts"] == len(lost)
+            assert world_of(kube, namespace, "grow").size == 5
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nseed {seed}, lost {lost}\noperator log:\n"
+                                 f"{operator.tail(40)}") from err
+    assert not log.violations, log.violations
+    for job in ("grow", "lose"):
+        assert log.epochs(job) == sorted(set(log.epochs(job))), (job, log.epochs(job))
+    assert len(log.epochs("lose")) >= 2 and len(log.epochs("grow")) >= 2
+
+
+def test_restarted_api_server_and_etcd_leave_running_jobs_alone_and_the_operator_catches_up(
+    cluster: Cluster, kube: KubeClient, namespace: str, operator: OperatorProcess,
+) -> None:
+    kube.create(tj_path(namespace), training_job("steady", replicas=3, minimum=2))
+    before = wait_world(kube, namespace, "steady", 3)
+    uids = sorted(p["metadata"]["uid"] for p in _live_workers(kube, namespace, "steady"))
+    with EpochLog(cluster, namespace) as log:
+        try:
+            cluster.restart("kube-apiserver")
+            cluster.restart("etcd")
+            time.sleep(5)  # the operator's watches and Lease ride out the gap, or it exits
+            _supervise(operator)
+            # Nothing happened to the job: same pods, same world.
+            assert sorted(p["metadata"]["uid"]
+                          for p in _live_workers(kube, namespace, "steady")) == uids
+            world = world_of(kube, namespace, "steady")
+            assert world.epoch == before.epoch and world.size == 3
+            # The operator follows changes again.
+            kube.merge_patch(tj_path(namespace, "steady", "scale"), {"spec": {"replicas": 4}})
+            wait_world(kube, namespace, "steady", 4, after=before.epoch, timeout=60)
+            assert get_status(kube, namespace, "steady")["phase"] == "Running"
+        except AssertionError as err:
+            raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
+        finally:
+            _supervise(operator)
+    assert not log.violations, log.violations
