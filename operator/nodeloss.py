@@ -51,12 +51,11 @@ class Loss:
     message: str
 
 
-def lost_members(pods: Sequence[PodView], members: set[str],
-                 node_down_since: Mapping[str, float], limit: float, now: float
-                 ) -> tuple[list[Loss], float | None]:
-    """Pods lost to their node being NotReady, and world members (by pod name) lost to
-    being Unready, for at least ``limit`` seconds; and when the next loss would be due
-    (to look again then)."""
+def lost_members(pods: Sequence[PodView], node_down_since: Mapping[str, float],
+                 limit: float, now: float) -> tuple[list[Loss], float | None]:
+    """Pods lost to their node being NotReady, or to running Unready (an Unready pod
+    leaves the world at once, but keeps its index until replaced), for at least
+    ``limit`` seconds; and when the next loss would be due (to look again then)."""
     lost: list[Loss] = []
     next_at: float | None = None
 
@@ -74,8 +73,8 @@ def lost_members(pods: Sequence[PodView], members: set[str],
         if down is not None and due(down):
             lost.append(Loss(p, "NodeNotReady",
                              f"{p.name}: node {p.node} NotReady for {now - down:.0f}s"))
-        elif p.name in members and p.state == PodState.UNREADY \
-                and p.unready_since is not None and due(p.unready_since):
+        elif p.state == PodState.UNREADY and p.unready_since is not None \
+                and due(p.unready_since):
             lost.append(Loss(p, "MemberUnready",
                              f"{p.name}: not Ready for {now - p.unready_since:.0f}s"))
     return lost, next_at

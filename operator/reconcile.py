@@ -295,9 +295,8 @@ class _Round:
                            f"{name} reports its training loop stalled; replacing it",
                            warning=True)
         assert self.obs.policy is not None
-        losses, next_at = lost_members(
-            everyone, {m.pod for m in world.members} if world else set(),
-            self.obs.node_down_since, self.obs.policy.node_loss.unready_seconds, self.now)
+        losses, next_at = lost_members(everyone, self.obs.node_down_since,
+                                       self.obs.policy.node_loss.unready_seconds, self.now)
         for loss in losses:
             lost.append(f"{loss.pod.name}/{loss.pod.uid}")
             self.event(loss.reason, f"{loss.message}; replacing it", warning=True)

@@ -130,9 +130,9 @@ class NodeLoss(ApiModel):
     )
     unready_seconds: int = Field(
         default=60, ge=1, le=3600,
-        description="A pod whose node has been NotReady this long, or a world member whose "
-        "pod has been Unready this long, is lost: it is deleted, replaced, and counted "
-        "toward spec.runPolicy.backoffLimit.",
+        description="A pod whose node has been NotReady this long, or a running pod that "
+        "has been Unready this long, is lost: it is deleted, replaced, and counted toward "
+        "spec.runPolicy.backoffLimit.",
     )
 
 

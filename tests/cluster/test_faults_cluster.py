@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -197,6 +198,41 @@ def test_a_member_on_a_lost_node_is_replaced_on_another_node(
         raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
     finally:
         _set_node_down(kube, victim.node, False)
+
+
+def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, fast_node_loss: str,
+) -> None:
+    kube.create(tj_path(namespace), training_job("flaky", replicas=3, minimum=2,
+                                                 schedulingPolicyName=fast_node_loss))
+    before = wait_world(kube, namespace, "flaky", 3)
+    crashing, stuck = before.members[0].pod, before.members[2]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # The kubelet restarted one container twice and now backs off; another pod's
+    # readiness probe fails (KWOK leaves pods whose Ready condition a test set alone).
+    kube.merge_patch(api_path("v1", "pods", namespace, crashing, "status"), {"status": {
+        "containerStatuses": [{"name": "train", "image": "ringwright/training:dev",
+                               "ready": False, "restartCount": 2, "imageID": "",
+                               "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}})
+    kube.merge_patch(api_path("v1", "pods", namespace, stuck.pod, "status"), {"status": {
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}]}})
+    try:
+        def looping() -> str | None:
+            return next((c["message"] for c in get_status(kube, namespace, "flaky")
+                         .get("conditions") or []
+                         if c["type"] == "CrashLoopBackOff" and c["status"] == "True"), None)
+
+        assert crashing in wait_for(looping, "the CrashLoopBackOff condition")
+        healed = wait_world(kube, namespace, "flaky", 3, after=before.epoch, timeout=60)
+        replacement = next(m for m in healed.members if m.pod == stuck.pod)
+        assert replacement.pod_uid != stuck.pod_uid
+        reasons = events_of(kube, namespace, "flaky")
+        assert {"MemberUnready", "ContainerRestarted", "CrashLoopBackOff"} <= set(reasons)
+        # Two container restarts and one lost member, each counted once.
+        wait_for(lambda: get_status(kube, namespace, "flaky").get("restarts") == 3,
+                 "restarts to count the container restarts and the lost member")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
 
 
 class EpochLog:

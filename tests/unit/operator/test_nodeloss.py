@@ -49,10 +49,11 @@ def test_tolerations_replace_the_templates_node_loss_ones_and_keep_the_rest() ->
     (pv("x", state=PodState.PENDING), {"n1": NOW - 30}, "NodeNotReady", None),
     # Not yet long enough: look again when it will be.
     (pv("a"), {"n1": NOW - 5}, "", NOW + 15),
-    # Unready member past the threshold; an Unready newcomer is only starting.
+    # Running Unready past the threshold (it left the world at once), or not yet.
     (pv("a", PodState.UNREADY, unready_since=NOW - 25), {}, "MemberUnready", None),
-    (pv("x", PodState.UNREADY, unready_since=NOW - 25), {}, "", None),
     (pv("a", PodState.UNREADY, unready_since=NOW - 1), {}, "", NOW + 19),
+    # Unready with no transition time known: never declared lost on a guess.
+    (pv("a", PodState.UNREADY), {}, "", None),
     # Already going, or finished: not lost again.
     (pv("a", PodState.DELETING), {"n1": NOW - 100}, "", None),
     (pv("a", PodState.SUCCEEDED), {"n1": NOW - 100}, "", None),
@@ -61,7 +62,7 @@ def test_tolerations_replace_the_templates_node_loss_ones_and_keep_the_rest() ->
 ])
 def test_lost_members(pod_: PodView, down: dict[str, float], lost: str,
                       due_at: float | None) -> None:
-    losses, next_at = lost_members([pod_], {"a"}, down, LIMIT, NOW)
+    losses, next_at = lost_members([pod_], down, LIMIT, NOW)
     assert [loss.reason for loss in losses] == ([lost] if lost else [])
     assert next_at == due_at
 
