@@ -32,7 +32,14 @@ from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.recovery import recovery
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
-from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
+from ringwright.operator.worldplan import (
+    Candidate,
+    build_world,
+    decide,
+    membership_digest,
+    ring_summary,
+    world_digest,
+)
 from ringwright.world import (
     CheckpointSettings,
     JobRef,
@@ -451,6 +458,11 @@ class _Round:
             self.plan.soon(wait)
         if publish:
             self.publish(ready, ready_ps)
+        elif (current is not None and status_epoch(self.status) < current.epoch
+              and world_digest(current) == membership_digest([*ready, *ready_ps])):
+            # The world went out but the status write after it did not (the operator
+            # died, or the API server went away, in between): catch up with it.
+            self.mirror(current)
         running = self.phase in (JobPhase.RUNNING, JobPhase.RESTARTING)
         if running and len(ready) < self.spec.workers.min:
             self.below_min(len(ready))
@@ -484,18 +496,23 @@ class _Round:
         )
         self.plan.world = world
         self.plan.world_version = self.obs.world_version
-        racks, edges, per_rack = ring_summary(world)
+        racks, edges, _ = ring_summary(world)
         self.event("WorldPublished", f"epoch {epoch}: {world.size} workers in {racks} racks "
                    f"({edges} cross-rack ring edges)")
+        self.mirror(world)
+
+    def mirror(self, world: World) -> None:
+        """The job's phase and status follow ``world``, the world its pods now follow."""
+        racks, edges, per_rack = ring_summary(world)
         if self.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
-            self.move(JobPhase.RUNNING, "Running", f"world epoch {epoch} has {world.size} "
-                      f"workers (min {spec.workers.min})")
+            self.move(JobPhase.RUNNING, "Running", f"world epoch {world.epoch} has "
+                      f"{world.size} workers (min {self.spec.workers.min})")
             self.status.setdefault("startTime", rfc3339(self.now))
         if (recovered := recovery(self.status, self.now)) is not None:
             self.status["lastRecovery"] = recovered
         self.status["world"] = {
             **(self.status.get("world") or {}),
-            "epoch": epoch, "size": world.size, "racks": racks, "crossRackEdges": edges,
+            "epoch": world.epoch, "size": world.size, "racks": racks, "crossRackEdges": edges,
             "rackMembers": [{"rack": r, "members": n} for r, n in per_rack],
         }
 

@@ -411,8 +411,10 @@ def test_restarted_api_server_and_etcd_leave_running_jobs_alone_and_the_operator
             assert world.epoch == before.epoch and world.size == 3
             # The operator follows changes again.
             kube.merge_patch(tj_path(namespace, "steady", "scale"), {"spec": {"replicas": 4}})
-            wait_world(kube, namespace, "steady", 4, after=before.epoch, timeout=60)
-            assert get_status(kube, namespace, "steady")["phase"] == "Running"
+            grown = wait_world(kube, namespace, "steady", 4, after=before.epoch, timeout=60)
+            wait_for(lambda: (s := get_status(kube, namespace, "steady")).get("phase")
+                     == "Running" and s.get("world", {}).get("epoch") == grown.epoch,
+                     "the status to follow the world")
         except AssertionError as err:
             raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
         finally:

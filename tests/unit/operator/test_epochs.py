@@ -109,3 +109,15 @@ def test_a_deletion_drops_our_copy_so_it_cannot_stand_in_for_the_object() -> Non
     written.put("ConfigMap", _cm("20"))
     assert not written.outdated_by("ConfigMap", _cm("15"), deleted=True)
     assert written.get("ConfigMap", "ns", "tj-world") is not None
+
+
+def test_a_world_whose_status_write_was_lost_is_mirrored_without_a_new_epoch() -> None:
+    """The world went out, then the operator died before writing the status."""
+    observed = Observed(job=job(status={"phase": "Pending"}),
+                        pods=[pod(i) for i in range(4)], world=world_of([0, 1, 2, 3], epoch=3),
+                        reports={}, policy=SchedulingPolicySpec(), inventory=NODES,
+                        world_annotation_epoch=3, world_version="40")
+    decided = plan(observed, SETTINGS, NOW, FakePlacer())
+    assert decided.world is None  # the pods already follow epoch 3
+    assert decided.status["phase"] == "Running"
+    assert decided.status["world"]["epoch"] == 3 and decided.status["world"]["size"] == 4
