@@ -32,13 +32,21 @@ from ringwright.kube import ApiError, KubeClient, RetryPolicy, api_path, load_ku
 log = logging.getLogger("ringwright.devcluster")
 
 STAGES = Path(__file__).resolve().parent / "stages" / "kwok.yaml"
-# Controllers that need a kubelet, a cloud or real networking are off: KWOK plays the
-# kubelet and nodes never send heartbeats, so node lifecycle would evict every pod.
+# Controllers that need a cloud or real networking are off. Node lifecycle is on: KWOK
+# renews every node's Lease, so a node is lost only when a test takes it down (see
+# NODE_DOWN_ANNOTATION), and then it is tainted and its pods evicted as on a real cluster.
 CONTROLLERS = ",".join((
-    "*", "-nodelifecycle", "-nodeipam", "-cloud-node-lifecycle", "-service-lb-controller",
+    "*", "-nodeipam", "-cloud-node-lifecycle", "-service-lb-controller",
     "-route", "-csrsigning", "-persistentvolume-binder", "-attachdetach", "-ttl",
     "-bootstrapsigner", "-tokencleaner",
 ))
+NODE_LEASE_SECONDS = 20
+"""KWOK's node Lease duration (renewed at a quarter of it, as a kubelet does)."""
+NODE_MONITOR_GRACE = "20s"
+"""A node whose Lease is not renewed this long is NotReady (Kubernetes' default: 50 s)."""
+NODE_DOWN_ANNOTATION = "ringwright.dev/kwok-node-down"
+"""A node carrying this annotation reports Ready=False (KWOK's node-down stage), as a node
+whose kubelet lost its runtime would; removing it brings the node back."""
 
 
 class ClusterError(RuntimeError):
@@ -70,6 +78,10 @@ class Cluster:
     @property
     def _pids_file(self) -> Path:
         return self.dir / "pids.json"
+
+    @property
+    def _commands_file(self) -> Path:
+        return self.dir / "commands.json"
 
     def client(self) -> KubeClient:
         return KubeClient(load_kubeconfig(self.kubeconfig))
@@ -147,6 +159,28 @@ class Cluster:
         for pid in pids.values():
             _signal(pid, signal.SIGKILL)
         self._pids_file.unlink(missing_ok=True)
+        self._commands_file.unlink(missing_ok=True)
+
+    def restart(self, component: str, timeout: float = 60.0) -> None:
+        """Kill one component without warning (SIGKILL) and start it again with the same
+        command line, as a crashed control-plane process restarted by its supervisor
+        would be; returns once the API server answers again.
+
+        etcd keeps its data folder, so the cluster's state survives; clients see
+        connection errors and 5xx answers meanwhile.
+        """
+        pids = self._pids()
+        commands: dict[str, list[str]] = json.loads(self._commands_file.read_text())
+        if component not in pids or component not in commands:
+            raise ClusterError(f"no running component {component!r}: {sorted(pids)}")
+        _signal(pids[component], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(pids[component]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids[component] = self._spawn(component, commands[component])
+        self._save_pids(pids)
+        self._wait("API server /readyz", timeout, self._api_ready, component)
+        log.info("restarted %s (pid %d)", component, pids[component])
 
     # -- component command lines -------------------------------------------------
 
@@ -193,6 +227,7 @@ class Cluster:
             f"--root-ca-file={pki.ca_cert}", f"--controllers={CONTROLLERS}",
             "--leader-elect=false", "--secure-port=0",
             "--kube-api-qps=200", "--kube-api-burst=400",
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=1s",
         ]
 
     def _scheduler_cmd(self, bins: Binaries) -> list[str]:
@@ -207,6 +242,7 @@ class Cluster:
             str(bins["kwok"]), f"--kubeconfig={self.kubeconfig}", f"--config={STAGES}",
             "--manage-all-nodes=true", f"--server-address=127.0.0.1:{ports['kwok']}",
             "--node-ip=127.1.0.1", "--cidr=127.9.0.0/16",
+            f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         ]
 
     # -- helpers -------------------------------------------------------------------
@@ -225,6 +261,9 @@ class Cluster:
         self.kubeconfig.chmod(0o600)
 
     def _spawn(self, name: str, cmd: list[str]) -> int:
+        commands = (json.loads(self._commands_file.read_text())
+                    if self._commands_file.exists() else {})
+        self._commands_file.write_text(json.dumps({**commands, name: cmd}))
         logfile: IO[bytes] = (self.dir / "logs" / f"{name}.log").open("ab")
         # A new session: the components outlive the command that started them
         # (the demo leaves the cluster up) and are stopped by `down`.

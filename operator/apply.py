@@ -38,7 +38,7 @@ from ringwright.operator.observe import job_path
 from ringwright.operator.reconcile import Event, Plan
 from ringwright.operator.refusals import Refused, is_refusal, refusal_conditions, refused
 from ringwright.operator.settings import OperatorSettings
-from ringwright.world import reports_configmap_name
+from ringwright.world import reports_configmap_name, world_configmap_name
 
 log = logging.getLogger("ringwright.operator.apply")
 
@@ -206,15 +206,14 @@ class Applier:
                       partial(self.kube.merge_patch, path, leaving))
         if plan.world is not None:
             world = plan.world
-            cm = world_configmap(job, world.to_json())
 
             def publish() -> None:
-                self.written.put("ConfigMap", self.kube.apply(_object_path(cm), cm))
+                self.written.put("ConfigMap", self._publish(job, plan))
                 log.info("published world %s/%s epoch=%d size=%d", ns, name, world.epoch,
                          world.size)
             before = len(refusals)
-            self._try(refusals, "create" if world.epoch == 1 else "update", "ConfigMap",
-                      cm["metadata"]["name"], publish)
+            self._try(refusals, "update" if plan.world_version else "create", "ConfigMap",
+                      world_configmap_name(name), publish)
             if len(refusals) > before:
                 status, events = unpublished(status, job.get("status") or {}, plan.events)
                 plan = replace(plan, events=events)
@@ -265,6 +264,21 @@ class Applier:
                 raise
             log.warning("%s %s %s refused: %s", verb, kind, name, err)
             refusals.append(refused(verb, kind, name, err))
+
+    def _publish(self, job: Obj, plan: Plan) -> Obj:
+        """Write the world over the version it was decided from, or create it.
+
+        A concurrent writer's world makes this fail with 409 Conflict (or AlreadyExists):
+        the round then ends and the next one re-reads, so one epoch never goes out with
+        two memberships.
+        """
+        assert plan.world is not None
+        cm = world_configmap(job, plan.world.to_json(), plan.world.epoch)
+        if not plan.world_version:
+            return self.kube.create(api_path("v1", "configmaps", cm["metadata"]["namespace"]),
+                                    cm)
+        cm["metadata"]["resourceVersion"] = plan.world_version
+        return self.kube.apply(_object_path(cm), cm)
 
     def apply_status(self, job: Obj, status: Obj) -> None:
         """Server-side apply of the whole status, checked against the typed model first;

@@ -50,6 +50,10 @@ class Cache(Protocol):
         """The SchedulingPolicy's spec, or None when it does not exist."""
         ...
 
+    def node_down_since(self, name: str) -> float | None:
+        """Since when node ``name`` is NotReady; None while Ready or unknown to us."""
+        ...
+
     def priority_value(self, name: str) -> int | None:
         """The value of PriorityClass ``name``; None when it does not exist."""
         ...
@@ -119,6 +123,22 @@ class Written:
             self.objects.pop((kind, namespace, name), None)
             self.sent.pop((kind, namespace, name), None)
 
+    def outdated_by(self, kind: str, obj: Obj, deleted: bool) -> bool:
+        """Whether a watched ``obj`` is newer than our write of it (someone else wrote
+        or deleted it). A deletion also drops our copy, so it cannot stand in for an
+        object that is gone."""
+        meta = obj.get("metadata") or {}
+        key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self.lock:
+            ours = self.objects.get(key)
+            if ours is None:
+                return True
+            if _version(obj) <= _version(ours):
+                return False  # the echo of our own write, or older
+            if deleted:
+                del self.objects[key]
+            return True
+
     def forget_job(self, namespace: str, name: str) -> None:
         """Drop everything written for a job that is gone."""
         with self.lock:
@@ -146,6 +166,12 @@ class IndexCache:
         """The indexed ConfigMap or our newer write of it."""
         seen: Obj | None = self._one(JOB_CONFIGMAPS, (namespace, name))
         return newer(seen, self._written.get("ConfigMap", namespace, name))
+
+    def node_down_since(self, name: str) -> float | None:
+        """From the nodes index."""
+        record: Obj | None = self._one(NODES, name)
+        since = (record or {}).get("notReadySince")
+        return float(since) if since is not None else None
 
     def policy(self, name: str) -> Obj | None:
         """The SchedulingPolicy's spec."""

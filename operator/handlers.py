@@ -158,14 +158,21 @@ def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> N
     @kopf.on.event(*resource, labels={JOB_LABEL: kopf.PRESENT}, registry=registry,
                    id=f"{w.index}_changed")
     async def scaffold_changed(namespace: str | None, name: str, labels: Mapping[str, str],
-                               type: str | None, memo: Any, **_: Any) -> None:
+                               body: kopf.Body, type: str | None, memo: Any,
+                               **_: Any) -> None:
         ctx: OperatorContext = memo["ctx"]
         job = labels[JOB_LABEL]
-        if type == "DELETED":
-            # Our last write of it must not hide that it is gone.
+        deleted = type == "DELETED"
+        # The world wakes its job only when someone else changed or deleted it (our own
+        # publication needs no round); a deletion also drops our copy, which must not
+        # hide that it is gone.
+        if name == world_configmap_name(job):
+            if ctx.written.outdated_by(kind, dict(body), deleted):
+                ctx.wake(namespace or "", job)
+            return
+        if deleted:
             ctx.written.forget(kind, namespace or "", name)
-        if name != world_configmap_name(job):  # our own publication needs no round
-            ctx.wake(namespace or "", job)
+        ctx.wake(namespace or "", job)
 
 
 def _current(watched: Obj, written: Obj | None) -> Obj:

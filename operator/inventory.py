@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from ringwright.operator.conditions import parse_time
 from ringwright.operator.resources import Resources, from_resource_list, pod_requests
 from ringwright.operator.schedulingpolicy import NodeLabelKeys
 
@@ -252,3 +253,12 @@ def schedulable(node: Mapping[str, Any]) -> bool:
             return bool(cond.get("status") == "True")
     # No conditions reported yet (a freshly registered node): let the scheduler judge.
     return True
+
+
+def not_ready_since(node: Mapping[str, Any]) -> float | None:
+    """When a node's Ready condition turned False or Unknown; None while it is Ready (or
+    reports nothing yet)."""
+    for cond in (node.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "Ready" and cond.get("status") != "True":
+            return parse_time(cond.get("lastTransitionTime")) or 0.0
+    return None

@@ -21,6 +21,7 @@ from ringwright.operator.inventory import (
     NodeGroup,
     NodeInfo,
     Taint,
+    not_ready_since,
     schedulable,
 )
 from ringwright.operator.manifests import PLANNED_NODE_ANNOTATION
@@ -77,6 +78,7 @@ def node_record(node: Mapping[str, Any]) -> dict[str, Any]:
         "allocatable": dict((node.get("status") or {}).get("allocatable") or {}),
         "taints": list((node.get("spec") or {}).get("taints") or ()),
         "schedulable": schedulable(node),
+        "notReadySince": not_ready_since(node),
     }
 
 

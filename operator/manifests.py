@@ -10,8 +10,11 @@ import copy
 from typing import Any
 
 from ringwright.kube import Obj
+from ringwright.operator.epochs import EPOCH_ANNOTATION
 from ringwright.world import (
     DEFAULT_METRICS_PORT,
+    DEFAULT_PS_PORT,
+    PS_PORT_ENV,
     Env,
     reports_configmap_name,
     world_configmap_name,
@@ -111,13 +114,16 @@ def scaffold(job: Obj) -> list[Obj]:
     ]
 
 
-def world_configmap(job: Obj, world_json: str) -> Obj:
-    """The world ConfigMap with the given document."""
+def world_configmap(job: Obj, world_json: str, epoch: int) -> Obj:
+    """The world ConfigMap with the given document, its epoch also kept as an annotation
+    (which a corrupted document leaves readable)."""
     name = job["metadata"]["name"]
+    meta = _meta(job, world_configmap_name(name))
+    meta["annotations"] = {EPOCH_ANNOTATION: str(epoch)}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(job, world_configmap_name(name)),
+        "metadata": meta,
         "data": {"world.json": world_json},
     }
 
@@ -169,6 +175,18 @@ def _unreserved(keys: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (keys or {}).items() if not k.startswith(RESERVED_PREFIX)}
 
 
+def _readiness_probe(role: str, main: Obj) -> Obj:
+    """Each role's own readiness: a worker's runtime serves ``/readyz`` (a stopped or
+    stalled training loop fails it); a parameter server is ready when its shard port
+    accepts connections."""
+    timing = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}
+    if role == PS:
+        env = {e.get("name"): e.get("value") for e in main.get("env") or ()}
+        port = int(env.get(PS_PORT_ENV) or DEFAULT_PS_PORT)
+        return {"tcpSocket": {"port": port}, **timing}
+    return {"httpGet": {"path": "/readyz", "port": READINESS_PORT}, **timing}
+
+
 def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     """A worker or ps pod from the role's template, with the operator's additions.
 
@@ -193,16 +211,15 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     main["env"] = [e for e in main.get("env", []) if e.get("name") not in known] + env
     if "resources" in placement:
         main["resources"] = placement["resources"]
+    pinned = placement.get("containerResources") or {}
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or ():
+            if container.get("name") in pinned:
+                container["resources"] = copy.deepcopy(pinned[container["name"]])
     ports = [p for p in main.get("ports") or [] if p.get("name") != METRICS_PORT_NAME]
     main["ports"] = [*ports, {"name": METRICS_PORT_NAME, "containerPort": DEFAULT_METRICS_PORT,
                               "protocol": "TCP"}]
-    main.setdefault("readinessProbe", {
-        # Served by the runtime itself: a stopped or stalled process fails it.
-        "httpGet": {"path": "/readyz", "port": READINESS_PORT},
-        "periodSeconds": 5,
-        "timeoutSeconds": 2,
-        "failureThreshold": 2,
-    })
+    main.setdefault("readinessProbe", _readiness_probe(role, main))
     spec.update({
         "serviceAccountName": runtime_account_name(name),
         "automountServiceAccountToken": True,

@@ -571,6 +571,11 @@ class TrainingJobStatus(ApiModel):
         description="The latest phase transitions, oldest first (Pending -> Running -> "
         "Suspended -> Pending -> ...).",
     )
+    container_restarts: dict[str, int] = Field(
+        default_factory=dict,
+        max_length=MAX_WORKERS,
+        description="Container restarts (by pod name/uid) already counted in restarts.",
+    )
 
 
 class TrainingJob(ApiModel):

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from ringwright.kube import Obj, api_path
 from ringwright.operator.apibase import API_VERSION
 from ringwright.operator.cache import Cache
+from ringwright.operator.epochs import annotated_epoch
 from ringwright.operator.isolation import honest_reports
 from ringwright.operator.models import TrainingJobSpec
 from ringwright.operator.ownership import left_behind, owned, owned_by
@@ -53,12 +54,20 @@ def observe(cache: Cache, job: Obj) -> Observed:
     world_cm = cache.configmap(namespace, world_configmap_name(name))
     reports_cm = cache.configmap(namespace, reports_configmap_name(name))
     labelled = cache.job_pods(namespace, name)
+    pods = owned(labelled, uid)
+    # A world left by an earlier job of the same name is not this job's (its epochs do
+    # not count), but it is written over at the version read.
+    own_world = world_cm if owned_by(world_cm, uid) else None
+    nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}
+    down = {n: since for n in nodes if (since := cache.node_down_since(n)) is not None}
     return Observed(
-        job=job, pods=owned(labelled, uid), left_behind=left_behind(labelled, uid),
-        world=_world(world_cm, namespace, name) if owned_by(world_cm, uid) else None,
-        reports=(honest_reports(_reports(reports_cm), owned(labelled, uid))
+        job=job, pods=pods, left_behind=left_behind(labelled, uid), node_down_since=down,
+        world=_world(own_world, namespace, name),
+        reports=(honest_reports(_reports(reports_cm), pods)
                  if owned_by(reports_cm, uid) else {}),
-        policy=policy, inventory=inventory, policy_error=policy_error)
+        policy=policy, inventory=inventory, policy_error=policy_error,
+        world_annotation_epoch=annotated_epoch(own_world),
+        world_version=str(((world_cm or {}).get("metadata") or {}).get("resourceVersion", "")))
 
 
 def _validation_message(err: ValidationError) -> str:

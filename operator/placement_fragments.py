@@ -13,7 +13,11 @@ from typing import Any
 
 from ringwright.operator.models import RackPacking, TrainingJobSpec
 from ringwright.operator.placement import PlacementPlan, PodPlacement, Role
-from ringwright.operator.podresources import ps_container_resources, worker_container_resources
+from ringwright.operator.podresources import (
+    ps_container_resources,
+    ps_pod_spec,
+    worker_container_resources,
+)
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 
 NODE_WEIGHT = 100
@@ -101,9 +105,8 @@ def pod_fragments(
 ) -> list[dict[str, Any]]:
     """One :func:`placement_fragment` per new pod of ``role``, workers in ring order.
 
-    ``resources`` is for the first (training) container. A ps template with more
-    containers needs :func:`ringwright.operator.podresources.ps_pod_spec` applied to
-    the whole pod spec, since a pod is Guaranteed only when every container is.
+    ``resources`` is for the first (training) container; ps fragments also carry
+    ``containerResources``, every container's pinned resources by name.
     """
     if role == Role.WORKER:
         first = spec.workers.template.spec.containers[0]
@@ -115,4 +118,9 @@ def pod_fragments(
         return []
     first = spec.ps.template.spec.containers[0]
     resources = ps_container_resources(first.get("resources"), policy.ps_pinning)
-    return [placement_fragment(plan, p, resources) for p in plan.ps]
+    # Every container, init containers too: a pod is Guaranteed only when all are.
+    pinned = ps_pod_spec(spec.ps.template.spec.to_wire(), policy.ps_pinning)
+    per_container = {c["name"]: c.get("resources") or {} for key in ("initContainers",
+                     "containers") for c in pinned.get(key) or ()}
+    return [{**placement_fragment(plan, p, resources),
+             "containerResources": copy.deepcopy(per_container)} for p in plan.ps]

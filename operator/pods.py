@@ -39,6 +39,10 @@ class PodView:
     restarts: int
     created: float | None = None
     """``metadata.creationTimestamp`` as epoch seconds."""
+    unready_since: float | None = None
+    """For an Unready pod: when its Ready condition last changed."""
+    waiting: str = ""
+    """Why a container waits (e.g. ``CrashLoopBackOff``); empty when none does."""
 
     @property
     def alive(self) -> bool:
@@ -49,6 +53,19 @@ class PodView:
 def _ready(status: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in status.get("conditions") or [])
+
+
+def _ready_changed(status: Obj) -> float | None:
+    return next((parse_time(c.get("lastTransitionTime")) for c in status.get("conditions") or []
+                 if c.get("type") == "Ready"), None)
+
+
+def _waiting(status: Obj) -> str:
+    for c in status.get("containerStatuses") or []:
+        reason = ((c.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason:
+            return str(reason)
+    return ""
 
 
 def view(pod: Obj) -> PodView | None:
@@ -85,4 +102,6 @@ def view(pod: Obj) -> PodView | None:
         leaving_since=float(leaving) if leaving else None,
         restarts=restarts,
         created=parse_time(meta.get("creationTimestamp")),
+        unready_since=_ready_changed(status) if state == PodState.UNREADY else None,
+        waiting=_waiting(status),
     )

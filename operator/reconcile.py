@@ -8,7 +8,7 @@ apply layer performs it; tests assert on it directly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringwright.eviction import judge, needs_new_epoch
@@ -16,17 +16,32 @@ from ringwright.kube import Obj
 from ringwright.operator.checkpoint_condition import CONDITION as CHECKPOINT_CONDITION
 from ringwright.operator.checkpoint_condition import checkpoint_condition
 from ringwright.operator.conditions import condition, parse_time, rfc3339, set_condition
+from ringwright.operator.epochs import EpochsSeen, next_epoch, status_epoch
 from ringwright.operator.inventory import Inventory
 from ringwright.operator.isolation import harden
 from ringwright.operator.manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
 from ringwright.operator.models import CleanPodPolicy, JobPhase, TrainingJobSpec
+from ringwright.operator.nodeloss import (
+    CRASH_LOOP,
+    crash_looping,
+    lost_members,
+    new_container_restarts,
+    with_node_loss_tolerations,
+)
 from ringwright.operator.phases import TERMINAL, check_transition
 from ringwright.operator.pods import PodState, PodView, view
 from ringwright.operator.recovery import recovery
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.settings import OperatorSettings
 from ringwright.operator.templates_policy import TEMPLATE_CONDITION, job_violations
-from ringwright.operator.worldplan import Candidate, build_world, decide, ring_summary
+from ringwright.operator.worldplan import (
+    Candidate,
+    build_world,
+    decide,
+    membership_digest,
+    ring_summary,
+    world_digest,
+)
 from ringwright.world import (
     CheckpointSettings,
     JobRef,
@@ -75,6 +90,12 @@ class Observed:
     """Pods of an earlier job of the same name, not yet garbage-collected."""
     policy_error: str = ""
     """Why the named SchedulingPolicy exists but cannot be used (``policy`` is None)."""
+    world_annotation_epoch: int = 0
+    """The world ConfigMap's epoch annotation (kept even when its document is unreadable)."""
+    world_version: str = ""
+    """The world ConfigMap's resourceVersion as read; empty when there is none."""
+    node_down_since: Mapping[str, float] = field(default_factory=dict)
+    """The job's pods' nodes that are NotReady, and since when."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +118,8 @@ class Plan:
     """(name, uid) of pods an earlier job of the same name left: deleted by UID only."""
     clear_reports: list[str] = field(default_factory=list)
     world: World | None = None
+    world_version: str = ""
+    """Write ``world`` only over this resourceVersion (empty: only if none exists)."""
     status: Obj = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
@@ -232,6 +255,7 @@ class _Round:
         self.failures()
         if self.phase in TERMINAL:
             return self.finish()
+        self.crash_loops()
         self.checkpoints()
         self.resize()
         self.world()
@@ -269,6 +293,18 @@ class _Round:
             self.condition(TEMPLATE_CONDITION, True, "TemplateAllowed",
                            f"the templates are within SchedulingPolicy {name!r}")
         return False
+
+    def crash_loops(self) -> None:
+        """Pods whose containers wait in CrashLoopBackOff show as a condition."""
+        looping = crash_looping(self.workers + self.ps)
+        current = condition(list(self.status.get("conditions") or []), CRASH_LOOP)
+        if looping:
+            message = f"{', '.join(looping)}: a container is waiting in {CRASH_LOOP}"
+            if current is None or current.get("status") != "True":
+                self.event(CRASH_LOOP, message, warning=True)
+            self.condition(CRASH_LOOP, True, CRASH_LOOP, message)
+        elif current is not None:
+            self.condition(CRASH_LOOP, False, "Running", "no container is in CrashLoopBackOff")
 
     def checkpoints(self) -> None:
         """Members' checkpoint-failure reports become the CheckpointFailing condition."""
@@ -346,6 +382,17 @@ class _Round:
                 self.event("MemberStalled",
                            f"{name} reports its training loop stalled; replacing it",
                            warning=True)
+        # Without a usable policy losses still count, with the default thresholds.
+        node_loss = (self.obs.policy or SchedulingPolicySpec()).node_loss
+        losses, next_at = lost_members(everyone, self.obs.node_down_since,
+                                       node_loss.unready_seconds, self.now)
+        for loss in losses:
+            lost.append(f"{loss.pod.name}/{loss.pod.uid}")
+            self.event(loss.reason, f"{loss.message}; replacing it", warning=True)
+        if next_at is not None:
+            self.plan.soon(next_at - self.now)
+        crashed, self.status["containerRestarts"] = new_container_restarts(
+            everyone, self.status.get("containerRestarts") or {})
         known = set(self.status.get("lostPods") or [])
         fresh = [key for key in dict.fromkeys(lost) if key not in known]
         # Remember what was counted while it is still visible, so each loss counts once.
@@ -354,15 +401,20 @@ class _Round:
             p = present.get(key)
             if p is not None and p.state != PodState.DELETING:
                 self.plan.delete.append(p.name)
-        if not fresh:
+        if not fresh and not crashed:
             return
-        restarts = int(self.status.get("restarts", 0)) + len(fresh)
+        restarts = int(self.status.get("restarts", 0)) + len(fresh) + sum(crashed.values())
         self.status["restarts"] = restarts
         self.status["lastFailureTime"] = rfc3339(self.now)
-        names = ", ".join(key.split("/")[0] for key in fresh)
         limit = self.spec.run_policy.backoff_limit
-        self.event("MemberLost", f"lost {names} (restart {restarts} of backoffLimit {limit})",
-                   warning=True)
+        if fresh:
+            names = ", ".join(key.split("/")[0] for key in fresh)
+            self.event("MemberLost", f"lost {names} (restart {restarts} of backoffLimit "
+                       f"{limit})", warning=True)
+        if crashed:
+            names = ", ".join(f"{key.split('/')[0]} ({n})" for key, n in crashed.items())
+            self.event("ContainerRestarted", f"containers restarted in {names} (restart "
+                       f"{restarts} of backoffLimit {limit})", warning=True)
         if restarts > limit:
             self.move(JobPhase.FAILED, "BackoffLimitExceeded",
                       f"{restarts} pod failures exceed spec.runPolicy.backoffLimit={limit}")
@@ -460,7 +512,10 @@ class _Round:
         ):
             free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
             for fragment, index in zip(fragments, free, strict=False):
-                self.plan.create.append(harden(self.job, pod(self.job, role, index, fragment)))
+                self.plan.create.append(harden(self.job, pod(
+                    self.job, role, index, with_node_loss_tolerations(
+                        fragment, self.job["spec"], role == WORKER,
+                        self.obs.policy.node_loss.toleration_seconds))))
         if placed.gpu_model:
             self.status["world"] = {**(self.status.get("world") or {}),
                                     "gpuModel": placed.gpu_model}
@@ -492,6 +547,11 @@ class _Round:
             self.plan.soon(wait)
         if publish:
             self.publish(ready, ready_ps)
+        elif (current is not None and status_epoch(self.status) < current.epoch
+              and world_digest(current) == membership_digest([*ready, *ready_ps])):
+            # The world went out but the status write after it did not (the operator
+            # died, or the API server went away, in between): catch up with it.
+            self.mirror(current)
         running = self.phase in (JobPhase.RUNNING, JobPhase.RESTARTING)
         if running and len(ready) < self.spec.workers.min:
             self.below_min(len(ready))
@@ -500,7 +560,10 @@ class _Round:
 
     def publish(self, ready: list[PodView], ready_ps: list[PodView]) -> None:
         current = self.obs.world
-        epoch = (current.epoch + 1) if current else 1
+        epoch = next_epoch(EpochsSeen(
+            document=current.epoch if current else 0,
+            annotation=self.obs.world_annotation_epoch,
+            status=status_epoch(self.status)))
         spec = self.spec
         world = build_world(
             JobRef(namespace=self.meta["namespace"], name=self.meta["name"],
@@ -521,18 +584,24 @@ class _Round:
                 hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
         )
         self.plan.world = world
-        racks, edges, per_rack = ring_summary(world)
+        self.plan.world_version = self.obs.world_version
+        racks, edges, _ = ring_summary(world)
         self.event("WorldPublished", f"epoch {epoch}: {world.size} workers in {racks} racks "
                    f"({edges} cross-rack ring edges)")
+        self.mirror(world)
+
+    def mirror(self, world: World) -> None:
+        """The job's phase and status follow ``world``, the world its pods now follow."""
+        racks, edges, per_rack = ring_summary(world)
         if self.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
-            self.move(JobPhase.RUNNING, "Running", f"world epoch {epoch} has {world.size} "
-                      f"workers (min {spec.workers.min})")
+            self.move(JobPhase.RUNNING, "Running", f"world epoch {world.epoch} has "
+                      f"{world.size} workers (min {self.spec.workers.min})")
             self.status.setdefault("startTime", rfc3339(self.now))
         if (recovered := recovery(self.status, self.now)) is not None:
             self.status["lastRecovery"] = recovered
         self.status["world"] = {
             **(self.status.get("world") or {}),
-            "epoch": epoch, "size": world.size, "racks": racks, "crossRackEdges": edges,
+            "epoch": world.epoch, "size": world.size, "racks": racks, "crossRackEdges": edges,
             "rackMembers": [{"rack": r, "members": n} for r, n in per_rack],
         }
 

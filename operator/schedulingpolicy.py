@@ -120,6 +120,23 @@ class PSPinning(ApiModel):
     )
 
 
+class NodeLoss(ApiModel):
+    """How soon members on a lost node, or members that stay Unready, are replaced."""
+
+    toleration_seconds: int = Field(
+        default=30, ge=0, le=3600,
+        description="tolerationSeconds of the NoExecute tolerations for "
+        "node.kubernetes.io/not-ready and /unreachable on every pod: Kubernetes evicts a "
+        "pod this long after its node is lost (its own default is 300 s).",
+    )
+    unready_seconds: int = Field(
+        default=60, ge=1, le=3600,
+        description="A pod whose node has been NotReady this long, or a running pod that "
+        "has been Unready this long, is lost: it is deleted, replaced, and counted toward "
+        "spec.runPolicy.backoffLimit.",
+    )
+
+
 class PolicyLimits(ApiModel):
     """Upper bounds for every job placed by this policy."""
 
@@ -165,6 +182,9 @@ class SchedulingPolicySpec(ApiModel):
         default_factory=TemplateLimits,
         description="What jobs' pod templates may ask for (host namespaces, privilege, "
         "capabilities, host paths, nodeName, ServiceAccounts, root); refused by default.")
+    node_loss: NodeLoss = Field(
+        default_factory=NodeLoss,
+        description="Replacing members on NotReady nodes and members that stay Unready.")
     gang_timeout_seconds: int = Field(
         default=300, ge=10, le=86400,
         description="A job whose new pods stay unbound this long withdraws them and is "

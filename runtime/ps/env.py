@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ringwright.kube import KubeClient, KubeConfig, in_cluster_config, load_kubeconfig
-from ringwright.world import Env, World, world_configmap_name
+from ringwright.world import DEFAULT_PS_PORT, PS_PORT_ENV, Env, World, world_configmap_name
 
 from ..file_source import FileMembershipSource
 from ..kube_source import KubeMembershipSource
@@ -17,13 +17,10 @@ from ..membership import MembershipSource
 class PSEnv:
     """Environment variables of parameter-server mode (all optional)."""
 
-    PORT = "RINGWRIGHT_PS_PORT"
+    PORT = PS_PORT_ENV
     REPLICATE_SECONDS = "RINGWRIGHT_PS_REPLICATE_SECONDS"
     CHECKPOINT_DIR = "RINGWRIGHT_PS_CHECKPOINT_DIR"
     CHECKPOINT_VERSIONS = "RINGWRIGHT_PS_CHECKPOINT_VERSIONS"
-
-
-DEFAULT_PS_PORT = 29600
 
 
 def ps_port(environ: Mapping[str, str]) -> int:

@@ -23,6 +23,10 @@ WORLD_KEY = "world.json"
 DEFAULT_STORE_PORT = 29400
 DEFAULT_METRICS_PORT = 9401
 """Where every training process serves its Prometheus metrics (the pod port ``metrics``)."""
+DEFAULT_PS_PORT = 29600
+"""Where a parameter server serves shards (``RINGWRIGHT_PS_PORT`` overrides it); the PS
+pod's readiness probe checks this port."""
+PS_PORT_ENV = "RINGWRIGHT_PS_PORT"
 
 
 def world_configmap_name(job: str) -> str:

@@ -78,6 +78,9 @@ class FakeCache:
     def scaffold_object(self, kind: str, namespace: str, name: str) -> Obj | None:
         return self.configmaps.get(name) if kind == "ConfigMap" else None
 
+    def node_down_since(self, name: str) -> float | None:
+        return None
+
 
 def test_controller_uid_reads_only_the_controller_reference() -> None:
     other: Any = {"uid": "not-controller", "controller": False}

@@ -70,7 +70,7 @@ def test_a_refused_create_leaves_world_deletes_and_status_to_happen() -> None:
     world = World(job=JobRef(namespace="ns", name="tj"), epoch=2,
                   store=StoreAddress(address="127.0.0.1"),
                   members=(Member(rank=0, pod="tj-worker-0", pod_uid="u0", ip="127.0.0.1"),))
-    plan = Plan(create=[pod(3)], delete=["tj-worker-1"], world=world,
+    plan = Plan(create=[pod(3)], delete=["tj-worker-1"], world=world, world_version="5",
                 status={"phase": "Running", "world": {"epoch": 2}})
     plan.create[0]["metadata"]["namespace"] = "ns"
     plan.create[0]["spec"] = {"containers": [{"name": "train"}]}  # the report key goes here

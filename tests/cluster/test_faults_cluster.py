@@ -1,0 +1,422 @@
+"""The operator's lifecycle under faults, on the real control plane: lost or corrupted
+worlds, operator restarts, lost nodes, control-plane restarts."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from ringwright.devcluster.control_plane import NODE_DOWN_ANNOTATION, Cluster
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.operator.apibase import API_VERSION
+from ringwright.operator.apply import Applier
+from ringwright.operator.cache import Written
+from ringwright.operator.epochs import EPOCH_ANNOTATION
+from ringwright.operator.events import EventRecorder
+from ringwright.operator.ledger import CapacityLedger
+from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from ringwright.operator.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
+from ringwright.operator.reconcile import Plan
+from ringwright.operator.schedulingpolicy import NodeLoss, SchedulingPolicy, SchedulingPolicySpec
+from ringwright.runtime.kube_source import KubeMembershipSource
+from ringwright.world import ContractError, World, parse_world, world_configmap_name
+from tests.cluster.test_operator import events_of, wait_world, world_of
+from tests.jobs import OperatorProcess, get_status, tj_path, training_job
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture()
+def follower(cluster: Cluster) -> Iterator[Any]:
+    """Makes runtime membership sources (the pods' own watch code) and closes them."""
+    sources: list[KubeMembershipSource] = []
+
+    def make(namespace: str, job: str) -> KubeMembershipSource:
+        source = KubeMembershipSource(cluster.client, namespace, world_configmap_name(job))
+        sources.append(source)
+        return source
+
+    yield make
+    for source in sources:
+        source.close()
+
+
+def _world_path(namespace: str, job: str) -> str:
+    return api_path("v1", "configmaps", namespace, world_configmap_name(job))
+
+
+def readable_world(kube: KubeClient, namespace: str, job: str) -> World | None:
+    """The job's world, or None while it is missing or unreadable."""
+    cm = kube.get_or_none(_world_path(namespace, job))
+    try:
+        return parse_world(((cm or {}).get("data") or {}).get("world.json") or "")
+    except ContractError:
+        return None
+
+
+def wait_readable_world(kube: KubeClient, namespace: str, job: str, size: int, after: int,
+                        timeout: float = 30) -> World:
+    """A readable world of ``size`` members above epoch ``after``."""
+    def probe() -> World | None:
+        world = readable_world(kube, namespace, job)
+        return world if world is not None and world.size == size and world.epoch > after \
+            else None
+
+    return wait_for(probe, f"a readable world of size {size} after epoch {after}",
+                    timeout=timeout)
+
+
+def test_epochs_only_go_up_across_a_deleted_or_corrupted_world_and_operator_restarts(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, follower: Any,
+) -> None:
+    kube.create(tj_path(namespace), training_job("epochs", replicas=2, minimum=1))
+    first = wait_world(kube, namespace, "epochs", 2)
+    runtime = follower(namespace, "epochs")
+    wait_for(lambda: (w := runtime.latest()) is not None and w.epoch >= first.epoch,
+             "the runtime to follow the first world")
+    epochs = [first.epoch]
+
+    def next_world(what: str) -> None:
+        world = wait_readable_world(kube, namespace, "epochs", 2, after=epochs[-1])
+        epochs.append(world.epoch)
+        # The pods' watch code takes it: the new epoch is above the one it follows.
+        wait_for(lambda: (w := runtime.latest()) is not None and w.epoch == world.epoch,
+                 f"the runtime to follow epoch {world.epoch} after {what}", timeout=30)
+        status = wait_for(lambda: (s := get_status(kube, namespace, "epochs"))
+                          .get("world", {}).get("epoch") == world.epoch and s,
+                          f"status to mirror epoch {world.epoch}")
+        assert status["phase"] == "Running"
+
+    try:
+        kube.delete(_world_path(namespace, "epochs"))
+        next_world("the world ConfigMap was deleted")
+
+        kube.merge_patch(_world_path(namespace, "epochs"),
+                         {"data": {"world.json": "{not a world"}})
+        next_world("the world document was corrupted")
+
+        # Corrupted document and annotation, while the operator is down: the status still
+        # remembers the epoch.
+        operator.kill()
+        kube.merge_patch(_world_path(namespace, "epochs"), {
+            "metadata": {"annotations": {EPOCH_ANNOTATION: "garbage"}},
+            "data": {"world.json": "[]"}})
+        operator.start()
+        next_world("a corrupted world met a restarted operator")
+
+        operator.kill()
+        kube.delete(_world_path(namespace, "epochs"))
+        operator.start()
+        next_world("the world was deleted while the operator was down")
+
+        # Another writer published far ahead: the operator's next world goes above it.
+        kube.merge_patch(_world_path(namespace, "epochs"), {
+            "metadata": {"annotations": {EPOCH_ANNOTATION: str(epochs[-1] + 50)}},
+            "data": {"world.json": "{}"}})
+        next_world("another writer went ahead")
+        assert epochs[-1] > epochs[-2] + 50
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nepochs {epochs}\noperator log:\n{operator.tail(40)}"
+                             ) from err
+    assert epochs == sorted(set(epochs)), epochs
+
+
+def test_a_world_write_over_a_stale_version_is_refused(
+    kube: KubeClient, namespace: str, operator: OperatorProcess,
+) -> None:
+    """The operator's world write, against the real API server: a plan decided from an
+    older version of the world gets 409 and changes nothing."""
+    kube.create(tj_path(namespace), training_job("fenced", replicas=1, minimum=1))
+    world = wait_world(kube, namespace, "fenced", 1)
+    job = kube.get(tj_path(namespace, "fenced"))
+    current = kube.get(_world_path(namespace, "fenced"))
+    other = world.model_copy(update={"epoch": world.epoch + 1, "members": ()})
+    with ThreadPoolExecutor(2) as pool:
+        applier = Applier(kube, time.time, pool=pool, events=EventRecorder(kube, time.time),
+                          ledger=CapacityLedger(), written=Written())
+        stale = str(int(current["metadata"]["resourceVersion"]) - 1)
+        for version in (stale, ""):  # an older version; "none exists" when one does
+            with pytest.raises(ApiError) as refused:
+                applier.perform(job, Plan(world=other, world_version=version))
+            assert refused.value.status == 409
+    after = world_of(kube, namespace, "fenced")
+    assert after is not None and after.epoch == world.epoch and after.size == 1
+
+
+@pytest.fixture()
+def fast_node_loss(kube: KubeClient, namespace: str) -> Iterator[str]:
+    """A SchedulingPolicy of this test's own that gives up on lost nodes in seconds."""
+    name = f"{namespace}-node-loss"
+    policy = SchedulingPolicy(metadata={"name": name}, spec=SchedulingPolicySpec(
+        node_loss=NodeLoss(toleration_seconds=10, unready_seconds=4)))
+    kube.create(api_path(API_VERSION, "schedulingpolicies"), policy.to_wire())
+    yield name
+    kube.delete(api_path(API_VERSION, "schedulingpolicies", name=name))
+
+
+def _set_node_down(kube: KubeClient, node: str, down: bool) -> None:
+    kube.merge_patch(api_path("v1", "nodes", name=node),
+                     {"metadata": {"annotations": {NODE_DOWN_ANNOTATION: "true" if down
+                                                   else None}}})
+
+
+def test_a_member_on_a_lost_node_is_replaced_on_another_node(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, fast_node_loss: str,
+) -> None:
+    kube.create(tj_path(namespace), training_job("nodeloss", replicas=3, minimum=2,
+                                                 schedulingPolicyName=fast_node_loss))
+    before = wait_world(kube, namespace, "nodeloss", 3)
+    victim = before.members[1]
+    pod = kube.get(api_path("v1", "pods", namespace, victim.pod))
+    tolerations = {t["key"]: t.get("tolerationSeconds") for t in pod["spec"]["tolerations"]
+                   if t.get("effect") == "NoExecute"}
+    assert tolerations == {NOT_READY_TAINT: 10, UNREACHABLE_TAINT: 10}
+
+    _set_node_down(kube, victim.node, True)
+    try:
+        # KWOK reports the node NotReady; the node lifecycle controller taints it.
+        wait_for(lambda: any(t["key"] == NOT_READY_TAINT for t in kube.get(
+            api_path("v1", "nodes", name=victim.node))["spec"].get("taints") or ()),
+            "the node lifecycle controller to taint the lost node", timeout=30)
+        healed = wait_world(kube, namespace, "nodeloss", 3, after=before.epoch, timeout=60)
+        replacement = next(m for m in healed.members if m.pod == victim.pod)
+        assert replacement.pod_uid != victim.pod_uid and replacement.node != victim.node
+        status = wait_for(lambda: (s := get_status(kube, namespace, "nodeloss"))
+                          .get("phase") == "Running" and s, "the job to be Running again")
+        # Every pod on the lost node counts once.
+        assert status["restarts"] == sum(1 for m in before.members if m.node == victim.node)
+        assert "NodeNotReady" in events_of(kube, namespace, "nodeloss")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
+    finally:
+        _set_node_down(kube, victim.node, False)
+
+
+def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, fast_node_loss: str,
+) -> None:
+    kube.create(tj_path(namespace), training_job("flaky", replicas=3, minimum=2,
+                                                 schedulingPolicyName=fast_node_loss))
+    before = wait_world(kube, namespace, "flaky", 3)
+    crashing, stuck = before.members[0].pod, before.members[2]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # The kubelet restarted one container twice and now backs off; another pod's
+    # readiness probe fails (KWOK leaves pods whose Ready condition a test set alone).
+    kube.merge_patch(api_path("v1", "pods", namespace, crashing, "status"), {"status": {
+        "containerStatuses": [{"name": "train", "image": "ringwright/training:dev",
+                               "ready": False, "restartCount": 2, "imageID": "",
+                               "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}})
+    kube.merge_patch(api_path("v1", "pods", namespace, stuck.pod, "status"), {"status": {
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}]}})
+    try:
+        def looping() -> str | None:
+            return next((c["message"] for c in get_status(kube, namespace, "flaky")
+                         .get("conditions") or []
+                         if c["type"] == "CrashLoopBackOff" and c["status"] == "True"), None)
+
+        assert crashing in wait_for(looping, "the CrashLoopBackOff condition")
+        healed = wait_world(kube, namespace, "flaky", 3, after=before.epoch, timeout=60)
+        replacement = next(m for m in healed.members if m.pod == stuck.pod)
+        assert replacement.pod_uid != stuck.pod_uid
+        reasons = events_of(kube, namespace, "flaky")
+        assert {"MemberUnready", "ContainerRestarted", "CrashLoopBackOff"} <= set(reasons)
+        # Two container restarts and one lost member, each counted once.
+        wait_for(lambda: get_status(kube, namespace, "flaky").get("restarts") == 3,
+                 "restarts to count the container restarts and the lost member")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
+
+
+class EpochLog:
+    """Reads every world of a namespace a few times a second, on a thread of its own, and
+    notes what would break the runtime: an epoch going back, or one epoch published with
+    two different memberships. Read errors (a restarting API server) are skipped."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.seen: dict[str, list[tuple[int, str]]] = {}
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> EpochLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def epochs(self, job: str) -> list[int]:
+        return [epoch for epoch, _ in self.seen.get(job, [])]
+
+    def _run(self) -> None:
+        with self.cluster.client() as kube:
+            while not self._stop.wait(0.15):
+                try:
+                    maps = kube.list(api_path("v1", "configmaps", self.namespace),
+                                     labelSelector=JOB_LABEL)
+                except (ApiError, OSError, ValueError):
+                    continue
+                for cm in maps:
+                    self._note(cm)
+
+    def _note(self, cm: dict[str, Any]) -> None:
+        text = (cm.get("data") or {}).get("world.json")
+        try:
+            world = parse_world(text or "")
+        except ContractError:
+            return
+        members = "|".join(f"{m.pod}/{m.pod_uid}" for m in (*world.members, *world.ps))
+        seen = self.seen.setdefault(world.job.name, [])
+        if seen and seen[-1][0] == world.epoch:
+            if seen[-1][1] != members:
+                self.violations.append(f"{world.job.name}: epoch {world.epoch} published "
+                                       f"with two memberships")
+            return
+        if seen and world.epoch < seen[-1][0]:
+            self.violations.append(f"{world.job.name}: epoch {seen[-1][0]} -> {world.epoch}")
+        seen.append((world.epoch, members))
+
+
+def _supervise(operator: OperatorProcess) -> None:
+    """Start the operator again if it exited, as its Deployment would."""
+    if operator.proc is None or operator.proc.poll() is not None:
+        operator.start()
+
+
+def _live_workers(kube: KubeClient, namespace: str, job: str) -> list[dict[str, Any]]:
+    return [p for p in kube.list(api_path("v1", "pods", namespace),
+                                 labelSelector=f"{JOB_LABEL}={job},{ROLE_LABEL}=worker")
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def _no_orphans_or_duplicates(kube: KubeClient, namespace: str,
+                              replicas: dict[str, int]) -> None:
+    jobs = {j["metadata"]["name"]: j["metadata"]["uid"]
+            for j in kube.list(tj_path(namespace))}
+    for p in kube.list(api_path("v1", "pods", namespace)):
+        meta = p["metadata"]
+        owner = meta["labels"].get(JOB_LABEL, "")
+        assert owner in jobs, f"orphan pod {meta['name']}"
+        assert [r["uid"] for r in meta.get("ownerReferences") or []] == [jobs[owner]], \
+            f"pod {meta['name']} is not owned by its job"
+    for job, want in replicas.items():
+        indices = sorted(int(p["metadata"]["labels"][INDEX_LABEL])
+                         for p in _live_workers(kube, namespace, job))
+        assert indices == list(range(want)), f"{job}: worker indices {indices}"
+
+
+def test_the_operator_killed_twenty_times_leaves_every_job_where_it_should_be(
+    cluster: Cluster, kube: KubeClient, namespace: str, operator: OperatorProcess,
+) -> None:
+    seed = int(time.time())
+    rng = random.Random(seed)
+    for name, replicas in (("grow", 2), ("lose", 3), ("done", 2), ("nap", 2)):
+        kube.create(tj_path(namespace), training_job(
+            name, replicas=replicas, minimum=1, runPolicy={"backoffLimit": 50}))
+    for name, size in (("grow", 2), ("lose", 3), ("done", 2), ("nap", 2)):
+        wait_world(kube, namespace, name, size)
+
+    lost: list[str] = []
+
+    def lose_a_member() -> None:
+        # A member of the world as published, whose pod is that very pod (not a
+        # replacement under the same name that has not joined yet).
+        world = world_of(kube, namespace, "lose")
+        uids = {p["metadata"]["name"]: p["metadata"]["uid"]
+                for p in _live_workers(kube, namespace, "lose")}
+        members = [m for m in world.members if uids.get(m.pod) == m.pod_uid]
+        if members:
+            victim = rng.choice(members)
+            if kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0,
+                           precondition_uid=victim.pod_uid):
+                lost.append(victim.pod)
+
+    def finish() -> None:
+        rank0 = world_of(kube, namespace, "done").members[0].pod
+        kube.merge_patch(api_path("v1", "pods", namespace, rank0, "status"),
+                         {"status": {"phase": "Succeeded"}})
+
+    actions = {
+        1: lambda: kube.merge_patch(tj_path(namespace, "grow", "scale"),
+                                    {"spec": {"replicas": 4}}),
+        3: lose_a_member,
+        6: lambda: kube.merge_patch(tj_path(namespace, "nap"),
+                                    {"spec": {"runPolicy": {"suspend": True}}}),
+        9: lose_a_member,
+        11: finish,
+        13: lambda: kube.merge_patch(tj_path(namespace, "grow", "scale"),
+                                     {"spec": {"replicas": 5}}),
+        16: lose_a_member,
+    }
+    with EpochLog(cluster, namespace) as log:
+        try:
+            for kill in range(20):
+                _supervise(operator)
+                if kill in actions:
+                    actions[kill]()
+                time.sleep(rng.uniform(0.2, 4.0))
+                operator.kill()
+            _supervise(operator)
+            wait_readable_world(kube, namespace, "grow", 5, after=0, timeout=90)
+            wait_for(lambda: [get_status(kube, namespace, j).get("phase")
+                              for j in ("grow", "lose", "done", "nap")]
+                     == ["Running", "Running", "Succeeded", "Suspended"],
+                     "every job in its phase", timeout=90)
+            wait_readable_world(kube, namespace, "lose", 3, after=0, timeout=60)
+            wait_for(lambda: not _live_workers(kube, namespace, "nap")
+                     and len(_live_workers(kube, namespace, "done")) == 1,
+                     "pods of the suspended and finished jobs gone", timeout=60)
+            # Settled: one pod per index, every pod owned by its job.
+            wait_for(lambda: len(_live_workers(kube, namespace, "grow")) == 5
+                     and len(_live_workers(kube, namespace, "lose")) == 3, "pods settled")
+            _no_orphans_or_duplicates(kube, namespace, {"grow": 5, "lose": 3})
+            # Each loss counted once, however the kills fell.
+            assert lost and get_status(kube, namespace, "lose")["restarts"] == len(lost)
+            assert world_of(kube, namespace, "grow").size == 5
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nseed {seed}, lost {lost}\noperator log:\n"
+                                 f"{operator.tail(40)}") from err
+    assert not log.violations, log.violations
+    for job in ("grow", "lose"):
+        assert log.epochs(job) == sorted(set(log.epochs(job))), (job, log.epochs(job))
+    assert len(log.epochs("lose")) >= 2 and len(log.epochs("grow")) >= 2
+
+
+def test_restarted_api_server_and_etcd_leave_running_jobs_alone_and_the_operator_catches_up(
+    cluster: Cluster, kube: KubeClient, namespace: str, operator: OperatorProcess,
+) -> None:
+    kube.create(tj_path(namespace), training_job("steady", replicas=3, minimum=2))
+    before = wait_world(kube, namespace, "steady", 3)
+    uids = sorted(p["metadata"]["uid"] for p in _live_workers(kube, namespace, "steady"))
+    with EpochLog(cluster, namespace) as log:
+        try:
+            cluster.restart("kube-apiserver")
+            cluster.restart("etcd")
+            time.sleep(5)  # the operator's watches and Lease ride out the gap, or it exits
+            _supervise(operator)
+            # Nothing happened to the job: same pods, same world.
+            assert sorted(p["metadata"]["uid"]
+                          for p in _live_workers(kube, namespace, "steady")) == uids
+            world = world_of(kube, namespace, "steady")
+            assert world.epoch == before.epoch and world.size == 3
+            # The operator follows changes again.
+            kube.merge_patch(tj_path(namespace, "steady", "scale"), {"spec": {"replicas": 4}})
+            grown = wait_world(kube, namespace, "steady", 4, after=before.epoch, timeout=60)
+            wait_for(lambda: (s := get_status(kube, namespace, "steady")).get("phase")
+                     == "Running" and s.get("world", {}).get("epoch") == grown.epoch,
+                     "the status to follow the world")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
+        finally:
+            _supervise(operator)
+    assert not log.violations, log.violations

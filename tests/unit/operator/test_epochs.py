@@ -1,0 +1,123 @@
+"""The epoch rule: the next world is numbered above every epoch seen anywhere, and is
+written over the ConfigMap version it was decided from."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringwright.kube import Obj
+from ringwright.operator.cache import Written
+from ringwright.operator.epochs import (
+    EPOCH_ANNOTATION,
+    EpochsSeen,
+    annotated_epoch,
+    next_epoch,
+    status_epoch,
+)
+from ringwright.operator.manifests import world_configmap
+from ringwright.operator.reconcile import Observed, Plan, plan
+from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer, job, pod, world_of
+
+
+@pytest.mark.parametrize(("seen", "expected"), [
+    (EpochsSeen(), 1),  # a new job
+    (EpochsSeen(document=4, annotation=4, status=4), 5),  # the usual case
+    (EpochsSeen(document=0, annotation=7, status=5), 8),  # document corrupted
+    (EpochsSeen(document=0, annotation=0, status=9), 10),  # ConfigMap deleted
+    (EpochsSeen(document=3, annotation=3, status=6), 7),  # someone wrote an older world
+    (EpochsSeen(document=12, annotation=2, status=5), 13),  # another writer went ahead
+])
+def test_next_epoch_is_above_everything_seen(seen: EpochsSeen, expected: int) -> None:
+    assert next_epoch(seen) == expected
+
+
+@pytest.mark.parametrize(("annotations", "expected"), [
+    (None, 0), ({}, 0), ({EPOCH_ANNOTATION: "6"}, 6), ({EPOCH_ANNOTATION: "x"}, 0),
+    ({EPOCH_ANNOTATION: "-3"}, 0),
+])
+def test_the_annotation_is_read_defensively(annotations: dict[str, str] | None,
+                                            expected: int) -> None:
+    cm: Obj = {"metadata": {"name": "tj-world"}}
+    if annotations is not None:
+        cm["metadata"]["annotations"] = annotations
+    assert annotated_epoch(cm) == expected
+    assert annotated_epoch(None) == 0
+
+
+def test_status_epoch_tolerates_missing_and_odd_values() -> None:
+    assert status_epoch({}) == 0
+    assert status_epoch({"world": {"gpuModel": "H100"}}) == 0
+    assert status_epoch({"world": {"epoch": 11}}) == 11
+    assert status_epoch({"world": {"epoch": "bad"}}) == 0
+
+
+def test_the_world_configmap_carries_its_epoch_as_an_annotation() -> None:
+    cm = world_configmap(job(), "{}", 42)
+    assert cm["metadata"]["annotations"] == {EPOCH_ANNOTATION: "42"}
+
+
+def _plan(world_epoch: int | None, annotation: int, status: Obj, version: str) -> Plan:
+    body = job(status=status)
+    world = world_of([0, 1, 2], epoch=world_epoch) if world_epoch else None
+    observed = Observed(job=body, pods=[pod(i) for i in range(4)], world=world, reports={},
+                        policy=SchedulingPolicySpec(), inventory=NODES,
+                        world_annotation_epoch=annotation, world_version=version)
+    return plan(observed, SETTINGS, NOW, FakePlacer())
+
+
+def test_a_corrupted_world_is_replaced_above_its_annotation_and_the_status() -> None:
+    decided = _plan(None, 7, {"phase": "Running", "world": {"epoch": 5}}, "881")
+    assert decided.world is not None and decided.world.epoch == 8
+    assert decided.world_version == "881"
+    assert decided.status["world"]["epoch"] == 8
+
+
+def test_a_deleted_world_is_recreated_above_the_status_and_only_if_still_absent() -> None:
+    decided = _plan(None, 0, {"phase": "Running", "world": {"epoch": 9}}, "")
+    assert decided.world is not None
+    assert decided.world.epoch == 10
+    assert decided.world_version == ""
+
+
+def test_a_world_behind_the_status_does_not_pull_the_epoch_back() -> None:
+    decided = _plan(3, 3, {"phase": "Running", "world": {"epoch": 6}}, "12")
+    assert decided.world is not None
+    assert decided.world.epoch == 7
+    assert decided.world_version == "12"
+
+
+def _cm(version: str) -> Obj:
+    return {"metadata": {"name": "tj-world", "namespace": "ns", "resourceVersion": version}}
+
+
+def test_our_own_write_echoed_by_the_watch_is_not_news() -> None:
+    written = Written()
+    written.put("ConfigMap", _cm("10"))
+    assert not written.outdated_by("ConfigMap", _cm("10"), deleted=False)
+    assert not written.outdated_by("ConfigMap", _cm("9"), deleted=False)
+    assert written.outdated_by("ConfigMap", _cm("11"), deleted=False)  # someone else's
+    assert written.get("ConfigMap", "ns", "tj-world") is not None
+
+
+def test_a_deletion_drops_our_copy_so_it_cannot_stand_in_for_the_object() -> None:
+    written = Written()
+    written.put("ConfigMap", _cm("10"))
+    assert written.outdated_by("ConfigMap", _cm("15"), deleted=True)
+    assert written.get("ConfigMap", "ns", "tj-world") is None
+    # A write of ours newer than the deletion (it was re-created) stays.
+    written.put("ConfigMap", _cm("20"))
+    assert not written.outdated_by("ConfigMap", _cm("15"), deleted=True)
+    assert written.get("ConfigMap", "ns", "tj-world") is not None
+
+
+def test_a_world_whose_status_write_was_lost_is_mirrored_without_a_new_epoch() -> None:
+    """The world went out, then the operator died before writing the status."""
+    observed = Observed(job=job(status={"phase": "Pending"}),
+                        pods=[pod(i) for i in range(4)], world=world_of([0, 1, 2, 3], epoch=3),
+                        reports={}, policy=SchedulingPolicySpec(), inventory=NODES,
+                        world_annotation_epoch=3, world_version="40")
+    decided = plan(observed, SETTINGS, NOW, FakePlacer())
+    assert decided.world is None  # the pods already follow epoch 3
+    assert decided.status["phase"] == "Running"
+    assert decided.status["world"]["epoch"] == 3 and decided.status["world"]["size"] == 4
