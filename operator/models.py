@@ -512,6 +512,12 @@ class TrainingJobStatus(ApiModel):
         json_schema_extra={"format": "date-time"},
         description="Since when fewer than spec.workers.min workers are ready.",
     )
+    workers_finished_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="ParameterServer mode: when the last worker finished the data; ps pods "
+        "are waited for from here.",
+    )
     lost_pods: list[str] = Field(
         default_factory=list,
         max_length=MAX_WORKERS,

@@ -32,6 +32,10 @@ class OperatorSettings(BaseModel):
         default=60.0, gt=0, description="Re-apply every job's scaffold (ServiceAccount, Role, "
         "RoleBinding, Service, reports ConfigMap) at least this often, so drift is repaired; "
         "sooner when the reports ConfigMap is missing.")
+    ps_exit_grace_seconds: float = Field(
+        default=30.0, ge=0, description="ParameterServer mode: after the last worker "
+        "finished, how long ps pods may keep serving the last pushes before the job "
+        "succeeds and they are deleted.")
     store_port: int = Field(
         default=DEFAULT_STORE_PORT, ge=1, le=65535,
         description="Port of the rendezvous store that rank 0 hosts.")
