@@ -6,7 +6,12 @@ with a world file. The data is generated from a seed, identically in every proce
 categorical fields (user, item, ...) with Zipf-like ids, a few dense features, and
 clicks drawn from a hidden logistic model.
 
-    python examples/ps_wide_and_deep.py --samples 20000 --epochs 2 --mode async --tau 4
+Consistency (sync or async, staleness τ, backup workers, re-queueing stale samples)
+is not set here: it is the job's ``spec.ps``, which the operator passes as
+``RINGWRIGHT_PS_*`` variables (see docs/parameter-server.md). Locally:
+
+    RINGWRIGHT_PS_CONSISTENCY=Async RINGWRIGHT_PS_STALENESS=4 \
+        python examples/ps_wide_and_deep.py --samples 20000 --epochs 2
 """
 
 from __future__ import annotations
@@ -88,9 +93,7 @@ def build(args: argparse.Namespace) -> ps.PSJob[Batch]:
         epochs=args.epochs, piece_batches=args.piece_batches,
         ids=lambda b: {"wide.weight": b["ids"], "deep.weight": b["ids"]},
         optimizer=ps.ServerOptimizer(ps.OptimizerKind(args.optimizer), lr=args.lr),
-        consistency=ps.Consistency(ps.Mode(args.mode), tau=args.tau,
-                                   backup_workers=args.backup_workers),
-        requeue_stale=args.requeue_stale, final_state=bool(args.final))
+        final_state=bool(args.final))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -103,10 +106,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--piece-batches", type=int, default=8)
     p.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad", "adam"])
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--mode", default="async", choices=["sync", "async"])
-    p.add_argument("--tau", type=int, default=8)
-    p.add_argument("--backup-workers", type=int, default=0)
-    p.add_argument("--requeue-stale", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slow", type=float, default=0.0, help="seconds of extra work per batch")
     p.add_argument("--trace", default="", help="append one JSON line per step here")

@@ -144,6 +144,7 @@ def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
         {"name": Env.READINESS_PORT, "value": str(READINESS_PORT)},
         {"name": Env.TERMINATION_GRACE, "value": str(grace_seconds)},
         *_fault_tolerance_env(job),
+        *_ps_env(job),
         {"name": Env.METRICS_PORT, "value": str(DEFAULT_METRICS_PORT)},
     ]
 
@@ -156,6 +157,20 @@ def _fault_tolerance_env(job: Obj) -> list[Obj]:
         (Env.STALL_TIMEOUT, ft.get("stallTimeoutSeconds")),
     ]
     # Unset fields keep the runtime's defaults, which are the schema's defaults.
+    return [{"name": name, "value": str(v)} for name, v in values if v is not None]
+
+
+def _ps_env(job: Obj) -> list[Obj]:
+    """spec.ps's consistency settings, which the workers hand to the servers."""
+    ps = job["spec"].get("ps")
+    if ps is None:
+        return []
+    values = [
+        (Env.PS_CONSISTENCY, ps.get("consistency", "Sync")),
+        (Env.PS_STALENESS, ps.get("staleness")),
+        (Env.PS_BACKUP_WORKERS, ps.get("backupWorkers")),
+        (Env.PS_REQUEUE_STALE, str(bool(ps.get("requeueStale", False))).lower()),
+    ]
     return [{"name": name, "value": str(v)} for name, v in values if v is not None]
 
 

@@ -28,6 +28,8 @@ MAX_WORKERS = 10_000
 """Upper bound of any worker count; also bounds the cost of CEL rules over counts."""
 MAX_PS = 256
 MAX_NAME_LENGTH = 50
+DEFAULT_STALENESS = 4
+"""spec.ps.staleness when unset (the runtime applies the same default)."""
 """Pod, Service and ConfigMap names derive from the job name plus a suffix; 50 leaves room."""
 
 
@@ -137,8 +139,30 @@ class WorkerSpec(ApiModel):
     template: PodTemplate = Field(description="Pod template of every worker.")
 
 
+class PSConsistency(StrEnum):
+    """When a pushed gradient updates the parameters."""
+
+    SYNC = "Sync"
+    ASYNC = "Async"
+
+
 class PSSpec(ApiModel):
     """Parameter-server pods; only in ParameterServer mode."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.consistency == 'Async' || !has(self.staleness)",
+                "spec.ps.staleness applies only to consistency Async",
+                ".staleness",
+            ),
+            cel(
+                "self.consistency == 'Sync' || !has(self.backupWorkers)",
+                "spec.ps.backupWorkers applies only to consistency Sync",
+                ".backupWorkers",
+            ),
+        )
+    )
 
     replicas: int = Field(
         default=1,
@@ -150,6 +174,32 @@ class PSSpec(ApiModel):
     template: PodTemplate = Field(
         description="Pod template of every ps pod. Its first container gets whole-CPU "
         "Guaranteed resources when the SchedulingPolicy pins ps CPUs.",
+    )
+    consistency: PSConsistency = Field(
+        default=PSConsistency.SYNC,
+        description="Sync: a step's update applies once every current worker (less "
+        "backupWorkers) has pushed for it. Async: every push applies at once unless it was "
+        "computed from parameters more than staleness versions old; then it is dropped and "
+        "counted.",
+    )
+    staleness: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Async only: the bound τ on how many versions old a push may be. "
+        f"Unset: {DEFAULT_STALENESS}.",
+    )
+    backup_workers: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WORKERS,
+        description="Sync only: a round completes when all but this many workers pushed; the "
+        "latest pushes are dropped as stale. Must be below spec.workers.replicas. Unset: 0.",
+    )
+    requeue_stale: bool = Field(
+        default=False,
+        description="Train the samples whose gradients were dropped as stale again (they are "
+        "counted either way).",
     )
 
 
@@ -314,6 +364,12 @@ _SPEC_RULES = (
         "self.mode == 'ParameterServer' || !has(self.ps)",
         "spec.ps is only allowed when spec.mode is ParameterServer",
         ".ps",
+    ),
+    cel(
+        "!has(self.ps) || !has(self.ps.backupWorkers) || "
+        "self.ps.backupWorkers < self.workers.replicas",
+        "spec.ps.backupWorkers must be below spec.workers.replicas: a sync round needs a push",
+        ".ps.backupWorkers",
     ),
     cel(
         "!has(self.gpuModel) || self.gpusPerWorker > 0",

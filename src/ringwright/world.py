@@ -63,6 +63,14 @@ class Env:
     """spec.faultTolerance.stallTimeoutSeconds: no progress for this long makes a member hung."""
     READINESS_PORT = "RINGWRIGHT_READINESS_PORT"
     """Port of the runtime's HTTP readiness endpoint (``/readyz``)."""
+    PS_CONSISTENCY = "RINGWRIGHT_PS_CONSISTENCY"
+    """spec.ps.consistency (Sync or Async) of a ParameterServer job."""
+    PS_STALENESS = "RINGWRIGHT_PS_STALENESS"
+    """spec.ps.staleness: async pushes more than this many versions old are dropped."""
+    PS_BACKUP_WORKERS = "RINGWRIGHT_PS_BACKUP_WORKERS"
+    """spec.ps.backupWorkers: a sync round completes without this many workers."""
+    PS_REQUEUE_STALE = "RINGWRIGHT_PS_REQUEUE_STALE"
+    """spec.ps.requeueStale ("true"/"false"): train samples of dropped pushes again."""
 
 
 class Backend(StrEnum):

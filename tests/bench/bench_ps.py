@@ -39,7 +39,7 @@ from ringwright.runtime.ps.consistency import Consistency, Mode  # noqa: E402
 from ringwright.runtime.ps.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.partition import Kind, TensorSpec  # noqa: E402
 from ringwright.runtime.ps.server import JobConfig  # noqa: E402
-from tests.ps.harness import LocalPSJob, free_port, ps_done  # noqa: E402
+from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
 
 MB = 1_000_000
 SERVER = """
@@ -178,12 +178,12 @@ def bench_throughput(root: Path) -> dict[str, float]:
             "--piece-batches", "4", "--epochs", "1", "--optimizer", "adagrad", "--slow", "0.03"]
     workers = ["w0", "w1", "w2", "w3"]
     results: dict[str, float] = {}
-    for name, extra in (("sync", ["--mode", "sync"]),
-                        ("sync, 1 backup worker", ["--mode", "sync", "--backup-workers", "1"]),
-                        ("async tau=8", ["--mode", "async", "--tau", "8"])):
+    for name, spec in (("sync", consistency("Sync")),
+                       ("sync, 1 backup worker", consistency("Sync", backup_workers=1)),
+                       ("async tau=8", consistency("Async", tau=8))):
         folder = root / name.replace(" ", "_").replace(",", "")
         folder.mkdir()
-        job = LocalPSJob(folder, 2, [*base, *extra])
+        job = LocalPSJob(folder, 2, base, spec)
         try:
             job.start_all(workers, extra={"w3": ["--slow", "0.09"]})  # the straggler: 3x
             codes = job.wait_all(timeout=600)
@@ -205,8 +205,8 @@ def bench_throughput(root: Path) -> dict[str, float]:
 
 def bench_failover(root: Path) -> dict[str, float]:
     args = ["--samples", "8192", "--vocab", "2000", "--dim", "8", "--batch-size", "32",
-            "--epochs", "2", "--mode", "async", "--tau", "16", "--slow", "0.02"]
-    job = LocalPSJob(root, 2, args)
+            "--epochs", "2", "--slow", "0.02"]
+    job = LocalPSJob(root, 2, args, consistency("Async", tau=16))
     try:
         job.start_all(["w0", "w1"])
         job.wait_steps("w0", 30)

@@ -38,12 +38,12 @@ def test_parameter_server_job_trains_every_sample_once(
     container = [{"name": "train", "image": "ringwright/training:dev"}]
     manifest = training_job(
         "rec", replicas=2, minimum=1, gpusPerWorker=0, mode="ParameterServer",
-        ps={"replicas": 2, "template": {"spec": {"containers": container}}})
+        ps={"replicas": 2, "template": {"spec": {"containers": container}},
+            "consistency": "Async", "staleness": 16})
     kube.create(tj_path(ns), manifest)
     host = PodHost(kube, ns, "rec",
                    [sys.executable, str(EXAMPLE), "--samples", str(SAMPLES), "--vocab", "500",
-                    "--dim", "4", "--batch-size", "32", "--epochs", "2", "--mode", "async",
-                    "--tau", "16", "--slow", "0.01"],
+                    "--dim", "4", "--batch-size", "32", "--epochs", "2", "--slow", "0.01"],
                    tmp_path / "pods", readiness_grace=1)
     runner = HostThread(host)
     try:
