@@ -166,6 +166,14 @@ def bench_sparse(repeats: int) -> dict[str, float]:
     return {"sparse_ms": ps_ms, "tcp_ms": tcp_ms}
 
 
+def _slowdown(job: LocalPSJob, workers: list[str]) -> float:
+    """The last worker's median step interval over the others' (how much slower it is)."""
+    def interval(w: str) -> float:
+        return statistics.median(b["t"] - a["t"] for a, b in itertools.pairwise(job.steps(w)))
+
+    return interval(workers[-1]) / statistics.median(interval(w) for w in workers[:-1])
+
+
 def _throughput(job: LocalPSJob, workers: list[str]) -> tuple[float, int]:
     steps = [s for w in workers for s in job.steps(w)]
     trained = sum(s["samples"] for s in steps if not s["dropped"])
@@ -185,16 +193,20 @@ def bench_throughput(root: Path) -> dict[str, float]:
         folder.mkdir()
         job = LocalPSJob(folder, 2, base, spec)
         try:
-            job.start_all(workers, extra={"w3": ["--slow", "0.09"]})  # the straggler: 3x
+            # The straggler: each of its steps takes 3x its own work (pull, compute,
+            # push and the common --slow), so it is 3x slower, not 0.06 s slower.
+            job.start_all(workers, extra={"w3": ["--slow-factor", "3"]})
             codes = job.wait_all(timeout=600)
             if any(codes.values()):
                 raise RuntimeError(f"{name}: exit codes {codes}\n{job.logs()}")
             rate, dropped = _throughput(job, workers)
+            slower = _slowdown(job, workers)
             counts = ps_done((folder / "ps-0.log").read_text())
         finally:
             job.close()
         results[name] = rate
-        print(f"{name:>22}: {rate:8.0f} samples/s trained, {dropped} pushes dropped; "
+        print(f"{name:>22}: {rate:8.0f} samples/s trained, {dropped} pushes dropped, "
+              f"straggler's steps {slower:.1f}x as long; "
               f"ps-0 staleness of applied pushes {dict(counts.get('staleness', {}))}, "
               f"of dropped {dict(counts.get('dropped_staleness', {}))}")
     print(f"async / sync throughput = {results['async tau=8'] / results['sync']:.2f}x "
