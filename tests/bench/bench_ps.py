@@ -169,7 +169,8 @@ def bench_sparse(repeats: int) -> dict[str, float]:
 def _slowdown(job: LocalPSJob, workers: list[str]) -> float:
     """The last worker's median step interval over the others' (how much slower it is)."""
     def interval(w: str) -> float:
-        return statistics.median(b["t"] - a["t"] for a, b in itertools.pairwise(job.steps(w)))
+        return float(statistics.median(
+            float(b["t"]) - float(a["t"]) for a, b in itertools.pairwise(job.steps(w))))
 
     return interval(workers[-1]) / statistics.median(interval(w) for w in workers[:-1])
 
