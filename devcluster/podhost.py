@@ -67,6 +67,9 @@ class PodHost:
         self.pods: dict[str, HostedPod] = {}
         self.finished: dict[str, list[int]] = {}
         self.starts: Counter[str] = Counter()
+        self._completed: set[str] = set()
+        """Uids of pods whose process exited 0: never started again, even when the pod
+        still reads Running in a listing taken before its Succeeded patch."""
         """Processes started per pod name: 1 while a pod's first process lives."""
         workdir.mkdir(parents=True, exist_ok=True)
 
@@ -86,7 +89,8 @@ class PodHost:
             self._check(pod, hosted)
         for name, pod in pods.items():
             status = pod.get("status") or {}
-            if name in self.pods or pod["metadata"].get("deletionTimestamp"):
+            if name in self.pods or pod["metadata"].get("deletionTimestamp") \
+                    or pod["metadata"]["uid"] in self._completed:
                 continue
             if status.get("phase") == "Running" and status.get("podIP"):
                 self.pods[name] = self._start(pod)
@@ -131,6 +135,7 @@ class PodHost:
         path = api_path("v1", "pods", self.namespace, hosted.name, "status")
         if code == 0:
             log.info("pod %s: process exited 0; pod Succeeded", hosted.name)
+            self._completed.add(hosted.uid)
             self._stop(hosted, signal.SIGKILL)
             self._patch_status(path, {"phase": "Succeeded", "conditions": [
                 {"type": "Ready", "status": "False", "reason": "PodCompleted"}]})

@@ -6,7 +6,12 @@ with a world file. The data is generated from a seed, identically in every proce
 categorical fields (user, item, ...) with Zipf-like ids, a few dense features, and
 clicks drawn from a hidden logistic model.
 
-    python examples/ps_wide_and_deep.py --samples 20000 --epochs 2 --mode async --tau 4
+Consistency (sync or async, staleness τ, backup workers, re-queueing stale samples)
+is not set here: it is the job's ``spec.ps``, which the operator passes as
+``RINGWRIGHT_PS_*`` variables (see docs/parameter-server.md). Locally:
+
+    RINGWRIGHT_PS_CONSISTENCY=Async RINGWRIGHT_PS_STALENESS=4 \
+        python examples/ps_wide_and_deep.py --samples 20000 --epochs 2
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 import time
 from typing import TypedDict
@@ -65,6 +71,23 @@ def synthetic_clicks(samples: int, vocab_per_field: int, seed: int = 7) -> Batch
     return {"ids": ids, "dense": dense, "label": label}
 
 
+class Straggler:
+    """Makes every step ``factor`` times as long as this worker's own work per step
+    (pulls, compute, pushes, ``--slow``): a worker ``factor`` times slower."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.work: list[float] = []
+        self.since = time.perf_counter()
+
+    def delay(self) -> None:
+        now = time.perf_counter()
+        self.work = [*self.work[-15:], now - self.since]
+        # The median of recent steps: one slow step does not snowball.
+        time.sleep((self.factor - 1) * statistics.median(self.work))
+        self.since = time.perf_counter()
+
+
 def build(args: argparse.Namespace) -> ps.PSJob[Batch]:
     """The model, the data and how to train it: what every pod of the job agrees on."""
     torch.manual_seed(args.seed)
@@ -72,6 +95,7 @@ def build(args: argparse.Namespace) -> ps.PSJob[Batch]:
     data = synthetic_clicks(args.samples, args.vocab, args.seed)
     bce = nn.BCEWithLogitsLoss()
     slow = args.slow if args.slow > 0 else 0.0
+    straggler = Straggler(args.slow_factor) if args.slow_factor > 1 else None
 
     def fetch(index: torch.Tensor) -> Batch:
         return {"ids": data["ids"][index], "dense": data["dense"][index],
@@ -79,7 +103,9 @@ def build(args: argparse.Namespace) -> ps.PSJob[Batch]:
 
     def loss(m: nn.Module, b: Batch) -> torch.Tensor:
         if slow:
-            time.sleep(slow)  # benchmarks: a straggler
+            time.sleep(slow)  # benchmarks: extra work per batch
+        if straggler is not None:
+            straggler.delay()
         logits: torch.Tensor = m(b["ids"], b["dense"])
         return bce(logits, b["label"])
 
@@ -88,9 +114,7 @@ def build(args: argparse.Namespace) -> ps.PSJob[Batch]:
         epochs=args.epochs, piece_batches=args.piece_batches,
         ids=lambda b: {"wide.weight": b["ids"], "deep.weight": b["ids"]},
         optimizer=ps.ServerOptimizer(ps.OptimizerKind(args.optimizer), lr=args.lr),
-        consistency=ps.Consistency(ps.Mode(args.mode), tau=args.tau,
-                                   backup_workers=args.backup_workers),
-        requeue_stale=args.requeue_stale, final_state=bool(args.final))
+        final_state=bool(args.final))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -103,12 +127,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--piece-batches", type=int, default=8)
     p.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad", "adam"])
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--mode", default="async", choices=["sync", "async"])
-    p.add_argument("--tau", type=int, default=8)
-    p.add_argument("--backup-workers", type=int, default=0)
-    p.add_argument("--requeue-stale", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slow", type=float, default=0.0, help="seconds of extra work per batch")
+    p.add_argument("--slow-factor", type=float, default=1.0,
+                   help="make each step this many times as long as the worker's own work")
     p.add_argument("--trace", default="", help="append one JSON line per step here")
     p.add_argument("--final", default="", help="save every parameter here at the end")
     return p.parse_args(argv)

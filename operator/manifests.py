@@ -154,6 +154,7 @@ def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
         {"name": Env.READINESS_PORT, "value": str(READINESS_PORT)},
         {"name": Env.TERMINATION_GRACE, "value": str(grace_seconds)},
         *_fault_tolerance_env(job),
+        *_ps_env(job),
         {"name": Env.METRICS_PORT, "value": str(DEFAULT_METRICS_PORT)},
     ]
 
@@ -185,6 +186,20 @@ def _readiness_probe(role: str, main: Obj) -> Obj:
         port = int(env.get(PS_PORT_ENV) or DEFAULT_PS_PORT)
         return {"tcpSocket": {"port": port}, **timing}
     return {"httpGet": {"path": "/readyz", "port": READINESS_PORT}, **timing}
+
+
+def _ps_env(job: Obj) -> list[Obj]:
+    """spec.ps's consistency settings, which the workers hand to the servers."""
+    ps = job["spec"].get("ps")
+    if ps is None:
+        return []
+    values = [
+        (Env.PS_CONSISTENCY, ps.get("consistency", "Sync")),
+        (Env.PS_STALENESS, ps.get("staleness")),
+        (Env.PS_BACKUP_WORKERS, ps.get("backupWorkers")),
+        (Env.PS_REQUEUE_STALE, str(bool(ps.get("requeueStale", False))).lower()),
+    ]
+    return [{"name": name, "value": str(v)} for name, v in values if v is not None]
 
 
 def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:

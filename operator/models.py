@@ -36,6 +36,8 @@ DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """A DNS-1035 label: what a Service name (the job's headless service) must be."""
 MAX_TEMPLATE_KEYS = 64
 """Most labels (and annotations) a template may carry; also bounds the cost of CEL over them."""
+DEFAULT_STALENESS = 4
+"""spec.ps.staleness when unset (the runtime applies the same default)."""
 
 
 class RackPacking(StrEnum):
@@ -172,8 +174,30 @@ class WorkerSpec(ApiModel):
     template: PodTemplate = Field(description="Pod template of every worker.")
 
 
+class PSConsistency(StrEnum):
+    """When a pushed gradient updates the parameters."""
+
+    SYNC = "Sync"
+    ASYNC = "Async"
+
+
 class PSSpec(ApiModel):
     """Parameter-server pods; only in ParameterServer mode."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.consistency == 'Async' || !has(self.staleness)",
+                "spec.ps.staleness applies only to consistency Async",
+                ".staleness",
+            ),
+            cel(
+                "self.consistency == 'Sync' || !has(self.backupWorkers)",
+                "spec.ps.backupWorkers applies only to consistency Sync",
+                ".backupWorkers",
+            ),
+        )
+    )
 
     replicas: int = Field(
         default=1,
@@ -185,6 +209,32 @@ class PSSpec(ApiModel):
     template: PodTemplate = Field(
         description="Pod template of every ps pod. Its first container gets whole-CPU "
         "Guaranteed resources when the SchedulingPolicy pins ps CPUs.",
+    )
+    consistency: PSConsistency = Field(
+        default=PSConsistency.SYNC,
+        description="Sync: a step's update applies once every current worker (less "
+        "backupWorkers) has pushed for it. Async: every push applies at once unless it was "
+        "computed from parameters more than staleness versions old; then it is dropped and "
+        "counted.",
+    )
+    staleness: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="Async only: the bound τ on how many versions old a push may be. "
+        f"Unset: {DEFAULT_STALENESS}.",
+    )
+    backup_workers: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WORKERS,
+        description="Sync only: a round completes when all but this many workers pushed; the "
+        "latest pushes are dropped as stale. Must be below spec.workers.replicas. Unset: 0.",
+    )
+    requeue_stale: bool = Field(
+        default=False,
+        description="Train the samples whose gradients were dropped as stale again (they are "
+        "counted either way).",
     )
 
 
@@ -351,6 +401,12 @@ _SPEC_RULES = (
         "self.mode == 'ParameterServer' || !has(self.ps)",
         "spec.ps is only allowed when spec.mode is ParameterServer",
         ".ps",
+    ),
+    cel(
+        "!has(self.ps) || !has(self.ps.backupWorkers) || "
+        "self.ps.backupWorkers < self.workers.replicas",
+        "spec.ps.backupWorkers must be below spec.workers.replicas: a sync round needs a push",
+        ".ps.backupWorkers",
     ),
     cel(
         "!has(self.gpuModel) || self.gpusPerWorker > 0",
@@ -556,6 +612,12 @@ class TrainingJobStatus(ApiModel):
         default=None,
         json_schema_extra={"format": "date-time"},
         description="Since when fewer than spec.workers.min workers are ready.",
+    )
+    workers_finished_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="ParameterServer mode: when the last worker finished the data; ps pods "
+        "are waited for from here.",
     )
     lost_pods: list[str] = Field(
         default_factory=list,

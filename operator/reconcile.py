@@ -15,6 +15,7 @@ from ringwright.eviction import judge, needs_new_epoch
 from ringwright.kube import Obj
 from ringwright.operator.checkpoint_condition import CONDITION as CHECKPOINT_CONDITION
 from ringwright.operator.checkpoint_condition import checkpoint_condition
+from ringwright.operator.completion import completion
 from ringwright.operator.conditions import condition, parse_time, rfc3339, set_condition
 from ringwright.operator.epochs import EpochsSeen, next_epoch, status_epoch
 from ringwright.operator.inventory import Inventory
@@ -167,6 +168,8 @@ class _Round:
         views = [v for v in (view(p) for p in obs.pods) if v is not None]
         self.workers = [v for v in views if v.role == WORKER]
         self.ps = [v for v in views if v.role == PS]
+        self.finishing = False
+        """The work is done, pods are ending: nothing is replaced or published."""
 
     # -- helpers -------------------------------------------------------------------
 
@@ -257,8 +260,9 @@ class _Round:
             return self.finish()
         self.crash_loops()
         self.checkpoints()
-        self.resize()
-        self.world()
+        if not self.finishing:
+            self.resize()
+            self.world()
         return self.finish()
 
     def policy_condition(self) -> None:
@@ -341,16 +345,20 @@ class _Round:
         return True
 
     def completed(self) -> bool:
-        world = self.obs.world
-        if world is None or not world.members:
-            return False
-        rank0 = world.members[0].pod
-        if any(p.name == rank0 and p.state == PodState.SUCCEEDED and p.leaving_since is None
-               for p in self.workers):
-            self.move(JobPhase.SUCCEEDED, "Completed", f"rank 0 ({rank0}) exited successfully")
+        """The completion rule of the job's mode: True when the job just succeeded; sets
+        ``finishing`` while the work is done but pods are still ending."""
+        verdict = completion(self.spec.mode, self.obs.world, self.workers, self.ps,
+                             parse_time(self.status.get("workersFinishedTime")), self.now,
+                             self.settings.ps_exit_grace_seconds)
+        if verdict.workers_finished_at is not None:
+            self.status["workersFinishedTime"] = rfc3339(verdict.workers_finished_at)
+        if verdict.wait is not None:
+            self.plan.soon(verdict.wait)
+        self.finishing = verdict.finishing
+        if verdict.succeeded:
+            self.move(JobPhase.SUCCEEDED, "Completed", verdict.message)
             self.finished()
-            return True
-        return False
+        return verdict.succeeded
 
     def failures(self) -> None:
         """Failed pods and members that vanished are replaced within backoffLimit.

@@ -34,6 +34,10 @@ class OperatorSettings(BaseModel):
         "(ServiceAccount, Role, RoleBinding, Service, reports ConfigMap, ...) that the watch "
         "cache shows missing or changed; this often, every job's whole scaffold is "
         "re-applied anyway, in case a watch missed an event.")
+    ps_exit_grace_seconds: float = Field(
+        default=30.0, ge=0, description="ParameterServer mode: after the last worker "
+        "finished, how long ps pods may keep serving the last pushes before the job "
+        "succeeds and they are deleted.")
     store_port: int = Field(
         default=DEFAULT_STORE_PORT, ge=1, le=65535,
         description="Port of the rendezvous store that rank 0 hosts.")

@@ -6,31 +6,46 @@
 
     job = ps.PSJob(model, loss=loss_fn, fetch=lambda idx: data[idx], samples=len(data),
                    ids=lambda batch: {"emb.weight": batch["ids"]},
-                   optimizer=ps.ServerOptimizer(ps.OptimizerKind.ADAGRAD, lr=0.05),
-                   consistency=ps.Consistency(ps.Mode.ASYNC, tau=4))
+                   optimizer=ps.ServerOptimizer(ps.OptimizerKind.ADAGRAD, lr=0.05))
     ps.run(job)
 
-In a PS pod (``RINGWRIGHT_ROLE=ps``) ``run`` serves shards and returns when the job's
-data is done; in a worker pod it trains the pieces of data the job hands it. The
+The job spec's ``spec.ps`` (consistency, staleness, backupWorkers, requeueStale)
+decides the consistency: the operator passes it as ``RINGWRIGHT_PS_*`` environment
+variables, which replace the script's ``consistency`` and ``requeue_stale``. In a PS
+pod (``RINGWRIGHT_ROLE=ps``) ``run`` serves shards and returns when the job's data is
+done; in a worker pod it trains the pieces of data the job hands it. The
 operator sets the role and the world; locally, a world file does (see tests/ps).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ringwright.world import Env
 
 from ..health import HealthFile
-from .env import membership_source, ps_port
+from .env import membership_source, ps_port, spec_consistency
 from .metrics import PSMetrics, serve_from_env
 from .process import PSSettings, run_server
 from .worker import PSJob, Worker, WorkerReport
 
 PS_ROLE = "ps"
+
+B = TypeVar("B")
+
+
+def with_spec(job: PSJob[B], environ: Mapping[str, str]) -> PSJob[B]:
+    """``job`` with the job spec's consistency settings when the environment has them:
+    spec.ps decides, not the script."""
+    spec = spec_consistency(environ)
+    if spec is None:
+        return job
+    return dataclasses.replace(job, consistency=spec.consistency,
+                               requeue_stale=spec.requeue_stale)
 
 
 def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerReport | None:
@@ -39,6 +54,7 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
     pod = env.get(Env.POD_NAME, "")
     if not pod:
         raise ValueError(f"{Env.POD_NAME} is not set: the runtime needs its pod's name")
+    job = with_spec(job, env)
     source = membership_source(env)
     # Ready from the start: the operator lists only ready pods in the world, and a PS
     # or worker waits for a world that lists it.

@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+DEFAULT_STALENESS = 4
+"""τ of async mode when the job spec sets none (the CRD documents the same value)."""
+
 
 class Mode(StrEnum):
     SYNC = "sync"

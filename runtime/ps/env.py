@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ringwright.kube import KubeClient, KubeConfig, in_cluster_config, load_kubeconfig
@@ -12,6 +13,7 @@ from ringwright.world import DEFAULT_PS_PORT, PS_PORT_ENV, Env, World, world_con
 from ..file_source import FileMembershipSource
 from ..kube_source import KubeMembershipSource
 from ..membership import MembershipSource
+from .consistency import DEFAULT_STALENESS, Consistency, Mode
 
 
 class PSEnv:
@@ -36,6 +38,29 @@ def ps_addresses(world: World, port: int) -> list[str]:
     down, absent from the world, gets an address that refuses connections)."""
     by_rank = {m.rank: f"{m.ip}:{port}" for m in world.ps}
     return [by_rank.get(i, DOWN_ADDRESS) for i in range(world.ps_count)]
+
+
+@dataclass(frozen=True)
+class SpecConsistency:
+    """spec.ps's consistency settings as the operator passes them."""
+
+    consistency: Consistency
+    requeue_stale: bool
+
+
+def spec_consistency(environ: Mapping[str, str]) -> SpecConsistency | None:
+    """The job spec's consistency settings, or None when the environment has none
+    (a local run without them keeps what the script declared)."""
+    mode = environ.get(Env.PS_CONSISTENCY, "")
+    if not mode:
+        return None
+    parsed = Mode(mode.lower())
+    tau = int(environ.get(Env.PS_STALENESS) or DEFAULT_STALENESS)
+    backup = int(environ.get(Env.PS_BACKUP_WORKERS) or 0)
+    return SpecConsistency(
+        Consistency(parsed, tau=tau if parsed is Mode.ASYNC else 0,
+                    backup_workers=backup if parsed is Mode.SYNC else 0),
+        environ.get(Env.PS_REQUEUE_STALE, "false").lower() == "true")
 
 
 def membership_source(environ: Mapping[str, str], poll: float = 0.05) -> MembershipSource:

@@ -72,6 +72,14 @@ class Env:
     JOIN_TOKEN_FILE = "RINGWRIGHT_JOIN_TOKEN_FILE"
     """File holding the job's join token (mounted from the job's Secret): every value
     in the epoch stores is tagged with it, so only the job's own pods can claim a rank."""
+    PS_CONSISTENCY = "RINGWRIGHT_PS_CONSISTENCY"
+    """spec.ps.consistency (Sync or Async) of a ParameterServer job."""
+    PS_STALENESS = "RINGWRIGHT_PS_STALENESS"
+    """spec.ps.staleness: async pushes more than this many versions old are dropped."""
+    PS_BACKUP_WORKERS = "RINGWRIGHT_PS_BACKUP_WORKERS"
+    """spec.ps.backupWorkers: a sync round completes without this many workers."""
+    PS_REQUEUE_STALE = "RINGWRIGHT_PS_REQUEUE_STALE"
+    """spec.ps.requeueStale ("true"/"false"): train samples of dropped pushes again."""
 
 
 class Backend(StrEnum):

@@ -39,7 +39,7 @@ from ringwright.runtime.ps.consistency import Consistency, Mode  # noqa: E402
 from ringwright.runtime.ps.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.partition import Kind, TensorSpec  # noqa: E402
 from ringwright.runtime.ps.server import JobConfig  # noqa: E402
-from tests.ps.harness import LocalPSJob, free_port, ps_done  # noqa: E402
+from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
 
 MB = 1_000_000
 SERVER = """
@@ -166,6 +166,15 @@ def bench_sparse(repeats: int) -> dict[str, float]:
     return {"sparse_ms": ps_ms, "tcp_ms": tcp_ms}
 
 
+def _slowdown(job: LocalPSJob, workers: list[str]) -> float:
+    """The last worker's median step interval over the others' (how much slower it is)."""
+    def interval(w: str) -> float:
+        return float(statistics.median(
+            float(b["t"]) - float(a["t"]) for a, b in itertools.pairwise(job.steps(w))))
+
+    return interval(workers[-1]) / statistics.median(interval(w) for w in workers[:-1])
+
+
 def _throughput(job: LocalPSJob, workers: list[str]) -> tuple[float, int]:
     steps = [s for w in workers for s in job.steps(w)]
     trained = sum(s["samples"] for s in steps if not s["dropped"])
@@ -178,23 +187,27 @@ def bench_throughput(root: Path) -> dict[str, float]:
             "--piece-batches", "4", "--epochs", "1", "--optimizer", "adagrad", "--slow", "0.03"]
     workers = ["w0", "w1", "w2", "w3"]
     results: dict[str, float] = {}
-    for name, extra in (("sync", ["--mode", "sync"]),
-                        ("sync, 1 backup worker", ["--mode", "sync", "--backup-workers", "1"]),
-                        ("async tau=8", ["--mode", "async", "--tau", "8"])):
+    for name, spec in (("sync", consistency("Sync")),
+                       ("sync, 1 backup worker", consistency("Sync", backup_workers=1)),
+                       ("async tau=8", consistency("Async", tau=8))):
         folder = root / name.replace(" ", "_").replace(",", "")
         folder.mkdir()
-        job = LocalPSJob(folder, 2, [*base, *extra])
+        job = LocalPSJob(folder, 2, base, spec)
         try:
-            job.start_all(workers, extra={"w3": ["--slow", "0.09"]})  # the straggler: 3x
+            # The straggler: each of its steps takes 3x its own work (pull, compute,
+            # push and the common --slow), so it is 3x slower, not 0.06 s slower.
+            job.start_all(workers, extra={"w3": ["--slow-factor", "3"]})
             codes = job.wait_all(timeout=600)
             if any(codes.values()):
                 raise RuntimeError(f"{name}: exit codes {codes}\n{job.logs()}")
             rate, dropped = _throughput(job, workers)
+            slower = _slowdown(job, workers)
             counts = ps_done((folder / "ps-0.log").read_text())
         finally:
             job.close()
         results[name] = rate
-        print(f"{name:>22}: {rate:8.0f} samples/s trained, {dropped} pushes dropped; "
+        print(f"{name:>22}: {rate:8.0f} samples/s trained, {dropped} pushes dropped, "
+              f"straggler's steps {slower:.1f}x as long; "
               f"ps-0 staleness of applied pushes {dict(counts.get('staleness', {}))}, "
               f"of dropped {dict(counts.get('dropped_staleness', {}))}")
     print(f"async / sync throughput = {results['async tau=8'] / results['sync']:.2f}x "
@@ -205,8 +218,8 @@ def bench_throughput(root: Path) -> dict[str, float]:
 
 def bench_failover(root: Path) -> dict[str, float]:
     args = ["--samples", "8192", "--vocab", "2000", "--dim", "8", "--batch-size", "32",
-            "--epochs", "2", "--mode", "async", "--tau", "16", "--slow", "0.02"]
-    job = LocalPSJob(root, 2, args)
+            "--epochs", "2", "--slow", "0.02"]
+    job = LocalPSJob(root, 2, args, consistency("Async", tau=16))
     try:
         job.start_all(["w0", "w1"])
         job.wait_steps("w0", 30)

@@ -25,6 +25,17 @@ from ringwright.world import Env, JobRef, Member, Mode, StoreAddress, World
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps_wide_and_deep.py"
 
 
+def consistency(mode: str, tau: int | None = None, backup_workers: int | None = None,
+                requeue_stale: bool = False) -> dict[str, str]:
+    """The environment the operator sets from spec.ps (consistency, staleness, ...)."""
+    env = {Env.PS_CONSISTENCY: mode, Env.PS_REQUEUE_STALE: str(requeue_stale).lower()}
+    if tau is not None:
+        env[Env.PS_STALENESS] = str(tau)
+    if backup_workers is not None:
+        env[Env.PS_BACKUP_WORKERS] = str(backup_workers)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

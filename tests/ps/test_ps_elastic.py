@@ -13,20 +13,21 @@ from pathlib import Path
 import pytest
 
 from ringwright.runtime.ps.transport import Stub
-from tests.ps.harness import LocalPSJob, ps_done
+from tests.ps.harness import LocalPSJob, consistency, ps_done
 
 SAMPLES = 3072
 ARGS = ["--samples", str(SAMPLES), "--vocab", "300", "--dim", "4", "--batch-size", "32",
-        "--piece-batches", "4", "--epochs", "2", "--mode", "async", "--tau", "16",
-        "--optimizer", "adagrad"]
+        "--piece-batches", "4", "--epochs", "2", "--optimizer", "adagrad"]
+ASYNC = consistency("Async", tau=16)
+"""The job spec's consistency (spec.ps), as the operator passes it."""
 
 
 @pytest.fixture
 def make_job(tmp_path: Path) -> Iterator[type[LocalPSJob]]:
     jobs: list[LocalPSJob] = []
 
-    def make(servers: int, args: list[str] = ARGS) -> LocalPSJob:
-        job = LocalPSJob(tmp_path, servers, args)
+    def make(servers: int, args: list[str] = ARGS, env: dict[str, str] = ASYNC) -> LocalPSJob:
+        job = LocalPSJob(tmp_path, servers, args, env)
         jobs.append(job)
         return job
 
@@ -47,8 +48,9 @@ def _exact(counts: dict[str, dict[int, int]], epochs: int = 2) -> None:
 
 def test_killed_worker_pieces_are_requeued_with_exact_accounting(make_job) -> None:  # type: ignore[no-untyped-def]
     job: LocalPSJob = make_job(2)
-    job.start_all(["w0", "w1", "w2"])
-    job.wait_steps("w1", 10)
+    # w1 slow: the kill lands inside its first piece (steps 1-4), not between two pieces.
+    job.start_all(["w0", "w1", "w2"], extra={"w1": ["--slow", "0.2"]})
+    job.wait_steps("w1", 2)
     job.kill("w1")
     job.publish(["w0", "w2"])  # the operator drops the dead pod from the world
     codes = job.wait_all()
@@ -123,9 +125,8 @@ def test_killed_ps_fails_over_to_its_replica_and_is_reseeded(make_job) -> None: 
 
 def test_async_straggler_pushes_beyond_tau_are_dropped_and_counted(make_job) -> None:  # type: ignore[no-untyped-def]
     args = [*ARGS]
-    args[args.index("--tau") + 1] = "2"
     args[args.index("--epochs") + 1] = "1"
-    job: LocalPSJob = make_job(1, args)
+    job: LocalPSJob = make_job(1, args, consistency("Async", tau=2))
     job.start_all(["fast", "slow"], extra={"slow": ["--slow", "0.05"]})
     codes = job.wait_all()
     assert all(c == 0 for c in codes.values()), job.logs()

@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from tests.ps.harness import EXAMPLE, LocalPSJob
+from tests.ps.harness import EXAMPLE, LocalPSJob, consistency
 
 ARGS = ["--samples", "1024", "--vocab", "200", "--dim", "4", "--batch-size", "32",
-        "--piece-batches", "4", "--epochs", "1", "--mode", "sync", "--optimizer", "adagrad",
+        "--piece-batches", "4", "--epochs", "1", "--optimizer", "adagrad",
         "--lr", "0.05"]
 
 
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[LocalPSJob]:
-    j = LocalPSJob(tmp_path, servers=2, args=ARGS)
+    j = LocalPSJob(tmp_path, servers=2, args=ARGS, env=consistency("Sync"))
     yield j
     j.close()
 

@@ -40,7 +40,8 @@ PS_JOB: Obj = {
         "mode": "ParameterServer",
         "backend": "horovod",
         "workers": {"min": 2, "max": 8, "replicas": 4, "template": TRAINER},
-        "ps": {"replicas": 2, "template": TRAINER},
+        "ps": {"replicas": 2, "template": TRAINER, "consistency": "Async", "staleness": 8,
+               "requeueStale": True},
         "gpusPerWorker": 8,
         "gpuModel": "NVIDIA-H100-80GB-HBM3",
         "topology": {"rackPacking": "Preferred", "maxRacks": 2},
@@ -48,6 +49,14 @@ PS_JOB: Obj = {
         "lrScaling": {"rule": "sqrt", "baseWorldSize": 8, "warmupSteps": 100},
         "runPolicy": {"suspend": True, "activeDeadlineSeconds": 3600},
         "schedulingPolicyName": "fast-racks",
+    },
+}
+PS_SYNC_JOB: Obj = {
+    **MINIMAL_JOB,
+    "spec": {
+        "mode": "ParameterServer",
+        "workers": {"replicas": 4, "template": TRAINER},
+        "ps": {"replicas": 1, "template": TRAINER, "consistency": "Sync", "backupWorkers": 3},
     },
 }
 POLICY: Obj = {
@@ -259,11 +268,18 @@ def test_empty_policy_gets_documented_defaults() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "manifest"),
-    [("TrainingJob", MINIMAL_JOB), ("TrainingJob", PS_JOB), ("SchedulingPolicy", POLICY)],
-    ids=["minimal-job", "ps-job", "empty-policy"],
+    [("TrainingJob", MINIMAL_JOB), ("TrainingJob", PS_JOB), ("TrainingJob", PS_SYNC_JOB),
+     ("SchedulingPolicy", POLICY)],
+    ids=["minimal-job", "ps-job", "ps-sync-job", "empty-policy"],
 )
 def test_valid_manifests_pass_every_rule(kind: str, manifest: Obj) -> None:
     assert refusals(kind, manifest) == []
+
+
+def test_the_parameter_server_example_passes_every_rule() -> None:
+    manifest = yaml.safe_load((ROOT / "examples" / "ps_wide_and_deep.yaml").read_text())
+    assert refusals("TrainingJob", manifest) == []
+    assert manifest["spec"]["ps"]["consistency"] == "Async"
 
 
 def test_allowed_updates_pass_transition_rules() -> None:
