@@ -257,10 +257,6 @@ def namespaces() -> Iterator[netns.NamespacedPods]:
         pods.close()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the cut-off member can die with std::terminate inside a store connection attempt "
-    "(exit -6) instead of fencing itself with exit 75; the rest of the job carries on "
-    "(open in the failure-model issue)"))
 def test_a_member_cut_off_from_its_peers_leaves_and_the_rest_continue(
         make_job: JobFactory, namespaces: netns.NamespacedPods) -> None:
     job = make_job(network=namespaces)
