@@ -4,6 +4,9 @@ One definition of each interval, for every system:
 
 * recovery: from the fault (the signal sent) to the first step completed by a world of
   the new size (``stepped`` in the workers' traces, written after the step's allreduce);
+* partition: from cutting the node's link (its packets silently dropped, both ways) to
+  the first step completed by a world of 3, each node in a network namespace of its own
+  with an address of its own;
 * join: from launching the newcomers' processes to the first step completed at size 4;
 * rollbacks and steps lost: from the traces (:meth:`Traces.rollbacks`): a world that
   resumed below a step already completed, and by how many steps.
@@ -15,12 +18,14 @@ default for its collectives) and the same liveness settings where a system has t
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ringwright.runtime.settings import RuntimeSettings
+from tests.runtime import netns
 from tests.runtime.elastic_traces import Traces
 
 KILL_AT_STEP = 25
@@ -61,6 +66,19 @@ WORKLOAD = {
     "OMP_NUM_THREADS": "1",
     "TORCH_CPP_LOG_LEVEL": "ERROR",
 }
+
+
+@contextlib.contextmanager
+def node_network() -> Iterator[netns.NamespacedPods]:
+    """One network namespace per node, on a bridge the benchmark can cut a node from."""
+    reason = netns.available()
+    if reason is not None:
+        raise BaselineFailed(f"partition scenario: {reason}")
+    nodes = netns.NamespacedPods()
+    try:
+        yield nodes
+    finally:
+        nodes.close()
 
 
 def straggler_env(workdir: Path) -> dict[str, str]:
