@@ -81,19 +81,21 @@ class TorchrunJob:
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         prefix: list[str] = []
         local: list[str] = []
-        host = "127.0.0.1"
+        host, conf = "127.0.0.1", self.rdzv_conf
         if self.network is not None:
-            # The first node hosts the rendezvous store, at its own address.
+            # The first node hosts the rendezvous store, at its own address (torchrun
+            # would look for that address among the machine's hostname's, not find it).
             host = self.network.attach(0)[0]
             address, prefix, net_env = self.network.attach(index)
             env.update(net_env)
             local = [f"--local-addr={address}"]
+            conf = ",".join(c for c in (conf, f"is_host={int(index == 0)}") if c)
         cmd = [*prefix, sys.executable, "-m", "torch.distributed.run",
                f"--nnodes={self.nodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint={host}:{self.port}", "--rdzv-id=bench",
                "--max-restarts=100", *local]
-        if self.rdzv_conf:
-            cmd.append(f"--rdzv-conf={self.rdzv_conf}")
+        if conf:
+            cmd.append(f"--rdzv-conf={conf}")
         cmd += [str(Path(__file__).resolve()), "worker"]
         log = (self.workdir / f"agent-{index}.log").open("w")
         agent = subprocess.Popen(cmd, env=env, stderr=log, stdout=log, text=True,
