@@ -8,14 +8,17 @@ environment values naming the mount path pointed there), and a token of
 the pod's own ServiceAccount, so the runtime talks to the API exactly as in a real
 pod. It kills the process when the pod is deleted, restarts it in place after a
 non-zero exit (restartPolicy OnFailure), marks the pod Succeeded after exit 0, and
-flips the pod's Ready condition from the runtime's health file, as a readiness probe
-would.
+flips the pod's Ready condition as the kubelet does: by the container's readinessProbe
+(``httpGet`` on the pod IP, every ``periodSeconds``, NotReady after
+``failureThreshold`` failures in a row, Ready after ``successThreshold`` successes),
+or, for a pod without an HTTP probe, from the runtime's health file.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import logging
 import os
 import signal
@@ -37,6 +40,67 @@ log = logging.getLogger("ringwright.devcluster.podhost")
 JOB_LABEL = "ringwright.dev/job"
 
 
+@dataclass(frozen=True)
+class HttpProbe:
+    """A container's ``readinessProbe.httpGet``, with the kubelet's defaults."""
+
+    path: str
+    port: int
+    period_s: float = 10.0
+    timeout_s: float = 1.0
+    failure_threshold: int = 3
+    success_threshold: int = 1
+
+    @classmethod
+    def of(cls, pod: Obj) -> HttpProbe | None:
+        """The probe of ``pod``'s first container; None without an ``httpGet`` probe."""
+        probe = pod["spec"]["containers"][0].get("readinessProbe") or {}
+        get = probe.get("httpGet")
+        if not get or not isinstance(get.get("port"), int):
+            return None
+        return cls(path=get.get("path", "/"), port=get["port"],
+                   period_s=float(probe.get("periodSeconds", 10)),
+                   timeout_s=float(probe.get("timeoutSeconds", 1)),
+                   failure_threshold=int(probe.get("failureThreshold", 3)),
+                   success_threshold=int(probe.get("successThreshold", 1)))
+
+    def passes(self, ip: str) -> bool:
+        """One probe: a 2xx or 3xx answer within the timeout."""
+        conn = http.client.HTTPConnection(ip, self.port, timeout=self.timeout_s)
+        try:
+            conn.request("GET", self.path)
+            return 200 <= conn.getresponse().status < 400
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+
+@dataclass
+class ProbeRun:
+    """Consecutive results of one pod's probe; decides its readiness like the kubelet."""
+
+    ready: bool
+    streak: int = 0
+    """Results in a row that disagree with ``ready``."""
+    last: float | None = None
+
+    def due(self, probe: HttpProbe, now: float) -> bool:
+        """Whether a probe period has passed since the last probe."""
+        return self.last is None or now - self.last >= probe.period_s
+
+    def record(self, probe: HttpProbe, passed: bool, now: float) -> bool:
+        """Count one result; the readiness after it."""
+        self.last = now
+        if passed == self.ready:
+            self.streak = 0
+            return self.ready
+        self.streak += 1
+        if self.streak >= (probe.success_threshold if passed else probe.failure_threshold):
+            self.ready, self.streak = passed, 0
+        return self.ready
+
+
 @dataclass
 class HostedPod:
     """One pod and the process standing in for its training container."""
@@ -51,6 +115,7 @@ class HostedPod:
     restarts: int = 0
     ready: bool = True
     exit_codes: list[int] = field(default_factory=list)
+    probe: ProbeRun = field(default_factory=lambda: ProbeRun(ready=True))
 
 
 class PodHost:
@@ -151,9 +216,16 @@ class PodHost:
             self._probe(pod, hosted, path)
 
     def _probe(self, pod: Obj, hosted: HostedPod, path: str) -> None:
-        if time.monotonic() - hosted.started < self.readiness_grace:
+        now = time.monotonic()
+        if now - hosted.started < self.readiness_grace:
             return
-        ready = hosted.health_file.exists()
+        probe = HttpProbe.of(pod)
+        if probe is None:
+            ready = hosted.health_file.exists()
+        elif hosted.probe.due(probe, now):
+            ready = hosted.probe.record(probe, probe.passes(hosted.ip), now)
+        else:
+            return
         if ready != hosted.ready:
             log.info("pod %s: readiness %s", hosted.name, "passes" if ready else "fails")
             hosted.ready = ready

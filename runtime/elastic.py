@@ -319,7 +319,12 @@ class ElasticRuntime:
                     # and everyone adopts rank 0's state (its initial weights otherwise).
                     restored = manager.rank == 0 and state.restore_checkpoint()
                     src = 0
-                state.sync(src, skip=shared_commit(infos))
+                skip = shared_commit(infos)
+                if not skip:
+                    # Marks the start of a possibly long transfer (tests wait for it).
+                    log_event(_log, logging.INFO, "sync_started", epoch=world.epoch,
+                              rank=manager.rank, source_rank=src)
+                state.sync(src, skip=skip)
             except RuntimeError as raised:
                 err = backend.failure_of(raised)
                 if err is None:

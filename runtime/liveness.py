@@ -16,6 +16,7 @@ waiting in a collective with it fail over at once anyway.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -108,6 +109,30 @@ class LivenessTracker:
         }
 
 
+_abandoned: dict[threading.Thread, float] = {}
+"""Beat threads that :meth:`Heartbeat.stop` left inside a store call, with how long
+that call can last (a module-level registry: the process exit must find them all)."""
+_abandoned_lock = threading.Lock()
+
+
+def _finish_abandoned_beats() -> None:
+    # A daemon thread still inside a c10d store call when the interpreter finalizes
+    # ends in std::terminate (it unwinds through a noexcept destructor when it tries
+    # to take the GIL back), so a fenced member would die with SIGABRT instead of its
+    # exit status. At exit, before finalization, let each such call run out.
+    with _abandoned_lock:
+        pending = list(_abandoned.items())
+        _abandoned.clear()
+    for thread, bound_s in pending:
+        thread.join(timeout=bound_s)
+        if thread.is_alive():
+            log_event(_log, logging.WARNING, "heartbeat_call_outlived_exit",
+                      thread=thread.name, waited_s=bound_s)
+
+
+atexit.register(_finish_abandoned_beats)
+
+
 StoreFactory = Callable[[float], Store]
 """Opens a new connection to the epoch's store (under its prefix) with a timeout."""
 
@@ -168,8 +193,14 @@ class Heartbeat:
         self._stop.set()
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
-                # A beat blocked on a frozen store host is abandoned (a daemon thread).
+                # A beat blocked on a frozen store host is abandoned (a daemon thread);
+                # the next epoch must not wait for it, only the process exit does.
                 thread.join(timeout=self._interval)
+        beat = self._threads[0]
+        if beat.is_alive():
+            with _abandoned_lock:
+                # A beat is at most a connect, a set and a multi_get, each bounded.
+                _abandoned[beat] = 3 * self._timeout() + self._interval
         store = None if self._threads[0].is_alive() else self._store
         try:
             if store is None and left_cleanly:

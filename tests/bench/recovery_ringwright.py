@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ringwright.runtime.local_launcher import LocalJob
-from ringwright.runtime.local_pods import LocalPod
+from ringwright.runtime.local_pods import LocalPod, PodNetwork
 from ringwright.runtime.settings import SettingsEnv
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
@@ -30,6 +30,7 @@ from tests.bench.recovery_common import (
     BaselineFailed,
     Outcome,
     losses,
+    node_network,
     steps_done,
     straggler_env,
     straggler_outcome,
@@ -66,8 +67,9 @@ class _ExitSeenOnEvidence:
 class ClusterStyleJob(LocalJob):
     """A :class:`LocalJob` that learns of a death from the survivors, not from waitpid."""
 
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        super().__init__([sys.executable, str(WORKER)], workdir, env=env)
+    def __init__(self, workdir: Path, env: dict[str, str],
+                 network: PodNetwork | None = None) -> None:
+        super().__init__([sys.executable, str(WORKER)], workdir, env=env, network=network)
         self.trace_dir = workdir / "trace"
 
     def __enter__(self) -> ClusterStyleJob:
@@ -118,6 +120,21 @@ def fault(workdir: Path, sig: signal.Signals, victim: int = VICTIM, backend: str
         return Outcome(seconds, "no new world formed", rollbacks, lost)
     resumed = sorted({r["step"] for r in t.starts(last).values()})
     return Outcome(seconds, f"state in memory, resumed at step {resumed}", rollbacks, lost)
+
+
+def partition(workdir: Path, backend: str = "torch") -> Outcome:
+    """Cut the member of rank VICTIM of four off the network; time the first step at 3."""
+    with node_network() as nodes, \
+            ClusterStyleJob(workdir, _env(workdir, backend), network=nodes) as job:
+        _started(job, 4)
+        victim = job.world.members[VICTIM]
+        since = time.time()
+        nodes.cut(job.pod(victim.pod).index)
+        seconds = time_to_size(job.trace_dir, 3, since, FAULT_WAIT_S)
+        code = job.pod(victim.pod).process.poll()
+    rollbacks, lost = losses(workdir / "trace")
+    fate = "was still running" if code is None else f"exited {code}"
+    return Outcome(seconds, f"state in memory; the cut-off member {fate}", rollbacks, lost)
 
 
 def straggler(workdir: Path, backend: str = "torch") -> Outcome:

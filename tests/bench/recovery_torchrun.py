@@ -34,6 +34,7 @@ from tests.bench.recovery_common import (
     BaselineFailed,
     Outcome,
     losses,
+    node_network,
     steps_done,
     straggler_env,
     straggler_outcome,
@@ -41,6 +42,7 @@ from tests.bench.recovery_common import (
     wait_until,
 )
 from tests.runtime.elastic_traces import Traces
+from tests.runtime.netns import NamespacedPods
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNED_RDZV = (f"last_call_timeout=1,keep_alive_interval={LIVENESS_INTERVAL_S},"
@@ -53,8 +55,11 @@ class TorchrunJob:
     """One torchrun agent per simulated node."""
 
     def __init__(self, workdir: Path, nodes: str, rdzv_conf: str,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 network: NamespacedPods | None = None) -> None:
         self.workdir = workdir
+        self.network = network
+        """Each node in a namespace of its own (else all on 127.0.0.1)."""
         self.nodes = nodes
         self.rdzv_conf = rdzv_conf
         self.extra_env = extra_env or {}
@@ -74,12 +79,23 @@ class TorchrunJob:
                # its peers published in an earlier one and fail to connect (seen here:
                # groups that restart until the bench gives up).
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nodes}",
-               "--nproc-per-node=1", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{self.port}", "--rdzv-id=bench",
-               "--max-restarts=100"]
-        if self.rdzv_conf:
-            cmd.append(f"--rdzv-conf={self.rdzv_conf}")
+        prefix: list[str] = []
+        local: list[str] = []
+        host, conf = "127.0.0.1", self.rdzv_conf
+        if self.network is not None:
+            # The first node hosts the rendezvous store, at its own address (torchrun
+            # would look for that address among the machine's hostname's, not find it).
+            host = self.network.attach(0)[0]
+            address, prefix, net_env = self.network.attach(index)
+            env.update(net_env)
+            local = [f"--local-addr={address}"]
+            conf = ",".join(c for c in (conf, f"is_host={int(index == 0)}") if c)
+        cmd = [*prefix, sys.executable, "-m", "torch.distributed.run",
+               f"--nnodes={self.nodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint={host}:{self.port}", "--rdzv-id=bench",
+               "--max-restarts=100", *local]
+        if conf:
+            cmd.append(f"--rdzv-conf={conf}")
         cmd += [str(Path(__file__).resolve()), "worker"]
         log = (self.workdir / f"agent-{index}.log").open("w")
         agent = subprocess.Popen(cmd, env=env, stderr=log, stdout=log, text=True,
@@ -136,8 +152,9 @@ class TorchrunJob:
 
 @contextlib.contextmanager
 def torchrun_job(workdir: Path, nodes: str, rdzv_conf: str,
-                 extra_env: dict[str, str] | None = None) -> Iterator[TorchrunJob]:
-    job = TorchrunJob(workdir, nodes, rdzv_conf, extra_env)
+                 extra_env: dict[str, str] | None = None,
+                 network: NamespacedPods | None = None) -> Iterator[TorchrunJob]:
+    job = TorchrunJob(workdir, nodes, rdzv_conf, extra_env, network)
     try:
         yield job
     finally:
@@ -156,6 +173,21 @@ def fault(workdir: Path, rdzv_conf: str, sig: signal.Signals) -> Outcome:
             raise BaselineFailed(f"torchrun ({rdzv_conf or 'defaults'}) never trained at size "
                                  f"3 after losing a node; {job.restarts()} group restarts; "
                                  f"logs in {workdir}")
+        restarts = job.restarts()
+    rollbacks, lost = losses(workdir / "trace")
+    return Outcome(seconds, f"from disk: every worker restarted ({restarts} group restarts)",
+                   rollbacks, lost)
+
+
+def partition(workdir: Path, rdzv_conf: str) -> Outcome:
+    """Node VICTIM of four (agent and worker) is cut off the network; time to the first
+    step at size 3."""
+    with node_network() as nodes, \
+            torchrun_job(workdir, "3:4", rdzv_conf, network=nodes) as job:
+        job.started(4)
+        since = time.time()
+        nodes.cut(VICTIM)
+        seconds = time_to_size(job.trace_dir, 3, since, FAULT_WAIT_S)
         restarts = job.restarts()
     rollbacks, lost = losses(workdir / "trace")
     return Outcome(seconds, f"from disk: every worker restarted ({restarts} group restarts)",
