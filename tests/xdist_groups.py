@@ -45,7 +45,7 @@ def assign_groups(items: list[pytest.Item], loadgroup: bool) -> None:
     reads (its node ids are structured), so the groups are silently ignored
     (pytest-xdist issue 1386). Here the suffix goes onto the structured id, once.
     """
-    in_processes = []
+    in_processes: list[pytest.Item] = []
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
