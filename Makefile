@@ -15,6 +15,7 @@ DEPS_DIGEST := $(shell sha256sum < pyproject.toml | cut -c1-12)-$(shell $(PYTHON
 VENV ?= $(CACHE)/venv/$(DEPS_DIGEST)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 4
 MAKEFLAGS += --jobs=2
 
 .PHONY: help env binaries lint test test-unit demo down bench crds clean-cache
@@ -54,11 +55,14 @@ lint: env build/typecheck/ringwright
 crds: env
 	$(PY) -m ringwright.operator.crdgen
 
-# Real-process and cluster tests race the clock on a 2-core machine; a failure is tried
-# again up to twice (a test that fails three times fails the run).
+# Most tests wait (on processes, clocks, the cluster) rather than compute, so
+# TEST_WORKERS pytest-xdist workers share the machine; every cluster test runs on one of
+# them, against one control plane (tests/README.md). Real-process and cluster tests race
+# the clock on a 2-core machine; a failure is tried again up to twice (a test that fails
+# three times fails the run).
 test: binaries lint
-	$(PY) -m pytest -q -p no:cacheprovider --reruns 2 --reruns-delay 2 $(PYTEST_ARGS) tests \
-		--ignore=tests/bench
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \
+		--reruns 2 --reruns-delay 2 $(PYTEST_ARGS) tests --ignore=tests/bench
 
 demo: binaries env
 	$(PY) -m ringwright.devcluster.demo

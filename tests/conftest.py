@@ -2,6 +2,11 @@
 
 With ``CI=true`` nothing may skip except tests marked ``gpu``: a missing optional
 dependency (celpy, horovod, helm, the cluster's binaries) fails the run instead.
+
+Under pytest-xdist (``make test`` runs ``--dist loadgroup``) every test that uses the
+``cluster`` fixture, directly or through ``kube``/``namespace``/``operator``, joins one
+xdist group, so a single worker starts the one control plane and runs them all; see
+tests/README.md.
 """
 
 from __future__ import annotations
@@ -22,8 +27,16 @@ from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.install import install_api
 from ringwright.kube import KubeClient, api_path
 from tests.jobs import OperatorProcess
+from tests.xdist_groups import assign_groups
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Cluster tests share one xdist worker (and so one control plane); see
+    tests/xdist_groups.py. ``loadgroup`` is set on xdist's workers only."""
+    assign_groups(items, loadgroup=bool(getattr(config.option, "loadgroup", False)))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -126,7 +126,7 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     ps = ParameterServer(me.rank, clock=clock, metrics=metrics)
     # Know the workers before the first push: a sync round must not complete early.
     ps.set_workers(frozenset(m.pod for m in world.members))
-    server = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus)
+    server, _ = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
     replicator = Replicator(ps, servers)

@@ -67,8 +67,9 @@ def pin_thread(cpus: list[int]) -> Callable[[], None]:
 
 
 def serve(ps: ParameterServer, address: str, *, threads: int = 32,
-          cpus: list[int] | None = None) -> grpc.Server:
-    """Start serving ``ps`` on ``address`` (host:port); threads pinned to ``cpus``."""
+          cpus: list[int] | None = None) -> tuple[grpc.Server, int]:
+    """Start serving ``ps`` on ``address`` (host:port; port 0 lets the system pick a free
+    one), threads pinned to ``cpus``; the server and the port it listens on."""
     handlers = _handlers(ps)
 
     def wrap(fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:
@@ -91,10 +92,11 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
     server = grpc.server(pool, options=CHANNEL_OPTIONS)
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE,
                                                                           method_handlers)])
-    if server.add_insecure_port(address) == 0:
+    port = server.add_insecure_port(address)
+    if port == 0:
         raise OSError(f"cannot listen on {address}")
     server.start()
-    return server
+    return server, port
 
 
 class Stub:

@@ -24,6 +24,12 @@ from ringwright.world import Env, JobRef, Member, Mode, StoreAddress, World
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ps_wide_and_deep.py"
 
+WAIT_S = 300.0
+"""How long a wait on progress may take. Generous because the first wait includes
+starting every process: with the suite's parallel workers and other users on two cores,
+importing torch in five processes has taken over two minutes (a 120 s budget failed
+there while the processes were still starting). A passing test never waits it out."""
+
 
 def consistency(mode: str, tau: int | None = None, backup_workers: int | None = None,
                 requeue_stale: bool = False) -> dict[str, str]:
@@ -105,7 +111,7 @@ class LocalPSJob:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def wait_steps(self, pod: str, count: int, timeout: float = 120.0) -> None:
+    def wait_steps(self, pod: str, count: int, timeout: float = WAIT_S) -> None:
         deadline = time.monotonic() + timeout
         while len(self.steps(pod)) < count:
             self.check_alive()
@@ -123,7 +129,7 @@ class LocalPSJob:
         self.procs[pod].send_signal(signal.SIGKILL)
         self.procs[pod].wait()
 
-    def wait_all(self, timeout: float = 240.0) -> dict[str, int]:
+    def wait_all(self, timeout: float = WAIT_S) -> dict[str, int]:
         deadline = time.monotonic() + timeout
         codes = {}
         for pod, proc in self.procs.items():

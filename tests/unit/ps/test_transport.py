@@ -13,7 +13,6 @@ from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.server import JobConfig, ParameterServer
 from ringwright.runtime.ps.transport import serve
-from tests.ps.harness import free_port
 
 SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
          TensorSpec("emb", (1000, 8), kind=Kind.EMBEDDING))
@@ -21,15 +20,14 @@ SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
 
 @pytest.fixture
 def client() -> Iterator[PSClient]:
-    port = free_port()
-    servers = [ParameterServer(0), ParameterServer(1)]
-    running = [serve(ps, f"127.0.0.1:{port + i}") for i, ps in enumerate(servers)]
-    c = PSClient([f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"], "w0", chunk_bytes=256 << 10)
+    # Port 0: each server takes a port the system knows is free (no pick-then-bind race).
+    running = [serve(ParameterServer(i), "127.0.0.1:0") for i in range(2)]
+    c = PSClient([f"127.0.0.1:{port}" for _, port in running], "w0", chunk_bytes=256 << 10)
     c.wait_ready(10)
     yield c
     c.close()
-    for r in running:
-        r.stop(0)
+    for server, _ in running:
+        server.stop(0)
 
 
 def test_chunked_pull_and_staged_push_move_every_element(client: PSClient) -> None:

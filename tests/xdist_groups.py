@@ -1,0 +1,68 @@
+"""Which tests must share a pytest-xdist worker, and telling xdist's scheduler so.
+
+``make test`` runs pytest-xdist with ``--dist loadgroup``: a group of tests goes to one
+worker as a whole and runs there one test after the other.
+
+* Every test that uses the ``cluster`` fixture (directly or through ``kube``,
+  ``namespace``, ``operator`` ...) is in :data:`CLUSTER_GROUP`: one worker starts the
+  run's one control plane, and the pods of two clusters never share a 127.x address.
+* Every other test under :data:`PROCESS_DIRS` starts several torch processes; they are
+  dealt in turn (in node-id order) to :data:`PROCESS_LANES` lanes, so at most that many
+  of them start and train at once. On two cores, four at once starved each other past
+  their deadlines before a single process had imported torch.
+
+A test may add its own ``@pytest.mark.xdist_group(name)`` too.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _pytest.nodeid import NodeId
+
+CLUSTER_GROUP = "cluster"
+"""The xdist group of every test that needs the local control plane."""
+
+PROCESS_DIRS = ("tests/runtime/", "tests/ps/")
+"""Where the tests that run real training processes live."""
+
+PROCESS_LANES = 2
+"""How many real-process tests (outside the cluster group) may run at once."""
+
+
+def group_names(item: pytest.Item) -> list[str]:
+    """The item's xdist groups, as xdist names them (a mark's first argument or ``name``)."""
+    return sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                   for m in item.iter_markers("xdist_group")})
+
+
+def assign_groups(items: list[pytest.Item], loadgroup: bool) -> None:
+    """Mark every cluster test with :data:`CLUSTER_GROUP` and every other real-process
+    test with its lane; under ``--dist loadgroup`` make sure the scheduler sees each
+    grouped item's groups.
+
+    The scheduler learns an item's group only from an ``@group`` suffix on its node id.
+    pytest-xdist 3.8 writes that suffix into ``Item._nodeid``, which pytest 9.2 no longer
+    reads (its node ids are structured), so the groups are silently ignored
+    (pytest-xdist issue 1386). Here the suffix goes onto the structured id, once.
+    """
+    in_processes: list[pytest.Item] = []
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+        elif item.nodeid.startswith(PROCESS_DIRS):
+            in_processes.append(item)
+    # Dealt in node-id order: every worker collects the same ids, so all agree.
+    for i, item in enumerate(sorted(in_processes, key=lambda it: it.nodeid)):
+        item.add_marker(pytest.mark.xdist_group(f"processes-{i % PROCESS_LANES}"))
+    for item in items:
+        names = group_names(item)
+        if not loadgroup or not names:
+            continue
+        suffix = "@" + "_".join(names)
+        if item.nodeid.endswith(suffix):
+            continue
+        item._id = NodeId.parse(item.nodeid + suffix)
+        if not item.nodeid.endswith(suffix):
+            # Fail loudly should pytest's ids change again: silently ungrouped cluster
+            # tests would start one control plane per worker.
+            raise RuntimeError(f"cannot tag {item.nodeid} with its xdist group {suffix}")
