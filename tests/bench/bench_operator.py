@@ -91,6 +91,17 @@ def wait_until(what: str, probe: Callable[[], bool], interval: float = 0.5) -> f
     return time.time()
 
 
+def drop_namespace(kube: KubeClient, ns: str) -> None:
+    """Delete ``ns`` and wait until it is gone (call while the operator still runs: it
+    releases its jobs' finalizers)."""
+    kube.delete(api_path("v1", "namespaces", name=ns))
+
+    def gone() -> bool:
+        return kube.get_or_none(api_path("v1", "namespaces", name=ns)) is None
+
+    wait_until(f"namespace {ns} gone", gone)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -535,12 +546,7 @@ def lists_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
                     unbound = sum(not p["spec"].get("nodeName")
                                   for p in kube.list(api_path("v1", "pods", ns)))
                     # While the operator runs: it releases its jobs' finalizers.
-                    kube.delete(api_path("v1", "namespaces", name=ns))
-
-                    def gone(ns: str = ns) -> bool:
-                        return kube.get_or_none(api_path("v1", "namespaces", name=ns)) is None
-
-                    wait_until(f"namespace {ns} gone", gone)
+                    drop_namespace(kube, ns)
                 finally:
                     proc.terminate()
                     proc.wait(timeout=30)
@@ -605,12 +611,7 @@ def steady_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
                     delta = apiserver_requests(kube, True) - start
                     results[label] = (Operator.read_rounds(port) - rounds0, delta)
                     # While the operator runs: it releases its jobs' finalizers.
-                    kube.delete(api_path("v1", "namespaces", name=ns))
-
-                    def gone(ns: str = ns) -> bool:
-                        return kube.get_or_none(api_path("v1", "namespaces", name=ns)) is None
-
-                    wait_until(f"namespace {ns} gone", gone)
+                    drop_namespace(kube, ns)
                 finally:
                     proc.terminate()
                     proc.wait(timeout=30)
