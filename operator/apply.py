@@ -277,8 +277,11 @@ class Applier:
         if not plan.world_version:
             return self.kube.create(api_path("v1", "configmaps", cm["metadata"]["namespace"]),
                                     cm)
+        # A replace, not an apply: the whole object is ours to state, so a world an earlier
+        # job of the same name left (its ownerReferences, written by a create) is taken
+        # over whole instead of merged with.
         cm["metadata"]["resourceVersion"] = plan.world_version
-        return self.kube.apply(_object_path(cm), cm)
+        return self.kube.replace(_object_path(cm), cm)
 
     def apply_status(self, job: Obj, status: Obj) -> None:
         """Server-side apply of the whole status, checked against the typed model first;
