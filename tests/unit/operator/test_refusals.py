@@ -40,10 +40,6 @@ class RefusingKube:
         self.calls.append(("APPLY", path))
         return {**body, "metadata": {**body["metadata"], "resourceVersion": "7"}}
 
-    def replace(self, path: str, body: Obj) -> Obj:
-        self.calls.append(("PUT", path))
-        return {**body, "metadata": {**body["metadata"], "resourceVersion": "7"}}
-
     def merge_patch(self, path: str, body: Obj) -> Obj:
         self.calls.append(("PATCH", path))
         return {}
@@ -83,7 +79,7 @@ def test_a_refused_create_leaves_world_deletes_and_status_to_happen() -> None:
     assert [r.reason for r in refusals] == ["FailedCreate"]
     assert "exceeded quota" in refusals[0].message
     verbs = [(verb, path.rsplit("/", 2)[-2:]) for verb, path in kube.calls]
-    assert ("PUT", ["configmaps", "tj-world"]) in verbs  # the world still went out
+    assert ("PATCH", ["configmaps", "tj-world"]) in verbs  # the world still went out
     assert ("DELETE", ["pods", "tj-worker-1"]) in verbs  # the dead member still went
     status_writes = [p for v, p in kube.calls if v == "APPLY" and p.endswith("/status")]
     assert len(status_writes) == 1
