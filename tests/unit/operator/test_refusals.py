@@ -114,6 +114,13 @@ def test_backoff_doubles_per_refusal_up_to_the_cap_and_resets_on_success() -> No
     assert backoff.hold_until(("ns", "other"), NOW) is None  # per job
 
 
+def test_a_write_refused_for_hours_keeps_the_capped_delay() -> None:
+    backoff = RefusalBackoff(base=1.0, cap=4.0)
+    key = ("ns", "terminating")  # say its namespace is being deleted: every write refused
+    delays = [backoff.refused(key, NOW) - NOW for _ in range(5000)]
+    assert delays[-1] == 4.0
+
+
 def test_held_creates_are_not_planned_but_the_rest_of_the_round_is() -> None:
     placer = FakePlacer()
     pods = [pod(0), pod(1), pod(2)]
