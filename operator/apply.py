@@ -277,8 +277,12 @@ class Applier:
         if not plan.world_version:
             return self.kube.create(api_path("v1", "configmaps", cm["metadata"]["namespace"]),
                                     cm)
+        # A merge patch, not an apply: it replaces lists whole, so a world an earlier job of
+        # the same name left (its controller reference written by a create, which an apply
+        # would keep beside ours) changes owner; its finalizers, which are not ours, stay.
+        # The resourceVersion in the patch is the precondition.
         cm["metadata"]["resourceVersion"] = plan.world_version
-        return self.kube.apply(_object_path(cm), cm)
+        return self.kube.merge_patch(_object_path(cm), cm)
 
     def apply_status(self, job: Obj, status: Obj) -> None:
         """Server-side apply of the whole status, checked against the typed model first;

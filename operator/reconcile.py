@@ -136,9 +136,9 @@ PHASE_HISTORY = 32
 """Phase transitions kept in status.phaseHistory (the oldest go first)."""
 
 
-def empty_world(current: World) -> World:
-    """The epoch after ``current`` with no members: everyone leaves (suspend)."""
-    return current.model_copy(update={"epoch": current.epoch + 1, "members": (), "ps": (),
+def empty_world(current: World, epoch: int) -> World:
+    """``current`` at ``epoch`` with no members: everyone leaves (suspend)."""
+    return current.model_copy(update={"epoch": epoch, "members": (), "ps": (),
                                       "store": current.store.model_copy(update={"address": ""})})
 
 
@@ -219,11 +219,13 @@ class _Round:
         failure: no member is lost, restarts and backoffLimit are untouched."""
         current = self.obs.world
         if current is not None and (current.members or current.ps):
-            self.plan.world = empty_world(current)
+            epoch = self.next_epoch()
+            self.plan.world = empty_world(current, epoch)
+            self.plan.world_version = self.obs.world_version
             self.status["world"] = {**(self.status.get("world") or {}),
-                                    "epoch": current.epoch + 1, "size": 0, "racks": 0,
+                                    "epoch": epoch, "size": 0, "racks": 0,
                                     "crossRackEdges": 0, "rackMembers": []}
-            self.event("WorldPublished", f"epoch {current.epoch + 1}: empty (suspended)")
+            self.event("WorldPublished", f"epoch {epoch}: empty (suspended)")
         for p in self.workers + self.ps:
             if p.state != PodState.DELETING:
                 self.plan.delete_gracefully.append(p.name)
@@ -566,12 +568,17 @@ class _Round:
         else:
             self.status["belowMinSince"] = None
 
-    def publish(self, ready: list[PodView], ready_ps: list[PodView]) -> None:
+    def next_epoch(self) -> int:
+        """The next world's epoch: above the document, its annotation and the status."""
         current = self.obs.world
-        epoch = next_epoch(EpochsSeen(
+        return next_epoch(EpochsSeen(
             document=current.epoch if current else 0,
             annotation=self.obs.world_annotation_epoch,
             status=status_epoch(self.status)))
+
+    def publish(self, ready: list[PodView], ready_ps: list[PodView]) -> None:
+        current = self.obs.world
+        epoch = self.next_epoch()
         spec = self.spec
         world = build_world(
             JobRef(namespace=self.meta["namespace"], name=self.meta["name"],

@@ -27,6 +27,10 @@ def is_refusal(err: ApiError) -> bool:
     return 400 <= err.status < 500 and err.status not in _RETRIED
 
 
+MAX_DOUBLINGS = 64
+"""Refusals counted at most: 2**63 times any base is past every cap."""
+
+
 @dataclass(frozen=True)
 class Refused:
     """One write the API server refused."""
@@ -93,7 +97,9 @@ class RefusalBackoff:
     def refused(self, job: tuple[str, str], now: float) -> float:
         """Note a round with refusals; returns when creates may be tried again."""
         with self._lock:
-            count = self._jobs.get(job, (0, now))[0] + 1
+            # The count stops growing once the delay is capped: a write refused for hours
+            # (a namespace being deleted) must not overflow the float.
+            count = min(self._jobs.get(job, (0, now))[0] + 1, MAX_DOUBLINGS)
             until = now + min(self.cap, self.base * 2.0 ** (count - 1))
             self._jobs[job] = (count, until)
         return until

@@ -179,20 +179,23 @@ def test_suspend_is_not_failure_and_resume_keeps_restarts(
     kube.create(tj_path(namespace), job)
     first = wait_world(kube, namespace, "nap", 8, timeout=120)
     held = first.members[3].pod
-    # A finalizer of the test's keeps one pod visible while it terminates.
-    kube.merge_patch(api_path("v1", "pods", namespace, held),
-                     {"metadata": {"finalizers": ["test.ringwright.dev/hold"]}})
-    restarts = get_status(kube, namespace, "nap").get("restarts", 0)
-
-    kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": True}}})
-    empty = wait_for(lambda: (w := world_of(kube, namespace, "nap")) is not None
-                     and w.epoch > first.epoch and w, "the next world")
-    assert empty.size == 0  # members learn they are out before their pods go
-    terminating = wait_for(lambda: (p := kube.get(api_path("v1", "pods", namespace, held)))
-                           ["metadata"].get("deletionTimestamp") and p, "the held pod deleted")
-    # Deleted with its own grace period: SIGTERM, and time to write the checkpoint.
-    assert terminating["metadata"]["deletionGracePeriodSeconds"] == 7
-    kube.merge_patch(api_path("v1", "pods", namespace, held), {"metadata": {"finalizers": None}})
+    # A finalizer of the test's keeps one pod visible while it terminates; released even
+    # when the test fails, or the namespace (and every later placement test) never empties.
+    held_path = api_path("v1", "pods", namespace, held)
+    kube.merge_patch(held_path, {"metadata": {"finalizers": ["test.ringwright.dev/hold"]}})
+    try:
+        restarts = get_status(kube, namespace, "nap").get("restarts", 0)
+        kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": True}}})
+        empty = wait_for(lambda: (w := world_of(kube, namespace, "nap")) is not None
+                         and w.epoch > first.epoch and w, "the next world")
+        assert empty.size == 0  # members learn they are out before their pods go
+        terminating = wait_for(lambda: (p := kube.get(held_path))["metadata"].get(
+            "deletionTimestamp") and p, "the held pod deleted")
+        # Deleted with its own grace period: SIGTERM, and time to write the checkpoint.
+        assert terminating["metadata"]["deletionGracePeriodSeconds"] == 7
+    finally:
+        if kube.get_or_none(held_path) is not None:
+            kube.merge_patch(held_path, {"metadata": {"finalizers": None}})
     wait_for(lambda: not pods_of(kube, namespace, "nap"), "every pod gone")
     status = wait_for(lambda: (s := get_status(kube, namespace, "nap"))
                       .get("phase") == "Suspended" and s, "phase Suspended")
@@ -252,21 +255,20 @@ def test_a_job_recreated_under_the_same_name_starts_clean(
             api_path("v1", "configmaps", namespace, world_configmap_name("again"))]
     for path in held:
         kube.merge_patch(path, {"metadata": {"finalizers": ["test.ringwright.dev/hold"]}})
-
-    kube.delete(tj_path(namespace, "again"))
-    wait_for(lambda: kube.get_or_none(tj_path(namespace, "again")) is None, "job deleted")
-    kube.create(tj_path(namespace), training_job("again", replicas=2, minimum=1))
-    new_job = kube.get(tj_path(namespace, "again"))["metadata"]["uid"]
-    assert new_job != old_job
-
     try:
+        kube.delete(tj_path(namespace, "again"))
+        wait_for(lambda: kube.get_or_none(tj_path(namespace, "again")) is None, "job deleted")
+        kube.create(tj_path(namespace), training_job("again", replicas=2, minimum=1))
+        new_job = kube.get(tj_path(namespace, "again"))["metadata"]["uid"]
+        assert new_job != old_job
         fresh = wait_for(lambda: (w := world_of(kube, namespace, "again")) is not None
                          and w.job.uid == new_job and w, "the new job's world", timeout=120)
         assert fresh.epoch == 1 < old.epoch  # a new job, a new history
         assert not {m.pod_uid for m in fresh.members} & old_uids
-    finally:
+    finally:  # released even when the test fails, or the namespace never empties
         for path in held:
-            kube.merge_patch(path, {"metadata": {"finalizers": None}})
+            if kube.get_or_none(path) is not None:
+                kube.merge_patch(path, {"metadata": {"finalizers": None}})
     wait_for(lambda: (w := world_of(kube, namespace, "again")) is not None and w.size == 2
              and w.job.uid == new_job and not {m.pod_uid for m in w.members} & old_uids,
              "both new workers in the world", timeout=120)

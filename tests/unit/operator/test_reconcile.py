@@ -80,10 +80,11 @@ class FakePlacer:
 
 def run(body: Obj, pods: Sequence[Obj] = (), world: World | None = None,
         reports: dict[str, Report] | None = None, policy: bool = True, now: float = NOW,
-        placer: FakePlacer | None = None, hold: float | None = None) -> Any:
+        placer: FakePlacer | None = None, hold: float | None = None,
+        world_version: str = "") -> Any:
     observed = Observed(job=body, pods=pods, world=world, reports=reports or {},
                         policy=SchedulingPolicySpec() if policy else None, inventory=NODES,
-                        hold_creates_until=hold)
+                        hold_creates_until=hold, world_version=world_version)
     return plan(observed, SETTINGS, now, placer or FakePlacer())
 
 
@@ -194,9 +195,10 @@ def test_suspend_empties_the_world_deletes_gracefully_and_resume_loses_nobody() 
     pods = [pod(i) for i in range(8)]
     running = {"phase": "Running", "restarts": 2, "world": {"epoch": 4}}
     body = job(replicas=8, status=running, runPolicy={"suspend": True, "backoffLimit": 2})
-    suspended = run(body, pods=pods, world=world_of(range(8), epoch=4))
+    suspended = run(body, pods=pods, world=world_of(range(8), epoch=4), world_version="41")
     # Members learn they are out from an empty world, then get their own grace period.
     assert suspended.world is not None and suspended.world.epoch == 5
+    assert suspended.world_version == "41"  # written over the world it replaces
     assert suspended.world.members == ()
     assert sorted(suspended.delete_gracefully) == sorted(f"tj-worker-{i}" for i in range(8))
     assert suspended.delete == []

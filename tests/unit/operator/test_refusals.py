@@ -79,7 +79,7 @@ def test_a_refused_create_leaves_world_deletes_and_status_to_happen() -> None:
     assert [r.reason for r in refusals] == ["FailedCreate"]
     assert "exceeded quota" in refusals[0].message
     verbs = [(verb, path.rsplit("/", 2)[-2:]) for verb, path in kube.calls]
-    assert ("APPLY", ["configmaps", "tj-world"]) in verbs  # the world still went out
+    assert ("PATCH", ["configmaps", "tj-world"]) in verbs  # the world still went out
     assert ("DELETE", ["pods", "tj-worker-1"]) in verbs  # the dead member still went
     status_writes = [p for v, p in kube.calls if v == "APPLY" and p.endswith("/status")]
     assert len(status_writes) == 1
@@ -112,6 +112,13 @@ def test_backoff_doubles_per_refusal_up_to_the_cap_and_resets_on_success() -> No
     backoff.accepted(key)
     assert backoff.refused(key, NOW) - NOW == 1.0
     assert backoff.hold_until(("ns", "other"), NOW) is None  # per job
+
+
+def test_a_write_refused_for_hours_keeps_the_capped_delay() -> None:
+    backoff = RefusalBackoff(base=1.0, cap=4.0)
+    key = ("ns", "terminating")  # say its namespace is being deleted: every write refused
+    delays = [backoff.refused(key, NOW) - NOW for _ in range(5000)]
+    assert delays[-1] == 4.0
 
 
 def test_held_creates_are_not_planned_but_the_rest_of_the_round_is() -> None:
