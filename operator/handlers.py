@@ -115,7 +115,7 @@ def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
                 ctx.ledger.reserve(pod)
         refusals = ctx.applier.perform(observed.job, decided, refusals,
                                        attempted=hold is None)
-    ctx.metrics.refused(refusals)
+    ctx.metrics.refused(key[0], refusals)
     if refusals:
         hold = ctx.refusal_backoff.refused(key, ctx.clock())
     elif hold is None:

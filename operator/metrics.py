@@ -122,8 +122,8 @@ class OperatorMetrics:
             "ringwright_operator_pods_deleted", "Pods deleted, by role.", ["role"], registry=r)
         self.writes_refused = Counter(
             "ringwright_operator_writes_refused", "Writes the API server refused (quota, "
-            "admission), by verb and kind; they are retried after a per-job backoff.",
-            ["verb", "kind"], registry=r)
+            "admission), by namespace, verb and kind; they are retried after a per-job "
+            "backoff.", ["namespace", "verb", "kind"], registry=r)
         self._phases: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         for phase in JobPhase:
@@ -141,10 +141,10 @@ class OperatorMetrics:
         """Count an API request that failed a round."""
         self.api_errors.labels(verb, str(code)).inc()
 
-    def refused(self, refusals: Iterable[Refused]) -> None:
-        """Count writes the API server refused."""
+    def refused(self, namespace: str, refusals: Iterable[Refused]) -> None:
+        """Count writes the API server refused in ``namespace``."""
         for r in refusals:
-            self.writes_refused.labels(r.verb, r.kind).inc()
+            self.writes_refused.labels(namespace, r.verb, r.kind).inc()
 
     def applied(self, namespace: str, name: str, observed: Observed, plan: Plan) -> None:
         """Count what an applied plan did."""
