@@ -15,7 +15,6 @@ import importlib.util
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ import pytest
 from ringwright.devcluster.build import OVERRIDE_VARS
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.install import install_api
-from ringwright.kube import KubeClient, api_path
-from tests.jobs import OperatorProcess
+from ringwright.kube import KubeClient
+from tests.jobs import OperatorProcess, fresh_namespace
 from tests.xdist_groups import assign_groups
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -111,10 +110,8 @@ def kube(cluster: Cluster) -> Iterator[KubeClient]:
 @pytest.fixture()
 def namespace(kube: KubeClient) -> Iterator[str]:
     """A fresh namespace, deleted after the test."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
-    yield name
-    kube.delete(api_path("v1", "namespaces", name=name))
+    with fresh_namespace(kube) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

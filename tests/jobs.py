@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,12 @@ def get_status(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
     except ApiError:
         return {}
     return status
+
+
+@contextlib.contextmanager
+def fresh_namespace(kube: KubeClient) -> Iterator[str]:
+    """A new namespace with a random name, deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
+    yield name
+    kube.delete(api_path("v1", "namespaces", name=name))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from ringwright.report_seal import seal
 from ringwright.world import Env, Report, ReportKind, reports_configmap_name
 from tests.cluster.test_chart import _install
 from tests.cluster.test_operator import wait_world
-from tests.jobs import OperatorProcess, tj_path, training_job
+from tests.jobs import OperatorProcess, fresh_namespace, tj_path, training_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -167,10 +166,8 @@ def can_i(kube: KubeClient, user: str, verb: str, resource: str, namespace: str 
 
 @pytest.fixture()
 def other_namespace(kube: KubeClient) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
-    yield name
-    kube.delete(api_path("v1", "namespaces", name=name))
+    with fresh_namespace(kube) as name:
+        yield name
 
 
 @pytest.mark.parametrize("mode", ["all-namespaces", "namespaced"])
