@@ -123,8 +123,8 @@ class GroupManager:
         self._rank = -1
         self._ever_joined = False
         self._failing = False
-        self._suspects: dict[int, tuple[str, ...]] = {}
-        """Pods found dead, by epoch (only the current epoch's are kept)."""
+        self._suspects: dict[int, PeerFailure] = {}
+        """Pods found dead and the evidence, by epoch (only the current epoch's are kept)."""
 
     @property
     def backend(self) -> CollectiveBackend:
@@ -213,9 +213,15 @@ class GroupManager:
 
     def report(self, kind: ReportKind, detail: str = "") -> None:
         """Tell the operator something about this pod in the current epoch, naming
-        the peers found dead in it so far (a later report replaces an earlier one)."""
+        the peers found dead in it so far with the evidence (a later report replaces an
+        earlier one, so the evidence must travel with every report that names them)."""
         epoch = max(self.epoch, 0)
-        self._reporter.report(kind, epoch, detail, self._suspects.get(epoch, ()))
+        found = self._suspects.get(epoch)
+        if found is None:
+            self._reporter.report(kind, epoch, detail)
+            return
+        self._reporter.report(kind, epoch, f"{detail[:600]}; found dead: {found.evidence}",
+                              found.pods)
 
     def failed(self, err: CollectiveError) -> None:
         """The group broke: report it; from now on a world without this pod fences it."""
@@ -228,7 +234,7 @@ class GroupManager:
 
     def _peer_failed(self, failure: PeerFailure) -> None:
         # Called from the heartbeat thread, after the group was aborted.
-        self._suspects = {failure.epoch: failure.pods}
+        self._suspects = {failure.epoch: failure}
         self._reporter.report(ReportKind.PEER_DEAD, failure.epoch, failure.evidence,
                               failure.pods)
 

@@ -163,6 +163,10 @@ def test_reports_in_an_epoch_name_the_peers_found_dead() -> None:
     assert [k for k, _, _ in reporter.reports] == [ReportKind.PEER_DEAD,
                                                   ReportKind.COLLECTIVE_FAILED]
     assert reporter.suspects == [("w-2",), ("w-2",)]
+    # The later report replaces the first at the operator: it keeps the evidence,
+    # whatever error the training thread saw.
+    assert "allreduce aborted" in reporter.reports[-1][2]
+    assert "no heartbeat for 3.0s" in reporter.reports[-1][2]
     # A new epoch starts with a clean slate.
     source.publish(make_world(2, ["w-0", ME]))
     m.join(1)
