@@ -85,9 +85,9 @@ SCENARIOS: dict[str, dict[str, Run]] = {
         "rw": recovery_ringwright.partition,
         "tr": lambda d: recovery_torchrun.partition(d, ""),
         "tr-tuned": lambda d: recovery_torchrun.partition(d, TUNED),
-        # Not yet ringwright+hvd: in network namespaces its workers die in hvd.init()
-        # (gloo connects to 127.0.0.1); nor horovodrun, which would need a launcher
-        # that puts each host's workers in that host's namespace.
+        "rw-hvd": lambda d: recovery_ringwright.partition(d, backend="horovod"),
+        # Not horovodrun, which would need a launcher that puts each host's workers in
+        # that host's namespace.
     },
     "straggler": {
         "rw": recovery_ringwright.straggler,

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import uuid
+from pathlib import Path
 
 SUBNET = "10.99.0"
 """Private to the test's own namespaces: never routed outside them."""
+
+NETNS_ETC = Path("/etc/netns")
+"""``ip netns exec NS`` mounts the files of ``/etc/netns/NS/`` over ``/etc``."""
 
 
 def available() -> str | None:
@@ -57,6 +62,12 @@ class NamespacedPods:
             _ip("-n", self.hub, "link", "set", port, "master", "br0", "up")
             _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
+            # As the kubelet writes a pod's /etc/hosts: the host name resolves to the
+            # pod's address. Horovod's gloo binds one of its devices by host name;
+            # the machine's own entry (127.x) would make peers connect to themselves.
+            (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / ns / "hosts").write_text(
+                f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
         # Gloo (torch and Horovod) must talk over the pod's interface, not loopback.
         env = {"GLOO_SOCKET_IFNAME": "eth0", "HOROVOD_GLOO_IFACE": "eth0"}
         return address, ["ip", "netns", "exec", ns], env
@@ -69,6 +80,7 @@ class NamespacedPods:
         """Remove every namespace (and with them the interfaces)."""
         for ns in reversed(self._namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
         self._namespaces = []
 
     def _add_namespace(self, ns: str) -> None:

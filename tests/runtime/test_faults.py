@@ -257,9 +257,11 @@ def namespaces() -> Iterator[netns.NamespacedPods]:
         pods.close()
 
 
+@pytest.mark.parametrize(
+    "backend", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
 def test_a_member_cut_off_from_its_peers_leaves_and_the_rest_continue(
-        make_job: JobFactory, namespaces: netns.NamespacedPods) -> None:
-    job = make_job(network=namespaces)
+        make_job: JobFactory, namespaces: netns.NamespacedPods, backend: str) -> None:
+    job = make_job(network=namespaces, backend=backend)
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[3]
