@@ -22,12 +22,15 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture()
-def hourly_scaffold(operator: OperatorProcess, cluster: Cluster, tmp_path: Path,
-                    monkeypatch: pytest.MonkeyPatch) -> Iterator[OperatorProcess]:
-    """An operator of the test's own whose full scaffold re-apply is an hour away."""
+def hourly_scaffold(operator: OperatorProcess, cluster: Cluster, namespace: str,
+                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                    ) -> Iterator[OperatorProcess]:
+    """An operator of the test's own whose full scaffold re-apply is an hour away. It
+    watches the test's namespace only: its rounds are then this job's, not those of
+    earlier tests' jobs still going away with their namespaces."""
     operator.stop()
     monkeypatch.setenv("RINGWRIGHT_SCAFFOLD_RESYNC_SECONDS", "3600")
-    own = OperatorProcess(cluster, tmp_path / "operator.log")
+    own = OperatorProcess(cluster, tmp_path / "operator.log", args=["--namespace", namespace])
     own.start()
     try:
         yield own
