@@ -65,6 +65,13 @@ class HostThread:
                     .splitlines() if re.search(pattern, line)]
         return out
 
+    def tails(self, lines: int = 15) -> str:
+        """The last ``lines`` of every pod's log, for a failing test's message."""
+        return "\n".join(
+            f"--- {path.stem}\n" + "\n".join(path.read_text(errors="replace")
+                                              .splitlines()[-lines:])
+            for path in sorted(self.host.workdir.glob("*.log")))
+
 
 @pytest.fixture(params=["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
 def job(kube: KubeClient, namespace: str, operator: OperatorProcess, tmp_path: Path,

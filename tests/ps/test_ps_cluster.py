@@ -60,8 +60,12 @@ def test_parameter_server_job_trains_every_sample_once(
             {p["spec"].get("priorityClassName") for p in workers}
         # The job succeeds by the parameter-server completion rule: finished workers are
         # not replaced, and both servers outlive the last pushes and exit on their own.
-        wait_for(lambda: get_status(kube, ns, "rec").get("phase") == "Succeeded",
-                 "the job to succeed", timeout=300)
+        try:
+            wait_for(lambda: get_status(kube, ns, "rec").get("phase") == "Succeeded",
+                     "the job to succeed", timeout=300)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nstatus: {get_status(kube, ns, 'rec')}\n"
+                                 f"{runner.tails()}") from err
         done = runner.log_lines(r" ps_done ")
         assert len(done) == 2, done
         counts = ps_done("\n".join(line for line in done if "trained=" in line))
