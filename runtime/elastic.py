@@ -60,7 +60,7 @@ from .group import Fenced, GroupManager, LeftWorld, MemberInfo, WorldChanged, ch
 from .health import HealthFile, ReadinessServer, StallWatchdog
 from .kube_source import KubeMembershipSource
 from .kvlog import log_event, runtime_logger
-from .liveness import LagListener
+from .liveness import LagListener, PeerFailure
 from .membership import MembershipSource
 from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
 from .reporter import FileReporter, KubeReporter, LogReporter, Reporter
@@ -70,6 +70,11 @@ from .state_sync import shared_commit
 from .torch_backend import TorchDistributedBackend
 
 _log = runtime_logger("elastic")
+
+INIT_ABANDONED_EXIT = 70
+"""Exit status (EX_SOFTWARE) of a member that gave up a Horovod init in which a peer
+died: nothing can interrupt ``hvd.init()``, so its container restarts without state
+and rejoins a later epoch, from the last commit, which one survivor checkpointed."""
 
 R = TypeVar("R")
 
@@ -214,6 +219,7 @@ class ElasticRuntime:
                      else default_backend(kind, device, settings,
                                           on_heartbeat_lag=self.metrics.heartbeat_lag.set))
             self._backend = MeteredBackend(inner, self.metrics)
+            self._leave_stuck_inits(inner, state)
         manager = GroupManager(self.source, self._backend, self.pod, self.settings,
                                self.reporter, self.watchdog, clock=self._clock)
         state.bind(StepMeter(manager, state, self.metrics))
@@ -269,6 +275,32 @@ class ElasticRuntime:
             state.stop = None
             if stop is not None:
                 stop.uninstall()
+
+    def _leave_stuck_inits(self, backend: CollectiveBackend, state: State) -> None:
+        """Have a Horovod backend that finds a peer dead inside ``hvd.init()`` save the
+        last commit (one survivor writes) and exit for a restart, rather than wait out
+        Horovod's timeout of minutes."""
+        from .horovod_backend import HorovodBackend
+
+        if not isinstance(backend, HorovodBackend):
+            return
+
+        def abandon(failure: PeerFailure) -> None:
+            alive = [p for p in state.synced_members if p not in failure.pods]
+            # Every survivor that holds the commit computes the same writer.
+            saved = bool(alive) and alive[0] == self.pod and state.save_checkpoint(writer=True)
+            guard = state.checkpoints
+            flushed = saved and guard is not None and guard.flush(
+                timeout=self.settings.termination_grace_s)
+            log_event(_log, logging.WARNING, "init_abandoned", pod=self.pod,
+                      epoch=failure.epoch, dead=",".join(failure.pods), step=state.step,
+                      checkpoint_saved=flushed, exit_code=INIT_ABANDONED_EXIT)
+            self.reporter.close()
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(INIT_ABANDONED_EXIT)
+
+        backend.on_stuck_init = abandon
 
     def _termination_signal(self) -> TerminationSignal | None:
         """Catch SIGTERM so a final checkpoint can be written within the grace period.

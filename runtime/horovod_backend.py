@@ -8,11 +8,14 @@ Horovod's gloo controller reads and calls ``hvd.init()``. The next epoch calls
 ``hvd.shutdown()`` and does it all again in the same process.
 
 Horovod cannot report a failure *during* ``hvd.init()`` to Python: its background
-thread aborts the process. The barrier before it keeps that window to the
-rendezvous itself; a process lost there restarts like any crashed container and
-rejoins a later epoch. Failures in collectives surface as ``HorovodInternalError``
-and take the usual rollback path (see docs/horovod-gloo-notes.md for what was
-verified about Horovod 0.28.1).
+thread aborts the process, and a peer lost inside its rendezvous leaves the others
+polling for that peer's address until Horovod's (long) timeout. The barrier before it
+keeps that window to the rendezvous itself. A peer found dead inside it makes every
+survivor call :attr:`HorovodBackend.on_stuck_init`: the runtime saves the last commit
+and exits, to be restarted like any crashed container and rejoin a later epoch.
+Failures in collectives surface as ``HorovodInternalError`` and take the usual
+rollback path (see docs/horovod-gloo-notes.md for what was verified about Horovod
+0.28.1).
 
 Horovod's one gloo timeout covers both forming the group and every operation, so it
 is set long (``collective_timeout_s``: a slow peer is not fatal). A dead peer is
@@ -127,6 +130,11 @@ class HorovodBackend:
         self._lock = threading.Lock()
         self._sockets: GroupSockets | None = None
         self._aborted: str | None = None
+        self._in_init = False
+        self.on_stuck_init: Callable[[PeerFailure], None] | None = None
+        """Called (from the heartbeat thread) when a peer is found dead while this
+        process is inside ``hvd.init()``, which nothing can interrupt; it should not
+        return (save what is needed and exit). Unset: wait for Horovod's timeout."""
 
     @property
     def name(self) -> str:
@@ -147,6 +155,8 @@ class HorovodBackend:
         def peer_failed(failure: PeerFailure) -> None:
             # Reported first, so the rollback's own report already names the suspects.
             on_peer_failure(failure)
+            if self._in_init and self.on_stuck_init is not None:
+                self.on_stuck_init(failure)
             self.abort(f"peers dead: {failure.evidence}")
 
         store = self._stores.meet(world, rank, superseded, peer_failed)
@@ -166,8 +176,12 @@ class HorovodBackend:
             self._aborted = None
             self._sockets = GroupSockets(
                 keep_ports={world.store.port, int(port), s.readiness_port})
-        with collective(f"hvd.init() for epoch {world.epoch}"):
-            self._hvd.init()
+        self._in_init = True
+        try:
+            with collective(f"hvd.init() for epoch {world.epoch}"):
+                self._hvd.init()
+        finally:
+            self._in_init = False
         self._joined = True
         with self._lock:
             if self._sockets is not None:

@@ -162,6 +162,8 @@ class State:
         """World epoch whose group this state was last synced in; -1 holds no state."""
         self.synced_rank = -1
         """This member's rank in that world."""
+        self.synced_members: tuple[str, ...] = ()
+        """The pods of that world, in rank order: every one holds the same commit."""
         self.sync_bytes = 0
         """Bytes the last sync moved (0 when every member already held the commit)."""
         self.stop: StopSignal | None = None
@@ -279,6 +281,7 @@ class State:
         self.sampler.set_world(rank, world.size)
         self.lr.set_world(world.lr, world.size, self.step)
         self.synced_epoch, self.synced_rank = world.epoch, rank
+        self.synced_members = tuple(m.pod for m in world.members)
         self._reseed_per_rank()
         if self._committed is None or self._commit_stale:
             self._committed = self.to_payload()
@@ -300,14 +303,17 @@ class State:
         self._last_checkpoint = (self.step, self._clock())
         return True
 
-    def save_checkpoint(self) -> bool:
+    def save_checkpoint(self, *, writer: bool | None = None) -> bool:
         """Checkpoint the last commit now; True when a write started.
 
         Only the member that was rank 0 of the world its state was synced in writes:
         every member holds the same state, and exactly one such member exists.
+        ``writer`` overrides that choice (that member may be the one that died).
         """
         guard = self._checkpoints
-        if guard is None or self.synced_rank != 0 or self._committed is None:
+        if writer is None:
+            writer = self.synced_rank == 0
+        if guard is None or not writer or self._committed is None:
             return False
         step = int(self._committed["step"])
         size = self._binding.world.size if self._binding is not None else 1

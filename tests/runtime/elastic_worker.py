@@ -22,6 +22,9 @@ training function, as user code may.
 CUDA=1 trains on GPU ``<pod index> % device count`` (NCCL with the torch backend).
 BALLAST_MB adds a buffer of that size to the model: it is not trained, but every state
 broadcast carries it, so a test can act while one is under way.
+FREEZE_IN_HVD_INIT=<pod>: that pod stops itself (SIGSTOP) on entering ``hvd.init()``
+for the first time, after the runtime's join barrier: a peer frozen inside Horovod's
+own rendezvous, at a point no test could otherwise hit on purpose.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -103,8 +107,23 @@ def user_level_sum(value: torch.Tensor) -> None:
     dist.all_reduce(value)
 
 
+def freeze_in_horovod_init() -> None:
+    """Make ``hvd.init()`` stop this process before it rendezvouses (see the module)."""
+    import horovod.torch as hvd
+
+    init = hvd.init
+
+    def frozen_init(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return init(*args, **kwargs)
+
+    hvd.init = frozen_init
+
+
 def main() -> int:
     pod = os.environ[Env.POD_NAME]
+    if os.environ.get("FREEZE_IN_HVD_INIT") == pod:
+        freeze_in_horovod_init()
     epochs = int(os.environ.get("EPOCHS", "3"))
     samples = int(os.environ.get("SAMPLES", "192"))
     batch = int(os.environ.get("BATCH", "4"))

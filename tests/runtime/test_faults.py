@@ -243,6 +243,32 @@ def test_rank_zero_dies_during_the_state_broadcast_of_a_new_epoch(
     assert_resumed_from_commit(t, before=0, after=job.world.epoch)
 
 
+@pytest.mark.horovod
+def test_a_member_dead_inside_horovods_rendezvous_costs_a_restart_not_a_timeout(
+        make_job: JobFactory, tmp_path: Path) -> None:
+    """A newcomer freezes inside ``hvd.init()``, after the join barrier: the others are
+    blocked in Horovod's own rendezvous, where nothing can interrupt them. They find it
+    dead by its heartbeats, one of them checkpoints the last commit, all exit and are
+    restarted, and the world re-forms without it from that checkpoint, instead of
+    waiting out Horovod's timeout (600 s here)."""
+    victim = "local-worker-3"
+    job = make_job(backend="horovod", restart=True, evict_grace_s=1.0,
+                   FREEZE_IN_HVD_INIT=victim, CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
+                   STEP_SLEEP="0.5")
+    job.start(3)
+    wait_for_step(job, 6)
+    job.scale(4)
+    finish(job)
+    assert job.world.size == 3 and job.world.member(victim) is None
+    survivors = [m.pod for m in job.world.members]
+    for pod in survivors:
+        assert f"init_abandoned pod={pod}" in job.log_path(pod).read_text(), log_tails(job)
+    t = audit(job)
+    assert all(len({r["pid"] for p, r in t.events("start") if p == pod}) == 2
+               for pod in survivors), "each survivor trained in a second, restarted process"
+    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+
+
 @pytest.fixture()
 def namespaces() -> Iterator[netns.NamespacedPods]:
     reason = netns.available()
