@@ -224,8 +224,16 @@ class GroupManager:
                               found.pods)
 
     def failed(self, err: CollectiveError) -> None:
-        """The group broke: report it; from now on a world without this pod fences it."""
+        """The group broke: abort it here too, report it; from now on a world without
+        this pod fences it.
+
+        The abort closes this member's connections, so peers still blocked in a
+        collective with it fail at once instead of at their heartbeat verdict: a
+        killed peer resets only the connections it had, and in a ring most members
+        do not talk to it directly.
+        """
         self._failing = True
+        self._backend.abort(f"a collective failed here: {err}")
         self.report(ReportKind.COLLECTIVE_FAILED, str(err))
 
     def leave_cleanly(self) -> None:

@@ -210,6 +210,11 @@ def test_a_process_restarted_in_its_pod_without_state(make_job: JobFactory) -> N
     assert codes[victim] == 0 and job.pod(victim).process.pid != first_pid
     assert job.world.size == 4 and job.world.member(victim) is not None
     assert "already claimed in this epoch" in job.log_path(victim).read_text()
+    # Every survivor's collective failed at once, also where the killed member was not a
+    # ring neighbour: the first to fail aborted its group for the others. No survivor
+    # waited for the (60 s) heartbeat verdict.
+    assert not any("peers_dead" in job.log_path(p).read_text() for p in codes), \
+        log_tails(job)
     t = audit(job)
     # The restarted process trained again, with the state it received by broadcast.
     pids = {r["pid"] for pod, r in t.events("start") if pod == victim}

@@ -152,6 +152,15 @@ def test_a_member_that_finds_no_world_after_a_failure_fences_itself() -> None:
         m.join(1)
 
 
+def test_a_failed_collective_aborts_the_group_so_blocked_peers_fail_too() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(1, ["w-0", ME, "w-2"]))
+    m = manager(source, backend, FakeReporter())
+    m.join(-1)
+    m.failed(CollectiveError("connection reset by w-2"))
+    assert backend.aborted is not None and "connection reset by w-2" in backend.aborted
+
+
 def test_reports_in_an_epoch_name_the_peers_found_dead() -> None:
     source, backend, reporter = FakeSource(), FakeBackend(), FakeReporter()
     source.publish(make_world(1, ["w-0", ME, "w-2"]))
