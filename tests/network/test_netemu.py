@@ -4,6 +4,7 @@ relays) outlives the network, also when a run fails or is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from ringwright.devcluster.netemu import (
     EmulatedNetwork,
     Host,
     NetworkSpec,
+    delete_namespace,
     list_namespaces,
     sweep_stale,
 )
@@ -86,6 +88,35 @@ def test_everything_is_removed_also_when_the_body_fails() -> None:
         raise RuntimeError("boom")
     assert [n for n in list_namespaces() if net.tag in n] == []
     assert [pid for pid in relays if psutil.pid_exists(pid)] == []
+
+
+BUILD_AND_DIE = """
+import os, signal
+from ringwright.devcluster.netemu import EmulatedNetwork, NetworkSpec
+net = EmulatedNetwork(NetworkSpec(racks=(1, 1), spine_delay_ms=1), netem=False).__enter__()
+print(net.tag, *(p.pid for p in net._relays), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.usefixtures("can_emulate")
+def test_a_killed_owner_leaves_no_relay_and_its_namespaces_are_swept() -> None:
+    out = subprocess.run([sys.executable, "-c", BUILD_AND_DIE], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == -9, out.stderr
+    tag, *relays = out.stdout.split()
+    assert len(relays) == 2
+    try:
+        # The relays die with their owner, before anyone sweeps.
+        for pid in map(int, relays):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).wait(timeout=30)
+        assert [n for n in sweep_stale() if tag in n] != []
+        assert [n for n in list_namespaces() if tag in n] == []
+    finally:
+        for ns in list_namespaces():
+            if tag in ns:
+                delete_namespace(ns)
 
 
 @pytest.mark.usefixtures("can_emulate")
