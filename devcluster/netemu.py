@@ -283,9 +283,14 @@ class EmulatedNetwork:
             raise
         return self
 
+    @property
+    def relay_pids(self) -> list[int]:
+        """Process ids of the running delay-line relays."""
+        return [proc.pid for proc in self._relays]
+
     def relay_cpu_seconds(self) -> float:
         """CPU time the delay-line relays have used so far, all together."""
-        return sum(_cpu_seconds(proc.pid) for proc in self._relays)
+        return sum(_cpu_seconds(pid) for pid in self.relay_pids)
 
     def close(self) -> None:
         """Stop the relays, then delete every namespace of this network (idempotent).

@@ -94,7 +94,7 @@ BUILD_AND_DIE = """
 import os, signal
 from ringwright.devcluster.netemu import EmulatedNetwork, NetworkSpec
 net = EmulatedNetwork(NetworkSpec(racks=(1, 1), spine_delay_ms=1), netem=False).__enter__()
-print(net.tag, *(p.pid for p in net._relays), flush=True)
+print(net.tag, *net.relay_pids, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
