@@ -5,9 +5,9 @@ edge, so the oversubscribed, higher-latency spine is paid on each of them. Here 
 buffer is cut into ``m`` shards (``m``: the size of the smallest rack). Shard ``j`` is
 first reduced inside every rack onto the rack's ``j``-th member, then all-reduced
 across racks among the ``j``-th members (one member per rack, ``m`` such rings in
-parallel), then broadcast inside each rack from its ``j``-th member. The spine then
-carries 2(R-1) steps of R racks instead of 2(N-1), and every rack, even or uneven,
-takes part with all of its members.
+parallel), then sent back from the ``j``-th member to every member of its rack. The
+spine then carries 2(R-1) steps of R racks instead of 2(N-1), and every rack, even or
+uneven, takes part with all of its members.
 
 :func:`rack_plan` decides from the world alone (the same answer on every rank);
 :class:`RackGroups` holds the process groups of one epoch, built right after the
@@ -25,9 +25,15 @@ import torch.distributed as dist
 
 from ringwright.world import HierarchicalAllReduce, World
 
-PIECE_BYTES = 1 << 20
-"""Pipeline granularity: a buffer goes through the three stages in pieces of this size."""
+PIECE_BYTES = 128 << 10
+"""Pipeline granularity: a buffer goes through the three stages in pieces of this size
+(at most ``MAX_PIECES``). Small pieces fill the pipeline sooner; each piece costs a
+spine round of its own and three collectives' overhead. Tuned on the emulated network
+(``tests/bench/bench_network.py``): 64 KiB-1 MiB pieces of 0.25-4 MB buffers."""
 MAX_PIECES = 16
+LANES = 2
+"""Cross-rack groups per shard, used in turn by successive pieces: a gloo group runs at
+most two operations at once, and the spine's latency needs more pieces in flight."""
 
 
 @dataclass(frozen=True)
@@ -84,54 +90,105 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
 class RackGroups:
     """The rack and cross-rack process groups of one epoch, for one rank.
 
-    The buffer goes through in pieces, as a pipeline of three stages with a process
-    group each (reduce inside the rack, all-reduce across, broadcast inside), so the
-    spine carries one piece while the rack links reduce the next and share the last.
-    Every rank of the default group must construct this at the same point, since
-    creating a group is itself a collective over the whole world.
+    Each stage is one collective: an all-to-all inside the rack sends shard ``j`` of
+    every member to the rack's ``j``-th member, which sums what it got (a reduce-scatter
+    that moves each byte once; gloo's own reduce-scatter is a whole all-reduce); the
+    ring all-reduce across racks; an all-to-all that sends every reduced shard back to
+    all rack members. The buffer goes through in pieces, as a pipeline with a process
+    group per stage, so the spine carries one piece while the rack links scatter the
+    next and share the last. Every rank of the default group must construct this at
+    the same point, since creating a group is itself a collective over the whole world.
     """
 
     def __init__(self, plan: RackPlan, rank: int, timeout: timedelta,
-                 piece_bytes: int = PIECE_BYTES) -> None:
+                 piece_bytes: int = PIECE_BYTES, lanes: int = LANES) -> None:
         self.plan = plan
         self.rank = rank
         self.piece_bytes = piece_bytes
         # Subgroups get the library's default timeout (minutes) unless told: a member
         # whose partner left the step must give up as quickly as in the default group.
-        reduce_groups = {rack: _group(rack, timeout) for rack in plan.racks}
+        scatter_groups = {rack: _group(rack, timeout) for rack in plan.racks}
         share_groups = {rack: _group(rack, timeout) for rack in plan.racks}
-        cross_groups = [_group(plan.cross(j), timeout) for j in range(plan.shards)]
+        cross_groups = [[_group(plan.cross(j), timeout) for _ in range(lanes)]
+                        for j in range(plan.shards)]
         self._rack = plan.rack_of(rank)
-        self._reduce_group = reduce_groups[self._rack]
+        self._scatter_group = scatter_groups[self._rack]
         self._share_group = share_groups[self._rack]
         local = self._rack.index(rank)
         self._shard = local if local < plan.shards else None
-        self._cross_group = cross_groups[local] if self._shard is not None else None
+        self._cross_lanes = cross_groups[local] if self._shard is not None else []
+        # Pieces on the spine before the oldest is shared: two per lane run at once.
+        self._lag = 2 * lanes - 1
 
     def allreduce_(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` (one contiguous tensor) over the world, in place."""
-        plan, rack = self.plan, self._rack
         count = max(1, min(MAX_PIECES, flat.numel() * flat.element_size() // self.piece_bytes))
-        pieces = [[flat[a:b][x:y] for x, y in shard_bounds(b - a, plan.shards)]
-                  for a, b in shard_bounds(flat.numel(), count)]
-        in_rack = len(rack) > 1
-        reduced = [[dist.reduce(shards[j], dst=rack[j], group=self._reduce_group,
-                                async_op=True) for j in range(plan.shards)] if in_rack else []
-                   for shards in pieces]
+        pieces = [flat[a:b] for a, b in shard_bounds(flat.numel(), count)]
+        scattered = [self._scatter(piece) for piece in pieces]
         crossed = []
-        for shards, works in zip(pieces, reduced, strict=True):
-            _wait_all(works)
-            if self._shard is not None:
-                crossed.append(dist.all_reduce(shards[self._shard], group=self._cross_group,
-                                               async_op=True))
         shared = []
-        for i, shards in enumerate(pieces):
-            if self._shard is not None:
-                _wait_all([crossed[i]])
-            if in_rack:
-                shared += [dist.broadcast(shards[j], src=rack[j], group=self._share_group,
-                                          async_op=True) for j in range(plan.shards)]
+        for i, piece in enumerate(pieces):
+            # Sum and send on each piece as soon as it is scattered.
+            crossed.append(self._cross(i, piece, *scattered[i]))
+            # Share a piece once the next ones are on the spine: all links stay busy.
+            if i >= self._lag:
+                shared.append(self._share(pieces[i - self._lag], crossed[i - self._lag]))
+        for i in range(max(0, len(pieces) - self._lag), len(pieces)):
+            shared.append(self._share(pieces[i], crossed[i]))
         _wait_all(shared)
+
+    def _sizes(self, piece: torch.Tensor) -> list[int]:
+        """Length of every shard of ``piece``, then 0 for each member owning none."""
+        shards = [b - a for a, b in shard_bounds(piece.numel(), self.plan.shards)]
+        return shards + [0] * (len(self._rack) - len(shards))
+
+    def _own(self, piece: torch.Tensor) -> torch.Tensor | None:
+        """This member's shard of ``piece``; None where it owns none."""
+        if self._shard is None:
+            return None
+        a, b = shard_bounds(piece.numel(), self.plan.shards)[self._shard]
+        return piece[a:b]
+
+    def _scatter(self, piece: torch.Tensor) -> tuple[dist.Work | None, torch.Tensor | None]:
+        """Start sending every shard of ``piece`` to its owner in the rack; the work and
+        the buffer that receives this member's shard from every rack member."""
+        own = self._own(piece)
+        if len(self._rack) == 1:
+            return None, None
+        members = len(self._rack)
+        got = piece.new_empty(members * (0 if own is None else own.numel()))
+        work = dist.all_to_all_single(got, piece, [got.numel() // members] * members,
+                                      self._sizes(piece), group=self._scatter_group,
+                                      async_op=True)
+        return work, got
+
+    def _cross(self, index: int, piece: torch.Tensor, scatter: dist.Work | None,
+               got: torch.Tensor | None) -> dist.Work | None:
+        """Once ``piece`` is scattered, sum this member's shard and start its
+        all-reduce across racks."""
+        _wait_all([scatter])
+        own = self._own(piece)
+        if own is None:
+            return None
+        if got is not None:
+            torch.sum(got.view(len(self._rack), -1), dim=0, out=own)
+        if own.numel() == 0:
+            return None
+        return dist.all_reduce(own, group=self._cross_lanes[index % len(self._cross_lanes)],
+                               async_op=True)
+
+    def _share(self, piece: torch.Tensor, cross: dist.Work | None) -> dist.Work | None:
+        """Once this member's shard of ``piece`` is summed over the world, start sending
+        it to every rack member and receiving theirs into ``piece``."""
+        if len(self._rack) == 1:
+            return cross
+        _wait_all([cross])
+        own = self._own(piece)
+        members = len(self._rack)
+        out = piece.new_empty(0) if own is None else own.repeat(members)
+        return dist.all_to_all_single(piece, out, self._sizes(piece),
+                                      [out.numel() // members] * members,
+                                      group=self._share_group, async_op=True)
 
 
 def _group(ranks: tuple[int, ...], timeout: timedelta) -> dist.ProcessGroup | None:

@@ -10,7 +10,8 @@ import pytest
 from ringwright.devcluster.netemu import EmulatedNetwork, NetworkSpec
 from tests.conftest import IN_CI
 
-NetworkFactory = Callable[[NetworkSpec], EmulatedNetwork]
+NetworkFactory = Callable[..., EmulatedNetwork]
+"""Takes :class:`EmulatedNetwork`'s arguments."""
 
 
 def _cannot_emulate_reason() -> str | None:
@@ -37,8 +38,8 @@ def emulated_network(can_emulate: None) -> Iterator[NetworkFactory]:
     whatever the test did."""
     built: list[EmulatedNetwork] = []
 
-    def build(spec: NetworkSpec) -> EmulatedNetwork:
-        net = EmulatedNetwork(spec)
+    def build(spec: NetworkSpec, netem: bool | None = None) -> EmulatedNetwork:
+        net = EmulatedNetwork(spec, netem)
         built.append(net.__enter__())
         return net
 
