@@ -31,6 +31,14 @@ PIECE_BYTES = 128 << 10
 spine round of its own and three collectives' overhead. Tuned on the emulated network
 (``tests/bench/bench_network.py``): 64 KiB-1 MiB pieces of 0.25-4 MB buffers."""
 MAX_PIECES = 16
+AUTO_MAX_BYTES = 512 << 10
+"""Under ``Auto``, buffers up to this size go hierarchical and larger ones the flat
+ring. Hierarchical saves spine *latency* (2(R-1) spine steps instead of 2(N-1)), not
+bytes: at 4:1 every worker link carries as much as in a world-ordered flat ring, so
+once a buffer is large enough for bandwidth to dominate the extra stages cost more than
+the latency saved. Measured on the emulated 4:1 network (``tests/bench/bench_network.py``,
+2 and 5 ms spine delay): 0.25 MB 0.97-2.99x the flat ring, 1 MB 0.70-1.19x, 4 MB
+0.75-0.94x. ``Enabled`` takes every size."""
 LANES = 2
 """Cross-rack groups per shard, used in turn by successive pieces: a gloo group runs at
 most two operations at once, and the spine's latency needs more pieces in flight."""
@@ -42,6 +50,12 @@ class RackPlan:
 
     racks: tuple[tuple[int, ...], ...]
     """Ranks of every rack, racks in ring order."""
+    max_bytes: int | None = None
+    """Largest buffer that goes hierarchical; None: any."""
+
+    def takes(self, nbytes: int) -> bool:
+        """Whether a buffer of ``nbytes`` goes hierarchical (the flat ring otherwise)."""
+        return self.max_bytes is None or nbytes <= self.max_bytes
 
     @property
     def shards(self) -> int:
@@ -64,14 +78,17 @@ def rack_plan(world: World) -> RackPlan | None:
     """The two-level plan for ``world``, or None where the flat ring is used.
 
     Auto goes hierarchical when the world spans several racks and at least one rack
-    holds several members (with one member per rack both are the same ring).
+    holds several members (with one member per rack both are the same ring), for
+    buffers up to :data:`AUTO_MAX_BYTES`.
     """
     mode = world.topology.hierarchical_all_reduce
     racks = world.racks()
     if mode is HierarchicalAllReduce.DISABLED or len(racks) < 2:
         return None
-    if mode is HierarchicalAllReduce.AUTO and all(len(r) == 1 for r in racks):
-        return None
+    if mode is HierarchicalAllReduce.AUTO:
+        if all(len(r) == 1 for r in racks):
+            return None
+        return RackPlan(racks, AUTO_MAX_BYTES)
     return RackPlan(racks)
 
 

@@ -218,9 +218,10 @@ class TorchDistributedBackend:
     def allreduce_(self, flat: torch.Tensor, name: str) -> None:
         """Sum one contiguous tensor over the world in place: in two levels when the
         world's racks call for it (see :mod:`ringwright.runtime.hierarchical`)."""
+        racks = self._racks
         with collective(f"{name} allreduce"):
-            if self._racks is not None:
-                self._racks.allreduce_(flat)
+            if racks is not None and racks.plan.takes(flat.numel() * flat.element_size()):
+                racks.allreduce_(flat)
             else:
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
 

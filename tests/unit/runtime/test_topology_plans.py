@@ -11,7 +11,7 @@ from ringwright.runtime.buckets import (
     GradientBuckets,
     plan_buckets,
 )
-from ringwright.runtime.hierarchical import rack_plan, shard_bounds
+from ringwright.runtime.hierarchical import AUTO_MAX_BYTES, rack_plan, shard_bounds
 from ringwright.world import (
     HierarchicalAllReduce,
     JobRef,
@@ -47,6 +47,14 @@ def test_rack_plan(racks: str, mode: HierarchicalAllReduce,
                    expected: tuple[tuple[int, ...], ...] | None) -> None:
     plan = rack_plan(world(racks, mode))
     assert (plan.racks if plan else None) == expected
+
+
+def test_auto_goes_hierarchical_for_latency_bound_buffers_only() -> None:
+    auto = rack_plan(world("aabb"))
+    assert auto is not None
+    assert auto.takes(AUTO_MAX_BYTES) and not auto.takes(AUTO_MAX_BYTES + 1)
+    forced = rack_plan(world("aabb", HierarchicalAllReduce.ENABLED))
+    assert forced is not None and forced.takes(1 << 30)
 
 
 def test_rack_plan_shards_and_cross_groups_follow_the_smallest_rack() -> None:
