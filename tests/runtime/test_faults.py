@@ -180,6 +180,22 @@ def test_a_slow_rank_zero_is_late_not_dead(make_job: JobFactory) -> None:
     assert final_hashes(t) == final_hashes(traces(quick))
 
 
+@pytest.mark.horovod
+def test_bucketed_gradients_under_horovod_train_and_recover_from_a_kill(
+        make_job: JobFactory) -> None:
+    """Buckets launched from autograd hooks, reduced by Horovod from the runtime's
+    communication thread: training completes, a member killed mid-step costs a rollback
+    to the commit as with the flat path, and every rank ends with the same parameters."""
+    job = make_job(backend="horovod", BUCKET_BYTES="256")  # several buckets per step
+    job.start(3)
+    wait_for_step(job, 6)
+    job.kill(job.world.members[1].pod, signal.SIGKILL)
+    finish(job)
+    assert job.world.size == 2
+    t = audit(job)
+    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+
+
 def final_hashes(t: Traces) -> set[str]:
     return {str(r["hash"]) for _, r in t.events("done")}
 
