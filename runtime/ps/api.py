@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from ringwright.world import Env
 
 from ..health import HealthFile
-from .env import membership_source, ps_port, spec_consistency
+from .env import membership_source, ps_port, recovery_settings, spec_consistency
 from .metrics import PSMetrics, serve_from_env
 from .process import PSSettings, run_server
 from .worker import PSJob, Worker, WorkerReport
@@ -67,7 +67,8 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
         if env.get(Env.ROLE, "worker") == PS_ROLE:
             run_server(source, pod, ps_port(env), PSSettings.from_env(env), metrics=metrics)
             return None
-        return Worker(job, source, pod, ps_port(env), metrics=metrics).run()
+        return Worker(job, source, pod, ps_port(env), metrics=metrics,
+                      recovery=recovery_settings(env)).run()
     finally:
         if endpoint is not None:
             endpoint.stop()

@@ -14,6 +14,7 @@ from ..file_source import FileMembershipSource
 from ..kube_source import KubeMembershipSource
 from ..membership import MembershipSource
 from .consistency import DEFAULT_STALENESS, Consistency, Mode
+from .routing import RecoverySettings
 
 
 class PSEnv:
@@ -23,6 +24,8 @@ class PSEnv:
     REPLICATE_SECONDS = "RINGWRIGHT_PS_REPLICATE_SECONDS"
     CHECKPOINT_DIR = "RINGWRIGHT_PS_CHECKPOINT_DIR"
     CHECKPOINT_VERSIONS = "RINGWRIGHT_PS_CHECKPOINT_VERSIONS"
+    RECOVER_SECONDS = "RINGWRIGHT_PS_RECOVER_SECONDS"
+    """How long a worker keeps looking for a shard's primary before it fails (30)."""
 
 
 def ps_port(environ: Mapping[str, str]) -> int:
@@ -38,6 +41,12 @@ def ps_addresses(world: World, port: int) -> list[str]:
     down, absent from the world, gets an address that refuses connections)."""
     by_rank = {m.rank: f"{m.ip}:{port}" for m in world.ps}
     return [by_rank.get(i, DOWN_ADDRESS) for i in range(world.ps_count)]
+
+
+def recovery_settings(environ: Mapping[str, str]) -> RecoverySettings:
+    """A worker's :class:`RecoverySettings`, the deadline from the environment."""
+    deadline = environ.get(PSEnv.RECOVER_SECONDS)
+    return RecoverySettings(deadline_s=float(deadline)) if deadline else RecoverySettings()
 
 
 @dataclass(frozen=True)

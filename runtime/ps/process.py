@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import grpc
 import torch
 
 from ringwright.world import Env, World
@@ -23,11 +22,11 @@ from ringwright.world import Env, World
 from ..checkpoint import Checkpointer, LocalStorage, ps_shard
 from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
-from .client import replica_host
 from .env import PSEnv, membership_source, ps_addresses, ps_port
 from .metrics import PSMetrics, serve_from_env
+from .replication import Replicator
 from .server import ParameterServer
-from .transport import Stub, serve
+from .transport import serve
 
 _log = runtime_logger("ps.server")
 
@@ -53,40 +52,6 @@ class PSSettings:
 def pinned_cpus() -> list[int]:
     """The CPUs this pod may use (a Guaranteed pod's whole CPUs), in order."""
     return sorted(os.sched_getaffinity(0))
-
-
-class Replicator:
-    """Sends changed primary shards to the server that keeps their replica."""
-
-    def __init__(self, ps: ParameterServer, servers: int) -> None:
-        self.ps, self.servers = ps, servers
-        self._stubs: dict[str, Stub] = {}
-        self._targets: dict[int, str] = {}
-
-    def target(self, shard: int) -> int:
-        """A home shard's replica goes to the next server; a shard served here after a
-        failover goes back to its home server (re-seeding a replacement)."""
-        return replica_host(shard, self.servers) if shard == self.ps.index else shard
-
-    def round(self, addresses: list[str]) -> None:
-        for shard in self.ps.primaries():
-            target = self.target(shard)
-            if target == self.ps.index:
-                continue
-            address = addresses[target]
-            if self._targets.get(shard) != address:
-                self.ps.resend(shard)  # a new server there: it holds nothing yet
-                self._targets[shard] = address
-            snap = self.ps.snapshot(shard)
-            if snap is None:
-                continue
-            stub = self._stubs.get(address) or self._stubs.setdefault(address, Stub(address))
-            try:
-                stub.call("Replicate", *snap, timeout=30.0)
-            except grpc.RpcError as exc:
-                self.ps.resend(shard)
-                log_event(_log, logging.DEBUG, "ps_replicate_failed", shard=shard,
-                          to=address, error=exc.code())
 
 
 class ShardCheckpoints:

@@ -8,13 +8,13 @@ large model is one message).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 
 from .codec import Header, Tensors, decode, encode
-from .server import NotServing, ParameterServer
+from .server import IncompletePush, NotServing, ParameterServer
 
 SERVICE = "ringwright.ps.ParameterServer"
 METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Promote",
@@ -78,6 +78,8 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
                 reply = fn(*decode(request))
             except NotServing as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except IncompletePush as exc:
+                context.abort(grpc.StatusCode.ABORTED, str(exc))
             except (KeyError, ValueError) as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
             return reply if isinstance(reply, bytes) else encode(*reply)
@@ -128,14 +130,3 @@ def result(future: grpc.Future[bytes]) -> tuple[Header, Tensors]:
     reply: bytes = future.result()
     return decode(reply)
 
-
-def unavailable(exc: BaseException) -> bool:
-    """Whether a call failed because the server is gone (not because it refused)."""
-    return isinstance(exc, grpc.RpcError) and exc.code() in (
-        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED)
-
-
-def close_all(stubs: Iterable[Stub]) -> None:
-    for stub in stubs:
-        stub.close()

@@ -27,6 +27,7 @@ from .consistency import Consistency, Mode
 from .metrics import PSMetrics
 from .model import PSModel
 from .optim import ServerOptimizer
+from .routing import RecoverySettings
 from .server import JobConfig
 
 _log = runtime_logger("ps.worker")
@@ -96,7 +97,8 @@ class Worker(Generic[B]):
     def __init__(self, job: PSJob[B], source: MembershipSource, pod: str, port: int, *,
                  world_wait_s: float = 900.0,
                  addresses: Callable[[World, int], list[str]] | None = None,
-                 metrics: PSMetrics | None = None) -> None:
+                 metrics: PSMetrics | None = None,
+                 recovery: RecoverySettings | None = None) -> None:
         from .env import ps_addresses
 
         self.job, self.source, self.pod, self.port = job, source, pod, port
@@ -105,6 +107,7 @@ class Worker(Generic[B]):
         self.binding = PSModel(job.model)
         self.report = WorkerReport()
         self.metrics = metrics or PSMetrics()
+        self.recovery = recovery
         self.client: PSClient | None = None
         self._round: dict[int, int] = {}
         """Sync: the version per shard that completes the round this worker last
@@ -113,7 +116,7 @@ class Worker(Generic[B]):
     def run(self) -> WorkerReport:
         """Train until the data is done or this worker leaves the world."""
         world = self._wait_for_me()
-        client = PSClient(self._addresses(world, self.port), self.pod)
+        client = PSClient(self._addresses(world, self.port), self.pod, recovery=self.recovery)
         self.client = client
         try:
             client.wait_ready(self.world_wait_s)
