@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from ringwright.world import DEFAULT_PS_PORT, PS_PORT_ENV, Env, World, world_con
 
 from ..file_source import FileMembershipSource
 from ..kube_source import KubeMembershipSource
-from ..membership import MembershipSource
+from ..membership import MembershipSource, WorldTimeout
 from .consistency import DEFAULT_STALENESS, Consistency, Mode
 from .routing import RecoverySettings
 
@@ -26,6 +27,31 @@ class PSEnv:
     CHECKPOINT_VERSIONS = "RINGWRIGHT_PS_CHECKPOINT_VERSIONS"
     RECOVER_SECONDS = "RINGWRIGHT_PS_RECOVER_SECONDS"
     """How long a worker keeps looking for a shard's primary before it fails (30)."""
+
+
+WORLD_POLL_S = 5.0
+"""While waiting for a world, beat the stall watchdog this often."""
+
+
+def wait_until_listed(source: MembershipSource, listed: Callable[[World], bool],
+                      timeout: float, beat: Callable[[], None],
+                      poll_s: float = WORLD_POLL_S) -> World:
+    """The first world for which ``listed`` holds; raises :class:`WorldTimeout` after
+    ``timeout`` s. Calls ``beat`` every few seconds: waiting for a world is not a stall."""
+    after = -1
+    deadline = time.monotonic() + timeout
+    while True:
+        beat()
+        try:
+            world = source.wait_for_world(
+                after, max(0.0, min(poll_s, deadline - time.monotonic())))
+        except WorldTimeout:
+            if time.monotonic() >= deadline:
+                raise
+            continue
+        if listed(world):
+            return world
+        after = world.epoch
 
 
 def ps_port(environ: Mapping[str, str]) -> int:

@@ -24,6 +24,7 @@ from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
 from .client import PendingPull, PSClient, Pulled
 from .consistency import Consistency, Mode
+from .env import ps_addresses, wait_until_listed
 from .metrics import PSMetrics
 from .model import PSModel
 from .optim import ServerOptimizer
@@ -98,9 +99,10 @@ class Worker(Generic[B]):
                  world_wait_s: float = 900.0,
                  addresses: Callable[[World, int], list[str]] | None = None,
                  metrics: PSMetrics | None = None,
-                 recovery: RecoverySettings | None = None) -> None:
-        from .env import ps_addresses
-
+                 recovery: RecoverySettings | None = None,
+                 beat: Callable[[], None] | None = None) -> None:
+        """``beat``: called on progress (each step, and while waiting alive), for the
+        pod's stall watchdog."""
         self.job, self.source, self.pod, self.port = job, source, pod, port
         self.world_wait_s = world_wait_s
         self._addresses = addresses or ps_addresses
@@ -108,6 +110,7 @@ class Worker(Generic[B]):
         self.report = WorkerReport()
         self.metrics = metrics or PSMetrics()
         self.recovery = recovery
+        self.beat = beat or (lambda: None)
         self.client: PSClient | None = None
         self._round: dict[int, int] = {}
         """Sync: the version per shard that completes the round this worker last
@@ -133,6 +136,7 @@ class Worker(Generic[B]):
     def _loop(self, client: PSClient) -> None:
         sync = self.job.consistency.mode is Mode.SYNC
         while True:
+            self.beat()
             if self._left(client):
                 client.push({}, {}, client.versions_map(), retire=True)
                 self.report.left = True
@@ -220,6 +224,7 @@ class Worker(Generic[B]):
 
     def _account(self, epoch: int, samples: int, loss: float, dropped: bool,
                  staleness: int, failovers: int) -> None:
+        self.beat()
         self.report.steps += 1
         self.report.samples += samples
         self.report.dropped_pushes += int(dropped)
@@ -236,15 +241,10 @@ class Worker(Generic[B]):
         return world.member(self.pod) is None
 
     def _wait_for_me(self) -> World:
-        after = -1
-        while True:
-            world = self.source.wait_for_world(after, self.world_wait_s)
-            # Every server up: the first worker creates the shards on them.
-            if world.member(self.pod) is not None and world.ps and \
-                    len(world.ps) == world.ps_count:
-                return world
-            after = world.epoch
-
+        # Every server up: the first worker creates the shards on them.
+        return wait_until_listed(
+            self.source, lambda w: w.member(self.pod) is not None and bool(w.ps) and
+            len(w.ps) == w.ps_count, self.world_wait_s, self.beat)
 
 def _batches(start: int, stop: int, size: int) -> Iterator[tuple[int, int]]:
     for a in range(start, stop, size):
