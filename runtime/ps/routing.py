@@ -132,7 +132,8 @@ class Routes:
         self.versions = [0] * len(addresses)
         self.lost_updates = 0
         self.failovers: list[tuple[int, float]] = []
-        """(shard, clock time) of each failover this client performed."""
+        """(shard, clock time) of each failover this client performed or followed (a
+        shard found on another server after a failed call)."""
         self.recovery = recovery or RecoverySettings()
         self.clock, self.sleep = clock, sleep
         self.log = logger or _log
@@ -204,6 +205,8 @@ class Routes:
         if isinstance(step, Retry):
             self._route(shard, step.server, views)
             if step.server != used:
+                # Another worker failed it over (or the primary stepped down): follow.
+                self.failovers.append((shard, self.clock()))
                 log_event(self.log, logging.INFO, "ps_rerouted", shard=shard, to=step.server)
                 return attempt
             log_event(self.log, logging.DEBUG, "ps_call_retry", shard=shard, server=used,

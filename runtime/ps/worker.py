@@ -77,7 +77,7 @@ class StepInfo:
     dropped: bool
     staleness: int
     failovers: int = 0
-    """Shards this worker has failed over to a replica so far."""
+    """Failovers this worker performed or followed so far."""
 
 
 @dataclass
