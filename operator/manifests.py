@@ -13,8 +13,6 @@ from ringwright.kube import Obj
 from ringwright.operator.epochs import EPOCH_ANNOTATION
 from ringwright.world import (
     DEFAULT_METRICS_PORT,
-    DEFAULT_PS_PORT,
-    PS_PORT_ENV,
     Env,
     reports_configmap_name,
     world_configmap_name,
@@ -176,15 +174,15 @@ def _unreserved(keys: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (keys or {}).items() if not k.startswith(RESERVED_PREFIX)}
 
 
-def _readiness_probe(role: str, main: Obj) -> Obj:
+def _readiness_probe(role: str) -> Obj:
     """Each role's own readiness: a worker's runtime serves ``/readyz`` (a stopped or
-    stalled training loop fails it); a parameter server is ready when its shard port
-    accepts connections."""
+    stalled training loop fails it); a parameter server keeps the health file while it
+    serves (removed when requests wait and none completes; its shard port would still
+    accept connections), and is unready until it is up, so it does not flap while
+    its process starts."""
     timing = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2}
     if role == PS:
-        env = {e.get("name"): e.get("value") for e in main.get("env") or ()}
-        port = int(env.get(PS_PORT_ENV) or DEFAULT_PS_PORT)
-        return {"tcpSocket": {"port": port}, **timing}
+        return {"exec": {"command": ["test", "-f", HEALTH_FILE]}, **timing}
     return {"httpGet": {"path": "/readyz", "port": READINESS_PORT}, **timing}
 
 
@@ -234,7 +232,7 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     ports = [p for p in main.get("ports") or [] if p.get("name") != METRICS_PORT_NAME]
     main["ports"] = [*ports, {"name": METRICS_PORT_NAME, "containerPort": DEFAULT_METRICS_PORT,
                               "protocol": "TCP"}]
-    main.setdefault("readinessProbe", _readiness_probe(role, main))
+    main.setdefault("readinessProbe", _readiness_probe(role))
     spec.update({
         "serviceAccountName": runtime_account_name(name),
         "automountServiceAccountToken": True,

@@ -28,9 +28,10 @@ from typing import Any, TypeVar
 from ringwright.world import Env
 
 from ..health import HealthFile
-from .env import membership_source, ps_port, spec_consistency
+from .env import membership_source, ps_port, recovery_settings, spec_consistency
 from .metrics import PSMetrics, serve_from_env
 from .process import PSSettings, run_server
+from .progress import PSReadiness
 from .worker import PSJob, Worker, WorkerReport
 
 PS_ROLE = "ps"
@@ -63,12 +64,16 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
         health(True, 0.0)
     metrics = PSMetrics()
     endpoint = serve_from_env(metrics, env)
+    readiness = PSReadiness.from_env(env)
     try:
         if env.get(Env.ROLE, "worker") == PS_ROLE:
-            run_server(source, pod, ps_port(env), PSSettings.from_env(env), metrics=metrics)
+            run_server(source, pod, ps_port(env), PSSettings.from_env(env), metrics=metrics,
+                       progress=readiness.progress)
             return None
-        return Worker(job, source, pod, ps_port(env), metrics=metrics).run()
+        return Worker(job, source, pod, ps_port(env), metrics=metrics,
+                      recovery=recovery_settings(env), beat=readiness.watchdog.beat).run()
     finally:
+        readiness.close()
         if endpoint is not None:
             endpoint.stop()
         if health is not None:

@@ -1,14 +1,15 @@
-"""A worker's side of the transport: routing, pull, push, failover to replicas.
+"""A worker's side of the transport: pull, push, and retries through failovers.
 
-Shard ``s`` lives on PS ``s`` with its replica on PS ``(s+1) % n``. When a call to a
-shard's server fails because the server is gone, the client asks the replica's host
-to promote it and carries on there: no storage read, and only the updates since the
-last replication are lost (counted in :attr:`PSClient.lost_updates`).
+Routing and recovery live in :mod:`.routing`: when a call fails, the client finds the
+shard's live primary (promoting the replica when the primary is gone: no storage
+read, and only the updates since the last replication are lost, counted in
+:attr:`PSClient.lost_updates`) and retries there, within a deadline.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,19 +19,12 @@ import grpc
 import numpy as np
 import torch
 
-from ..kvlog import log_event, runtime_logger
 from .codec import Header, Tensors
 from .partition import Kind, Partition
+from .routing import Attempt, RecoverySettings, Routes
 from .server import JobConfig
 from .shard import dense_key, initial_values
-from .transport import Stub, result, unavailable
-
-_log = runtime_logger("ps.client")
-
-
-def replica_host(shard: int, servers: int) -> int:
-    """The PS that keeps the replica of ``shard``."""
-    return (shard + 1) % servers
+from .transport import result
 
 
 @dataclass
@@ -82,42 +76,24 @@ def dense_chunks(part: Partition, shard: int, chunk_bytes: int) -> list[list[str
     return chunks
 
 
-class PSClient:
+class PSClient(Routes):
     """Talks to every parameter server of a job for one worker."""
 
     def __init__(self, addresses: Sequence[str], worker: str, *,
                  call_timeout: float = 60.0, chunk_bytes: int = 8 << 20,
+                 recovery: RecoverySettings | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 logger: logging.Logger = _log) -> None:
+                 logger: logging.Logger | None = None) -> None:
+        super().__init__(addresses, recovery=recovery, clock=clock, logger=logger)
         self.worker = worker
-        self.stubs = [Stub(a) for a in addresses]
-        self.route = list(range(len(addresses)))
-        self.versions = [0] * len(addresses)
-        self.lost_updates = 0
-        self.failovers: list[tuple[int, float]] = []
-        """(shard, clock time) of each failover this client performed."""
         self.call_timeout = call_timeout
         self.chunk_bytes = chunk_bytes
         self._push_id = 0
-        self.clock = clock
-        self.log = logger
+        # Push ids must not repeat across restarts of this worker: the server takes a
+        # push with the id it saw last for the worker as a retry of it.
+        self._nonce = secrets.token_hex(4)
         self.config: JobConfig | None = None
         self.partition: Partition | None = None
-
-    @property
-    def servers(self) -> int:
-        return len(self.stubs)
-
-    def set_addresses(self, addresses: Sequence[str]) -> None:
-        """Follow a new list of PS addresses (a replacement PS came up elsewhere)."""
-        for i, address in enumerate(addresses):
-            if self.stubs[i].address != address:
-                self.stubs[i].close()
-                self.stubs[i] = Stub(address)
-
-    def close(self) -> None:
-        for stub in self.stubs:
-            stub.close()
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -130,21 +106,6 @@ class PSClient:
                 raise TimeoutError(f"parameter server {stub.address} not reachable "
                                    f"within {timeout:.0f}s") from exc
 
-    def discover(self) -> dict[int, int]:
-        """Route each shard to the server that serves it as primary; returns the route."""
-        for i, stub in enumerate(self.stubs):
-            try:
-                status, _ = stub.call("Status", {}, timeout=5.0)
-            except grpc.RpcError as exc:
-                if not unavailable(exc):
-                    raise
-                continue
-            for shard, info in status["shards"].items():
-                if info["role"] == "primary":
-                    self.route[int(shard)] = i
-                    self.versions[int(shard)] = int(info["version"])
-        return dict(enumerate(self.route))
-
     def initialize(self, config: JobConfig, params: Mapping[str, torch.Tensor]) -> None:
         """Create every shard from ``params`` unless it exists (the first worker wins)."""
         self.config, self.partition = config, config.partition()
@@ -156,52 +117,18 @@ class PSClient:
                                   initial_values(self.partition, shard, params))
             self.versions[shard] = int(reply["version"])
 
-    # -- calls with failover ---------------------------------------------------------
+    # -- calls with retries -----------------------------------------------------------
 
-    def _call(self, shard: int, method: str, header: Header,
-              tensors: Tensors | None = None) -> tuple[Header, Tensors]:
+    def _call(self, shard: int, method: str, header: Header, tensors: Tensors | None = None,
+              attempt: Attempt | None = None) -> tuple[Header, Tensors]:
+        """One call to ``shard``'s primary, retried through failovers (``attempt``: the
+        recovery already under way for this call)."""
         while True:
             used = self.route[shard]
             try:
                 return self.stubs[used].call(method, header, tensors, timeout=self.call_timeout)
             except grpc.RpcError as exc:
-                if not self._recover(shard, exc, used):
-                    raise
-
-    def _recover(self, shard: int, exc: grpc.RpcError, used: int) -> bool:
-        """After a failed call to server ``used``: fail over to the replica (True: retry)
-        or give up."""
-        if self.route[shard] != used:
-            return True  # failed over meanwhile (a call in flight to the dead server)
-        if unavailable(exc):
-            return self.failover(shard)
-        if exc.code() is grpc.StatusCode.FAILED_PRECONDITION:
-            # Not served there (any more): another worker may have failed it over.
-            before = list(self.route)
-            self.discover()
-            return self.route != before
-        return False
-
-    def failover(self, shard: int) -> bool:
-        """Promote ``shard``'s replica; False when its host is the one that failed."""
-        backup = replica_host(shard, self.servers)
-        if self.route[shard] == backup or self.servers == 1:
-            return False
-        try:
-            reply, _ = self.stubs[backup].call("Promote", {"shard": shard}, timeout=5.0)
-        except grpc.RpcError as exc:
-            log_event(self.log, logging.ERROR, "ps_failover_failed", shard=shard,
-                      error=exc.code())
-            return False
-        version = int(reply["version"])
-        lost = max(0, self.versions[shard] - version)
-        self.lost_updates += lost
-        self.route[shard] = backup
-        self.versions[shard] = version
-        self.failovers.append((shard, self.clock()))
-        log_event(self.log, logging.WARNING, "ps_failover", shard=shard, to=backup,
-                  version=version, lost_updates=lost)
-        return True
+                attempt = self.recover(shard, exc, used, attempt)
 
     # -- pull ------------------------------------------------------------------------
 
@@ -244,10 +171,14 @@ class PSClient:
             try:
                 reply = result(future)
             except grpc.RpcError as exc:
-                if not self._recover(s, exc, server):
-                    raise
-                retry = {**header, "minVersion": min(header["minVersion"], self.versions[s])}
-                reply = self._call(s, "Pull", retry, tensors)
+                attempt = self.recover(s, exc, server, None)
+                retry = header
+                if self.route[s] != server:
+                    # Another copy may be behind the one that was asked (updates lost
+                    # in the failover): wait for no version it never reaches.
+                    retry = {**header, "minVersion": min(header["minVersion"],
+                                                         self.versions[s])}
+                reply = self._call(s, "Pull", retry, tensors, attempt)
             # A chunked pull may straddle an update (async): claim the oldest version.
             versions[s] = min(versions.get(s, 1 << 62), int(reply[0]["version"]))
             got.update(reply[1])
@@ -296,9 +227,11 @@ class PSClient:
         ``retire``: this worker is done, rounds stop waiting for it.
         """
         part = self._partition()
+        self._push_id += 1
+        push_id = f"{self._nonce}.{self._push_id}"
         requests: dict[int, tuple[Header, Tensors]] = {
             s: ({"shard": s, "worker": self.worker, "version": versions.get(s, 0),
-                 "skip": skip, "retire": retire}, {})
+                 "skip": skip, "retire": retire, "push": push_id}, {})
             for s in range(self.servers)}
         if data is not None:
             requests[0][0]["data"] = dict(data)
@@ -311,48 +244,58 @@ class PSClient:
                 mask = owners == s
                 requests[s][1][f"i/{name}"] = ids[mask]
                 requests[s][1][f"r/{name}"] = rows[mask]
-        self._stage(requests)
+        staged = self._stage(requests, push_id)
         servers = dict(enumerate(self.route))
-        futures = {s: self.stubs[servers[s]].start("Push", *req, timeout=self.call_timeout)
-                   for s, req in requests.items()}
+        futures: dict[int, grpc.Future[bytes]] = {}
+        for s, request in requests.items():
+            if s in staged and staged[s][0] != servers[s]:
+                # Staging failed, or the shard moved since: its chunks are not there.
+                request = _whole(request, staged[s][1])
+            futures[s] = self.stubs[servers[s]].start("Push", *request,
+                                                      timeout=self.call_timeout)
         verdicts, staleness = {}, {}
         accepted = True
         for s, future in futures.items():
             try:
                 reply, _ = result(future)
             except grpc.RpcError as exc:
-                if not self._recover(s, exc, servers[s]):
-                    raise
-                reply, _ = self._call(s, "Push", *requests[s])
+                attempt = self.recover(s, exc, servers[s], None)
+                # The retry carries everything: the chunks staged on a server that died
+                # (or that refused the push as incomplete) are gone with it.
+                request = _whole(requests[s], staged[s][1]) if s in staged else requests[s]
+                reply, _ = self._call(s, "Push", *request, attempt)
             verdicts[s], staleness[s] = str(reply["verdict"]), int(reply["staleness"])
             if reply.get("dataAccepted") is False:
                 accepted = False
         return PushResult(verdicts, staleness, accepted)
 
-    def _stage(self, requests: dict[int, tuple[Header, Tensors]]) -> None:
+    def _stage(self, requests: dict[int, tuple[Header, Tensors]], push_id: str
+               ) -> dict[int, tuple[int, Tensors]]:
         """Send all but the first chunk of each large push ahead, concurrently; the
-        ``Push`` then names them (and carries the first chunk and the rows)."""
+        ``Push`` then names them (and carries the first chunk and the rows). Per shard
+        staged: the server that holds the chunks (-1: staging failed) and the chunks."""
         part = self._partition()
         staged: list[tuple[int, Header, Tensors]] = []
+        out: dict[int, tuple[int, Tensors]] = {}
         for s, (header, tensors) in requests.items():
             chunks = dense_chunks(part, s, self.chunk_bytes)
-            if len(chunks) < 2:
+            moved = [{f"g/{k}": tensors.pop(f"g/{k}") for k in keys if f"g/{k}" in tensors}
+                     for keys in chunks[1:]]
+            moved = [m for m in moved if m]
+            if not moved:
                 continue
-            self._push_id += 1
-            header["staged"] = f"{self._push_id}"
-            for keys in chunks[1:]:
-                moved = {f"g/{k}": tensors.pop(f"g/{k}") for k in keys if f"g/{k}" in tensors}
-                staged.append((s, {"worker": self.worker, "staged": header["staged"]}, moved))
-        servers = [self.route[s] for s, _, _ in staged]
-        futures = [self.stubs[server].start("Stage", h, t, timeout=self.call_timeout)
-                   for server, (_, h, t) in zip(servers, staged, strict=True)]
-        for (s, h, t), future, server in zip(staged, futures, servers, strict=True):
+            header["staged"] = push_id
+            header["stagedCount"] = sum(len(m) for m in moved)
+            out[s] = (self.route[s], {k: v for m in moved for k, v in m.items()})
+            staged.extend((s, {"worker": self.worker, "staged": push_id}, m) for m in moved)
+        futures = [self.stubs[out[s][0]].start("Stage", h, t, timeout=self.call_timeout)
+                   for s, h, t in staged]
+        for (s, _, _), future in zip(staged, futures, strict=True):
             try:
                 result(future)
-            except grpc.RpcError as exc:
-                if not self._recover(s, exc, server):
-                    raise
-                self._call(s, "Stage", h, t)
+            except grpc.RpcError:
+                out[s] = (-1, out[s][1])  # the Push carries the chunks itself
+        return out
 
     # -- data and end ----------------------------------------------------------------
 
@@ -377,3 +320,10 @@ class PSClient:
         if self.partition is None:
             raise RuntimeError("initialize() the client before pulling or pushing")
         return self.partition
+
+
+def _whole(request: tuple[Header, Tensors], staged: Tensors) -> tuple[Header, Tensors]:
+    """A staged push as one message: its header without the staging, all its tensors."""
+    header, tensors = request
+    return ({k: v for k, v in header.items() if k not in ("staged", "stagedCount")},
+            {**tensors, **staged})

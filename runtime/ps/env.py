@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +13,9 @@ from ringwright.world import DEFAULT_PS_PORT, PS_PORT_ENV, Env, World, world_con
 
 from ..file_source import FileMembershipSource
 from ..kube_source import KubeMembershipSource
-from ..membership import MembershipSource
+from ..membership import MembershipSource, WorldTimeout
 from .consistency import DEFAULT_STALENESS, Consistency, Mode
+from .routing import RecoverySettings
 
 
 class PSEnv:
@@ -23,6 +25,33 @@ class PSEnv:
     REPLICATE_SECONDS = "RINGWRIGHT_PS_REPLICATE_SECONDS"
     CHECKPOINT_DIR = "RINGWRIGHT_PS_CHECKPOINT_DIR"
     CHECKPOINT_VERSIONS = "RINGWRIGHT_PS_CHECKPOINT_VERSIONS"
+    RECOVER_SECONDS = "RINGWRIGHT_PS_RECOVER_SECONDS"
+    """How long a worker keeps looking for a shard's primary before it fails (30)."""
+
+
+WORLD_POLL_S = 5.0
+"""While waiting for a world, beat the stall watchdog this often."""
+
+
+def wait_until_listed(source: MembershipSource, listed: Callable[[World], bool],
+                      timeout: float, beat: Callable[[], None],
+                      poll_s: float = WORLD_POLL_S) -> World:
+    """The first world for which ``listed`` holds; raises :class:`WorldTimeout` after
+    ``timeout`` s. Calls ``beat`` every few seconds: waiting for a world is not a stall."""
+    after = -1
+    deadline = time.monotonic() + timeout
+    while True:
+        beat()
+        try:
+            world = source.wait_for_world(
+                after, max(0.0, min(poll_s, deadline - time.monotonic())))
+        except WorldTimeout:
+            if time.monotonic() >= deadline:
+                raise
+            continue
+        if listed(world):
+            return world
+        after = world.epoch
 
 
 def ps_port(environ: Mapping[str, str]) -> int:
@@ -38,6 +67,12 @@ def ps_addresses(world: World, port: int) -> list[str]:
     down, absent from the world, gets an address that refuses connections)."""
     by_rank = {m.rank: f"{m.ip}:{port}" for m in world.ps}
     return [by_rank.get(i, DOWN_ADDRESS) for i in range(world.ps_count)]
+
+
+def recovery_settings(environ: Mapping[str, str]) -> RecoverySettings:
+    """A worker's :class:`RecoverySettings`, the deadline from the environment."""
+    deadline = environ.get(PSEnv.RECOVER_SECONDS)
+    return RecoverySettings(deadline_s=float(deadline)) if deadline else RecoverySettings()
 
 
 @dataclass(frozen=True)

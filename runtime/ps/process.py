@@ -15,19 +15,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import grpc
 import torch
 
-from ringwright.world import Env, World
+from ringwright.world import Env
 
 from ..checkpoint import Checkpointer, LocalStorage, ps_shard
 from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
-from .client import replica_host
-from .env import PSEnv, membership_source, ps_addresses, ps_port
+from .env import PSEnv, membership_source, ps_addresses, ps_port, wait_until_listed
 from .metrics import PSMetrics, serve_from_env
+from .progress import PSReadiness, ServingProgress
+from .replication import Replicator
 from .server import ParameterServer
-from .transport import Stub, serve
+from .transport import serve
 
 _log = runtime_logger("ps.server")
 
@@ -53,40 +53,6 @@ class PSSettings:
 def pinned_cpus() -> list[int]:
     """The CPUs this pod may use (a Guaranteed pod's whole CPUs), in order."""
     return sorted(os.sched_getaffinity(0))
-
-
-class Replicator:
-    """Sends changed primary shards to the server that keeps their replica."""
-
-    def __init__(self, ps: ParameterServer, servers: int) -> None:
-        self.ps, self.servers = ps, servers
-        self._stubs: dict[str, Stub] = {}
-        self._targets: dict[int, str] = {}
-
-    def target(self, shard: int) -> int:
-        """A home shard's replica goes to the next server; a shard served here after a
-        failover goes back to its home server (re-seeding a replacement)."""
-        return replica_host(shard, self.servers) if shard == self.ps.index else shard
-
-    def round(self, addresses: list[str]) -> None:
-        for shard in self.ps.primaries():
-            target = self.target(shard)
-            if target == self.ps.index:
-                continue
-            address = addresses[target]
-            if self._targets.get(shard) != address:
-                self.ps.resend(shard)  # a new server there: it holds nothing yet
-                self._targets[shard] = address
-            snap = self.ps.snapshot(shard)
-            if snap is None:
-                continue
-            stub = self._stubs.get(address) or self._stubs.setdefault(address, Stub(address))
-            try:
-                stub.call("Replicate", *snap, timeout=30.0)
-            except grpc.RpcError as exc:
-                self.ps.resend(shard)
-                log_event(_log, logging.DEBUG, "ps_replicate_failed", shard=shard,
-                          to=address, error=exc.code())
 
 
 class ShardCheckpoints:
@@ -116,9 +82,12 @@ class ShardCheckpoints:
 
 def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettings,
                *, clock: Callable[[], float] = time.monotonic,
-               stop: threading.Event | None = None, metrics: PSMetrics | None = None) -> int:
-    """Serve until the job's data is done or this pod leaves the world; exit status."""
-    world = _wait_for_me(source, pod, settings.world_wait_s)
+               stop: threading.Event | None = None, metrics: PSMetrics | None = None,
+               progress: ServingProgress | None = None) -> int:
+    """Serve until the job's data is done or this pod leaves the world; exit status.
+    ``progress`` counts the requests served (readiness fails when they stall)."""
+    world = wait_until_listed(source, lambda w: any(m.pod == pod for m in w.ps),
+                              settings.world_wait_s, progress.tick if progress else lambda: None)
     me = next(m for m in world.ps if m.pod == pod)
     servers = world.ps_count
     cpus = pinned_cpus()
@@ -126,7 +95,8 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     ps = ParameterServer(me.rank, clock=clock, metrics=metrics)
     # Know the workers before the first push: a sync round must not complete early.
     ps.set_workers(frozenset(m.pod for m in world.members))
-    server, _ = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus)
+    server, _ = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus,
+                      progress=progress)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
     replicator = Replicator(ps, servers)
@@ -141,6 +111,8 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
                 return 0
             world = latest
             ps.set_workers(frozenset(m.pod for m in world.members))
+            if progress is not None:
+                progress.tick()
             if servers > 1:
                 replicator.round(ps_addresses(world, port))
             if checkpoints is not None:
@@ -176,15 +148,6 @@ def _summary(ps: ParameterServer) -> dict[str, object]:
     return out
 
 
-def _wait_for_me(source: MembershipSource, pod: str, timeout: float) -> World:
-    after = -1
-    while True:
-        world = source.wait_for_world(after, timeout)
-        if any(m.pod == pod for m in world.ps):
-            return world
-        after = world.epoch
-
-
 def main(environ: Mapping[str, str] | None = None) -> int:
     """Entry point of a PS pod."""
     env = os.environ if environ is None else environ
@@ -193,9 +156,11 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         raise ValueError(f"{Env.POD_NAME} is not set")
     metrics = PSMetrics()
     endpoint = serve_from_env(metrics, env)
+    readiness = PSReadiness.from_env(env)
     try:
         return run_server(membership_source(env), pod, ps_port(env), PSSettings.from_env(env),
-                          metrics=metrics)
+                          metrics=metrics, progress=readiness.progress)
     finally:
+        readiness.close()
         if endpoint is not None:
             endpoint.stop()

@@ -38,6 +38,11 @@ class NotServing(RuntimeError):
     """A request for a shard this server does not serve as primary."""
 
 
+class IncompletePush(RuntimeError):
+    """A push named staged chunks that this server does not hold (they went to a server
+    that has since failed, or were abandoned): the worker must send it whole."""
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """What the first worker tells every PS: the model's tensors and how to train them."""
@@ -81,6 +86,9 @@ class Hosted:
     """Sync: pushes of the current round by worker (None: a worker without data)."""
     replicated: int = -1
     """Version last sent to (primary) or received from (replica) the other copy."""
+    pushes: dict[str, tuple[str, Header]] = field(default_factory=dict)
+    """Per worker: the id of its last push here and the reply it got, so that a push
+    retried after a lost reply is answered again, not applied twice."""
 
 
 @dataclass
@@ -199,6 +207,8 @@ class ParameterServer:
                 if left <= 0:
                     break
                 h.cond.wait(left)
+            if h.role is not Role.PRIMARY:
+                raise NotServing(f"ps {self.index} stepped down from shard {shard}")
             rows = {k.removeprefix("i/"): v for k, v in tensors.items() if k.startswith("i/")}
             dense = header.get("dense", True)
             values = h.state.read(dense if isinstance(dense, list) else bool(dense), rows)
@@ -219,11 +229,22 @@ class ParameterServer:
         skip = bool(header.get("skip"))
         if "staged" in header:
             with self._lock:
-                tensors = {**self._staged.pop((worker, str(header["staged"])), {}), **tensors}
+                staged = self._staged.pop((worker, str(header["staged"])), {})
+            if len(staged) < int(header.get("stagedCount", 0)):
+                raise IncompletePush(f"ps {self.index}: push {header['staged']} of {worker} "
+                                     f"names {header['stagedCount']} staged tensors, "
+                                     f"{len(staged)} arrived")
+            tensors = {**staged, **tensors}
         dense = {k[2:]: v for k, v in tensors.items() if k.startswith("g/")}
         sparse = {k[2:]: (v, tensors[f"r/{k[2:]}"]) for k, v in tensors.items()
                   if k.startswith("i/")}
+        push_id = str(header.get("push", ""))
         with h.cond:
+            if h.role is not Role.PRIMARY:
+                raise NotServing(f"ps {self.index} stepped down from shard {shard}")
+            seen = h.pushes.get(worker)
+            if push_id and seen is not None and seen[0] == push_id:
+                return seen[1]  # a retry of a push already taken
             pushed_from = min(int(header["version"]), h.version)
             with self._lock:
                 workers = len((self.workers | {worker}) - self.retired)
@@ -255,6 +276,8 @@ class ParameterServer:
                     reply["dataAccepted"] = self.data is not None and self.data.report(
                         worker, int(d["piece"]), int(d["start"]), int(d["stop"]),
                         dropped=verdict is Verdict.STALE)
+            if push_id:
+                h.pushes[worker] = (push_id, reply)
             return reply
 
     def stage(self, header: Header, tensors: Tensors) -> Header:
@@ -324,7 +347,8 @@ class ParameterServer:
                 return None
             h.replicated = h.version
             header = {"shard": shard, "version": h.version, "config": config.to_json(),
-                      "data": data}
+                      "data": data,
+                      "pushes": {w: [i, r] for w, (i, r) in h.pushes.items()}}
             # Copies: the transport encodes after the lock is released.
             return header, {k: v.clone() for k, v in h.state.payload().items()}
 
@@ -339,7 +363,10 @@ class ParameterServer:
                 return {"accepted": False, "version": h.version}
             state = ShardState.from_payload(self.partition, shard, config.optimizer, tensors)
             version = int(header["version"])
-            self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version)
+            pushes = {str(w): (str(i), dict(r))
+                      for w, (i, r) in header.get("pushes", {}).items()}
+            self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version,
+                                        pushes=pushes)
             if header.get("data") is not None:
                 self._replica_data = header["data"]
             return {"accepted": True, "version": version}
@@ -360,6 +387,25 @@ class ParameterServer:
                     for worker in self.data.holders():
                         self.data.release(worker)
             return {"version": h.version}
+
+    def step_down(self, shard: int) -> Header | None:
+        """Serve ``shard`` no longer (another server was promoted in its place while this
+        one was alive): keep it as a replica for the new primary to refresh. Waiting
+        pulls and later calls get :class:`NotServing`, so workers look again. Returns
+        what was dropped, None when this server was not serving ``shard``."""
+        with self._lock:
+            h = self.hosted.get(shard)
+        if h is None:
+            return None
+        with h.cond:
+            if h.role is not Role.PRIMARY:
+                return None
+            h.role = Role.REPLICA
+            h.replicated = -1
+            dropped = len(h.round)
+            h.round.clear()  # a sync round's pushes here: the workers push again there
+            h.cond.notify_all()
+            return {"version": h.version, "roundDropped": dropped}
 
     def primaries(self) -> list[int]:
         """Shards served here as primary."""

@@ -8,13 +8,14 @@ large model is one message).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 
 from .codec import Header, Tensors, decode, encode
-from .server import NotServing, ParameterServer
+from .progress import UNCOUNTED, ServingProgress
+from .server import IncompletePush, NotServing, ParameterServer
 
 SERVICE = "ringwright.ps.ParameterServer"
 METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Promote",
@@ -67,25 +68,36 @@ def pin_thread(cpus: list[int]) -> Callable[[], None]:
 
 
 def serve(ps: ParameterServer, address: str, *, threads: int = 32,
-          cpus: list[int] | None = None) -> tuple[grpc.Server, int]:
+          cpus: list[int] | None = None,
+          progress: ServingProgress | None = None) -> tuple[grpc.Server, int]:
     """Start serving ``ps`` on ``address`` (host:port; port 0 lets the system pick a free
-    one), threads pinned to ``cpus``; the server and the port it listens on."""
+    one), threads pinned to ``cpus``, each request counted in ``progress``; the server
+    and the port it listens on."""
     handlers = _handlers(ps)
 
-    def wrap(fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+    def wrap(name: str, fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        counted = progress if name not in UNCOUNTED else None
+
         def call(request: bytes, context: grpc.ServicerContext) -> bytes:
+            if counted is not None:
+                counted.started()
             try:
                 reply = fn(*decode(request))
             except NotServing as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except IncompletePush as exc:
+                context.abort(grpc.StatusCode.ABORTED, str(exc))
             except (KeyError, ValueError) as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+            finally:
+                if counted is not None:
+                    counted.finished()
             return reply if isinstance(reply, bytes) else encode(*reply)
 
         return call
 
     method_handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-        name: grpc.unary_unary_rpc_method_handler(wrap(fn)) for name, fn in handlers.items()}
+        name: grpc.unary_unary_rpc_method_handler(wrap(name, fn)) for name, fn in handlers.items()}
     pool = futures.ThreadPoolExecutor(
         max_workers=threads, thread_name_prefix=f"ps{ps.index}",
         initializer=pin_thread(cpus) if cpus else None)
@@ -128,14 +140,3 @@ def result(future: grpc.Future[bytes]) -> tuple[Header, Tensors]:
     reply: bytes = future.result()
     return decode(reply)
 
-
-def unavailable(exc: BaseException) -> bool:
-    """Whether a call failed because the server is gone (not because it refused)."""
-    return isinstance(exc, grpc.RpcError) and exc.code() in (
-        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED)
-
-
-def close_all(stubs: Iterable[Stub]) -> None:
-    for stub in stubs:
-        stub.close()

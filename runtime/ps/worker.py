@@ -24,9 +24,11 @@ from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
 from .client import PendingPull, PSClient, Pulled
 from .consistency import Consistency, Mode
+from .env import ps_addresses, wait_until_listed
 from .metrics import PSMetrics
 from .model import PSModel
 from .optim import ServerOptimizer
+from .routing import RecoverySettings
 from .server import JobConfig
 
 _log = runtime_logger("ps.worker")
@@ -75,7 +77,7 @@ class StepInfo:
     dropped: bool
     staleness: int
     failovers: int = 0
-    """Shards this worker has failed over to a replica so far."""
+    """Failovers this worker performed or followed so far."""
 
 
 @dataclass
@@ -96,15 +98,19 @@ class Worker(Generic[B]):
     def __init__(self, job: PSJob[B], source: MembershipSource, pod: str, port: int, *,
                  world_wait_s: float = 900.0,
                  addresses: Callable[[World, int], list[str]] | None = None,
-                 metrics: PSMetrics | None = None) -> None:
-        from .env import ps_addresses
-
+                 metrics: PSMetrics | None = None,
+                 recovery: RecoverySettings | None = None,
+                 beat: Callable[[], None] | None = None) -> None:
+        """``beat``: called on progress (each step, and while waiting alive), for the
+        pod's stall watchdog."""
         self.job, self.source, self.pod, self.port = job, source, pod, port
         self.world_wait_s = world_wait_s
         self._addresses = addresses or ps_addresses
         self.binding = PSModel(job.model)
         self.report = WorkerReport()
         self.metrics = metrics or PSMetrics()
+        self.recovery = recovery
+        self.beat = beat or (lambda: None)
         self.client: PSClient | None = None
         self._round: dict[int, int] = {}
         """Sync: the version per shard that completes the round this worker last
@@ -113,7 +119,7 @@ class Worker(Generic[B]):
     def run(self) -> WorkerReport:
         """Train until the data is done or this worker leaves the world."""
         world = self._wait_for_me()
-        client = PSClient(self._addresses(world, self.port), self.pod)
+        client = PSClient(self._addresses(world, self.port), self.pod, recovery=self.recovery)
         self.client = client
         try:
             client.wait_ready(self.world_wait_s)
@@ -130,6 +136,7 @@ class Worker(Generic[B]):
     def _loop(self, client: PSClient) -> None:
         sync = self.job.consistency.mode is Mode.SYNC
         while True:
+            self.beat()
             if self._left(client):
                 client.push({}, {}, client.versions_map(), retire=True)
                 self.report.left = True
@@ -217,6 +224,7 @@ class Worker(Generic[B]):
 
     def _account(self, epoch: int, samples: int, loss: float, dropped: bool,
                  staleness: int, failovers: int) -> None:
+        self.beat()
         self.report.steps += 1
         self.report.samples += samples
         self.report.dropped_pushes += int(dropped)
@@ -233,15 +241,10 @@ class Worker(Generic[B]):
         return world.member(self.pod) is None
 
     def _wait_for_me(self) -> World:
-        after = -1
-        while True:
-            world = self.source.wait_for_world(after, self.world_wait_s)
-            # Every server up: the first worker creates the shards on them.
-            if world.member(self.pod) is not None and world.ps and \
-                    len(world.ps) == world.ps_count:
-                return world
-            after = world.epoch
-
+        # Every server up: the first worker creates the shards on them.
+        return wait_until_listed(
+            self.source, lambda w: w.member(self.pod) is not None and bool(w.ps) and
+            len(w.ps) == w.ps_count, self.world_wait_s, self.beat)
 
 def _batches(start: int, stop: int, size: int) -> Iterator[tuple[int, int]]:
     for a in range(start, stop, size):

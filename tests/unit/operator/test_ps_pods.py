@@ -7,13 +7,21 @@ from typing import Any
 
 from ringwright.kube import Obj
 from ringwright.operator.conditions import rfc3339
-from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, PS, ROLE_LABEL, WORKER, pod
+from ringwright.operator.manifests import (
+    HEALTH_FILE,
+    INDEX_LABEL,
+    JOB_LABEL,
+    PS,
+    ROLE_LABEL,
+    WORKER,
+    pod,
+)
 from ringwright.operator.models import TrainingJobSpec
 from ringwright.operator.placer import place
 from ringwright.operator.reconcile import Observed, plan
 from ringwright.operator.resources import millicores
 from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
-from ringwright.world import DEFAULT_PS_PORT, Member, World
+from ringwright.world import Member, World
 from tests.unit.operator.test_placement import inventory, rack
 from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer, world_of
 
@@ -61,17 +69,17 @@ def test_every_container_of_a_ps_pod_is_guaranteed_with_whole_cpus() -> None:
         assert cpus == {"fetch": "1", "ps": "2", "sidecar": "2", "bare": "4"}
 
 
-def test_a_ps_is_ready_by_its_own_probe_and_a_worker_by_the_runtimes() -> None:
+def test_a_ps_is_ready_by_its_health_file_and_a_worker_by_the_runtimes_endpoint() -> None:
     built = ps_pods()[0]
-    probe = built["spec"]["containers"][0]["readinessProbe"]
-    assert probe["tcpSocket"] == {"port": DEFAULT_PS_PORT}
+    main = built["spec"]["containers"][0]
+    # Not a TCP connect to the shard port: a wedged PS still accepts connections there.
+    # The PS's stall watchdog keeps the health file only while requests get served.
+    assert main["readinessProbe"]["exec"] == {"command": ["test", "-f", HEALTH_FILE]}
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["RINGWRIGHT_HEALTH_FILE"] == HEALTH_FILE
     body = ps_job()
-    body["spec"]["ps"]["template"]["spec"]["containers"][0]["env"] = [
-        {"name": "RINGWRIGHT_PS_PORT", "value": "31000"}]
     spec = TrainingJobSpec.model_validate(body["spec"])
     placed = place(spec, SchedulingPolicySpec(), inventory(rack("r", 4)), [])
-    moved = pod(body, PS, 0, placed.ps[0])
-    assert moved["spec"]["containers"][0]["readinessProbe"]["tcpSocket"] == {"port": 31000}
     worker = pod(body, WORKER, 0, placed.workers[0])
     assert worker["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
 

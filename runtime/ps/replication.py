@@ -1,0 +1,92 @@
+"""A PS's primary shards sent to the server that keeps the other copy, and what a
+refusal means.
+
+A replica host refuses a shard it serves as primary itself: some worker could not
+reach this server and promoted the replica while this one was still alive. Two
+primaries for one shard would let the two copies drift apart, so the home server
+(the one whose replica host refused) steps down and becomes the replica; the
+promoted copy then re-seeds it like any replacement.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from ..kvlog import log_event, runtime_logger
+from .codec import Header, Tensors
+from .routing import replica_host
+from .server import ParameterServer
+from .transport import Stub
+
+_log = runtime_logger("ps.server")
+
+Send = Callable[[str, Header, Tensors], Header]
+"""Deliver a ``Replicate`` to the server at an address; its reply."""
+
+
+class GrpcSend:
+    """:data:`Send` over gRPC, one channel per address."""
+
+    def __init__(self, timeout: float = 30.0) -> None:
+        self.timeout = timeout
+        self._stubs: dict[str, Stub] = {}
+
+    def __call__(self, address: str, header: Header, tensors: Tensors) -> Header:
+        stub = self._stubs.get(address) or self._stubs.setdefault(address, Stub(address))
+        reply, _ = stub.call("Replicate", header, tensors, timeout=self.timeout)
+        return reply
+
+
+class Replicator:
+    """Sends changed primary shards to the server that keeps their other copy."""
+
+    def __init__(self, ps: ParameterServer, servers: int, send: Send | None = None,
+                 logger: logging.Logger = _log) -> None:
+        self.ps, self.servers = ps, servers
+        self.send = send or GrpcSend()
+        self.log = logger
+        self._targets: dict[int, str] = {}
+
+    def target(self, shard: int) -> int:
+        """A home shard's replica goes to the next server; a shard served here after a
+        failover goes back to its home server (re-seeding a replacement)."""
+        return replica_host(shard, self.servers) if shard == self.ps.index else shard
+
+    def round(self, addresses: list[str]) -> None:
+        """Send every primary shard changed since its last replication."""
+        for shard in self.ps.primaries():
+            target = self.target(shard)
+            if target == self.ps.index:
+                continue
+            address = addresses[target]
+            if self._targets.get(shard) != address:
+                self.ps.resend(shard)  # a new server there: it holds nothing yet
+                self._targets[shard] = address
+            snap = self.ps.snapshot(shard)
+            if snap is None:
+                continue
+            try:
+                reply = self.send(address, *snap)
+            except grpc.RpcError as exc:
+                self.ps.resend(shard)
+                log_event(self.log, logging.DEBUG, "ps_replicate_failed", shard=shard,
+                          to=address, error=exc.code())
+                continue
+            if reply.get("accepted") is False:
+                self._refused(shard, target, int(reply["version"]))
+
+    def _refused(self, shard: int, target: int, theirs: int) -> None:
+        """``target`` serves ``shard`` as primary too."""
+        if shard != self.ps.index:
+            # Promoted here, and the home server still claims the shard: it steps down
+            # when its own replication to this server is refused; send again then.
+            self.ps.resend(shard)
+            return
+        dropped = self.ps.step_down(shard)
+        if dropped is not None:
+            log_event(self.log, logging.WARNING, "ps_stepped_down", shard=shard,
+                      primary=target, version=dropped["version"], primary_version=theirs,
+                      round_dropped=dropped["roundDropped"])
