@@ -117,16 +117,11 @@ class Written:
         with self.lock:
             return self.objects.get((kind, namespace, name))
 
-    def forget(self, kind: str, namespace: str, name: str) -> None:
-        """Drop our write of an object the watch saw deleted: it no longer stands."""
-        with self.lock:
-            self.objects.pop((kind, namespace, name), None)
-            self.sent.pop((kind, namespace, name), None)
-
     def outdated_by(self, kind: str, obj: Obj, deleted: bool) -> bool:
         """Whether a watched ``obj`` is newer than our write of it (someone else wrote
         or deleted it). A deletion also drops our copy, so it cannot stand in for an
-        object that is gone."""
+        object that is gone; a write of ours newer than the deletion (the object was
+        created again) stays."""
         meta = obj.get("metadata") or {}
         key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
         with self.lock:
@@ -137,6 +132,7 @@ class Written:
                 return False  # the echo of our own write, or older
             if deleted:
                 del self.objects[key]
+                self.sent.pop(key, None)
             return True
 
     def forget_job(self, namespace: str, name: str) -> None:

@@ -162,17 +162,12 @@ def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> N
                                **_: Any) -> None:
         ctx: OperatorContext = memo["ctx"]
         job = labels[JOB_LABEL]
-        deleted = type == "DELETED"
+        # A deletion drops our copy, which must not hide that the object is gone.
+        outdated = ctx.written.outdated_by(kind, dict(body), type == "DELETED")
         # The world wakes its job only when someone else changed or deleted it (our own
-        # publication needs no round); a deletion also drops our copy, which must not
-        # hide that it is gone.
-        if name == world_configmap_name(job):
-            if ctx.written.outdated_by(kind, dict(body), deleted):
-                ctx.wake(namespace or "", job)
-            return
-        if deleted:
-            ctx.written.forget(kind, namespace or "", name)
-        ctx.wake(namespace or "", job)
+        # publication needs no round); any other scaffold change always does.
+        if outdated or name != world_configmap_name(job):
+            ctx.wake(namespace or "", job)
 
 
 def _current(watched: Obj, written: Obj | None) -> Obj:

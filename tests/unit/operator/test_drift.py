@@ -128,8 +128,10 @@ def test_a_round_applies_nothing_until_an_object_is_deleted_or_edited() -> None:
     kinds = [o["kind"] for o in scaffold(job())] + ["NetworkPolicy"]
     assert applied(server, apply, cache) == len(kinds)  # nothing there yet
     assert applied(server, apply, cache) == 0
-    del server.objects[("Service", "j")]
-    apply.written.forget("Service", "a", "j")  # what the watch's DELETED event does
+    gone = server.objects.pop(("Service", "j"))
+    server.version += 1
+    gone["metadata"]["resourceVersion"] = str(server.version)
+    assert apply.written.outdated_by("Service", gone, deleted=True)  # the watch's DELETED
     assert applied(server, apply, cache) == 1
     assert server.applies[-1] == "Service"
     edited = copy.deepcopy(server.objects[("ConfigMap", "j-reports")])
