@@ -57,7 +57,7 @@ from .checkpoint_policy import TerminationSignal
 from .checkpoint_storage import LocalStorage
 from .file_source import FileMembershipSource
 from .group import Fenced, GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
-from .health import HealthFile, ReadinessServer, StallWatchdog
+from .health import ReadinessServer, StallWatchdog, show_readiness
 from .kube_source import KubeMembershipSource
 from .kvlog import log_event, runtime_logger
 from .liveness import LagListener, PeerFailure
@@ -397,18 +397,7 @@ class ElasticRuntime:
             return
         self._started = True
         s = self.settings
-        if s.health_file:
-            self.watchdog.add_listener(HealthFile(Path(s.health_file)))
-        if s.readiness_port:
-            try:
-                self._readiness = ReadinessServer(self.watchdog, s.readiness_port,
-                                                  s.readiness_address)
-            except OSError as err:
-                # Training goes on; the pod stays unready, which a person will see.
-                log_event(_log, logging.ERROR, "readiness_unavailable",
-                          address=f"{s.readiness_address}:{s.readiness_port}", error=err)
-            else:
-                self._readiness.start()
+        self._readiness = show_readiness(self.watchdog, s, _log)
         if s.metrics_port:
             try:
                 self._metrics_endpoint = serve(self.metrics.registry, s.metrics_port,

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .kvlog import log_event, runtime_logger
+from .settings import RuntimeSettings
 
 _log = runtime_logger("health")
 
@@ -151,3 +152,23 @@ class ReadinessServer:
         """Stop serving and release the port."""
         self._server.shutdown()
         self._server.server_close()
+
+
+def show_readiness(watchdog: StallWatchdog, settings: RuntimeSettings,
+                   logger: logging.Logger) -> ReadinessServer | None:
+    """Make ``watchdog``'s verdict visible as the pod's settings ask: the health file
+    and the ``/readyz`` server (started; None when not asked for or its port is taken,
+    logged: the work goes on and the pod stays unready, which a person will see)."""
+    if settings.health_file:
+        watchdog.add_listener(HealthFile(Path(settings.health_file)))
+    if not settings.readiness_port:
+        return None
+    try:
+        server = ReadinessServer(watchdog, settings.readiness_port, settings.readiness_address)
+    except OSError as err:
+        log_event(logger, logging.ERROR, "readiness_unavailable",
+                  address=f"{settings.readiness_address}:{settings.readiness_port}",
+                  error=err)
+        return None
+    server.start()
+    return server

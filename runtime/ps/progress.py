@@ -10,13 +10,11 @@ like a hung worker.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 
-from ..health import HealthFile, ReadinessServer, StallWatchdog
-from ..kvlog import log_event, runtime_logger
+from ..health import StallWatchdog, show_readiness
+from ..kvlog import runtime_logger
 from ..settings import RuntimeSettings
 
 _log = runtime_logger("ps.server")
@@ -59,20 +57,7 @@ class PSReadiness:
     def __init__(self, settings: RuntimeSettings) -> None:
         self.watchdog = StallWatchdog(settings.stall_timeout_s)
         self.progress = ServingProgress(self.watchdog)
-        self._server: ReadinessServer | None = None
-        if settings.health_file:
-            self.watchdog.add_listener(HealthFile(Path(settings.health_file)))
-        if settings.readiness_port:
-            try:
-                self._server = ReadinessServer(self.watchdog, settings.readiness_port,
-                                               settings.readiness_address)
-            except OSError as err:
-                # Serving goes on; the pod stays unready, which a person will see.
-                log_event(_log, logging.ERROR, "readiness_unavailable",
-                          address=f"{settings.readiness_address}:{settings.readiness_port}",
-                          error=err)
-            else:
-                self._server.start()
+        self._server = show_readiness(self.watchdog, settings, _log)
         self.watchdog.start()
 
     @classmethod
