@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from .codec import Header, Tensors
+from .hosting import JobConfig
 from .partition import Kind, Partition
 from .routing import Attempt, RecoverySettings, Routes
-from .server import JobConfig
 from .shard import dense_key, initial_values
 from .transport import result
 

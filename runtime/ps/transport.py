@@ -14,8 +14,9 @@ from concurrent import futures
 import grpc
 
 from .codec import Header, Tensors, decode, encode
+from .hosting import IncompletePush, NotServing
 from .progress import UNCOUNTED, ServingProgress
-from .server import IncompletePush, NotServing, ParameterServer
+from .server import ParameterServer
 
 SERVICE = "ringwright.ps.ParameterServer"
 METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Promote",

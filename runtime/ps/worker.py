@@ -25,11 +25,11 @@ from ..membership import MembershipSource
 from .client import PendingPull, PSClient, Pulled
 from .consistency import Consistency, Mode
 from .env import ps_addresses, wait_until_listed
+from .hosting import JobConfig
 from .metrics import PSMetrics
 from .model import PSModel
 from .optim import ServerOptimizer
 from .routing import RecoverySettings
-from .server import JobConfig
 
 _log = runtime_logger("ps.worker")
 

@@ -36,9 +36,9 @@ import torch  # noqa: E402
 
 from ringwright.runtime.ps.client import PSClient  # noqa: E402
 from ringwright.runtime.ps.consistency import Consistency, Mode  # noqa: E402
+from ringwright.runtime.ps.hosting import JobConfig  # noqa: E402
 from ringwright.runtime.ps.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.partition import Kind, TensorSpec  # noqa: E402
-from ringwright.runtime.ps.server import JobConfig  # noqa: E402
 from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
 
 MB = 1_000_000

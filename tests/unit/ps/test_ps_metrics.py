@@ -11,10 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.runtime.local_launcher import free_port
 from ringwright.runtime.ps.consistency import Consistency, Mode
+from ringwright.runtime.ps.hosting import JobConfig
 from ringwright.runtime.ps.metrics import PSMetrics, serve_from_env
 from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import TensorSpec
-from ringwright.runtime.ps.server import JobConfig, ParameterServer
+from ringwright.runtime.ps.server import ParameterServer
 from ringwright.runtime.ps.shard import initial_values
 from ringwright.world import Env
 

@@ -7,9 +7,10 @@ import torch
 
 from ringwright.runtime.ps.codec import decode, encode
 from ringwright.runtime.ps.consistency import Consistency, Mode
+from ringwright.runtime.ps.hosting import JobConfig, NotServing
 from ringwright.runtime.ps.optim import OptimizerKind, ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
-from ringwright.runtime.ps.server import JobConfig, NotServing, ParameterServer
+from ringwright.runtime.ps.server import ParameterServer
 from ringwright.runtime.ps.shard import initial_values
 
 SPECS = (TensorSpec("w", (4, 3)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))

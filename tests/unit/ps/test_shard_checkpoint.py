@@ -8,10 +8,11 @@ import torch
 
 from ringwright.runtime.checkpoint import Checkpointer, LocalStorage, ps_shard
 from ringwright.runtime.ps.consistency import Consistency, Mode
+from ringwright.runtime.ps.hosting import JobConfig
 from ringwright.runtime.ps.optim import OptimizerKind, ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.process import ShardCheckpoints
-from ringwright.runtime.ps.server import JobConfig, ParameterServer
+from ringwright.runtime.ps.server import ParameterServer
 from ringwright.runtime.ps.shard import ShardState, initial_values
 
 

@@ -9,9 +9,10 @@ import torch
 
 from ringwright.runtime.ps.client import PSClient, dense_chunks
 from ringwright.runtime.ps.consistency import Consistency, Mode
+from ringwright.runtime.ps.hosting import JobConfig
 from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
-from ringwright.runtime.ps.server import JobConfig, ParameterServer
+from ringwright.runtime.ps.server import ParameterServer
 from ringwright.runtime.ps.transport import serve
 
 SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
