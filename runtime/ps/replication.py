@@ -17,7 +17,7 @@ import grpc
 
 from ..kvlog import log_event, runtime_logger
 from .codec import Header, Tensors
-from .routing import replica_host
+from .routing import other_copy
 from .server import ParameterServer
 from .transport import Stub
 
@@ -53,7 +53,7 @@ class Replicator:
     def target(self, shard: int) -> int:
         """A home shard's replica goes to the next server; a shard served here after a
         failover goes back to its home server (re-seeding a replacement)."""
-        return replica_host(shard, self.servers) if shard == self.ps.index else shard
+        return other_copy(shard, self.ps.index, self.servers)
 
     def round(self, addresses: list[str]) -> None:
         """Send every primary shard changed since its last replication."""
