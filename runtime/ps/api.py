@@ -29,6 +29,7 @@ from ringwright.world import Env
 
 from ..health import HealthFile
 from .env import membership_source, ps_port, recovery_settings, spec_consistency
+from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
 from .process import PSSettings, run_server
 from .progress import PSReadiness
@@ -62,6 +63,7 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
     health = HealthFile(Path(env[Env.HEALTH_FILE])) if env.get(Env.HEALTH_FILE) else None
     if health is not None:
         health(True, 0.0)
+    retain_freed_memory()
     metrics = PSMetrics()
     endpoint = serve_from_env(metrics, env)
     readiness = PSReadiness.from_env(env)

@@ -160,8 +160,14 @@ class PSClient(Routes):
                    for server, (_, header, tensors) in zip(servers, parts, strict=True)]
         return PendingPull(parts, futures, servers, unique, dense)
 
-    def finish_pull(self, pending: PendingPull) -> Pulled:
-        """Wait for a pull started with :meth:`start_pull` and assemble its tensors."""
+    def finish_pull(self, pending: PendingPull,
+                    into: Mapping[str, torch.Tensor] | None = None) -> Pulled:
+        """Wait for a pull started with :meth:`start_pull` and assemble its tensors.
+
+        ``into``: dense tensors to write the pulled values into (a model's parameters),
+        so a large model is neither allocated again nor copied twice per pull; written
+        only once every reply is in, and returned as the pull's dense values.
+        """
         part = self._partition()
         got: dict[str, torch.Tensor] = {}
         versions: dict[int, int] = {}
@@ -188,14 +194,15 @@ class PSClient(Routes):
             self.versions[s] = v
         out = Pulled({}, {}, versions)
         if pending.dense:
+            flat: dict[str, torch.Tensor] = {}
             for spec in part.specs:
                 if spec.kind is Kind.DENSE:
-                    out.dense[spec.name] = torch.empty(spec.numel, dtype=torch.float32)
+                    target = _target(spec.name, spec.numel, (into or {}).get(spec.name))
+                    out.dense[spec.name] = target if target is not None else \
+                        torch.empty(spec.shape, dtype=torch.float32)
+                    flat[spec.name] = out.dense[spec.name].view(-1)
             for d in part.dense:
-                out.dense[d.name][d.start:d.stop] = got[dense_key(d.name, d.start)]
-            for spec in part.specs:
-                if spec.kind is Kind.DENSE:
-                    out.dense[spec.name] = out.dense[spec.name].reshape(spec.shape)
+                flat[d.name][d.start:d.stop].copy_(got[dense_key(d.name, d.start)])
         for name, (u, owners) in pending.ids.items():
             rows = torch.empty((len(u), part.spec(name).shape[1]), dtype=torch.float32)
             for s in range(self.servers):
@@ -205,9 +212,10 @@ class PSClient(Routes):
             out.rows[name] = (u, rows)
         return out
 
-    def pull(self, ids: Mapping[str, torch.Tensor], **kwargs: Any) -> Pulled:
-        """A blocking pull (see :meth:`start_pull`)."""
-        return self.finish_pull(self.start_pull(ids, **kwargs))
+    def pull(self, ids: Mapping[str, torch.Tensor],
+             into: Mapping[str, torch.Tensor] | None = None, **kwargs: Any) -> Pulled:
+        """A blocking pull (see :meth:`start_pull` and :meth:`finish_pull`)."""
+        return self.finish_pull(self.start_pull(ids, **kwargs), into)
 
     # -- push ------------------------------------------------------------------------
 
@@ -320,6 +328,17 @@ class PSClient(Routes):
         if self.partition is None:
             raise RuntimeError("initialize() the client before pulling or pushing")
         return self.partition
+
+
+def _target(name: str, numel: int, tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """``tensor`` if a pull of ``name`` can be written into it in place."""
+    if tensor is None:
+        return None
+    if tensor.dtype != torch.float32 or tensor.numel() != numel or not tensor.is_contiguous():
+        raise ValueError(f"cannot pull {name} into a {tensor.dtype} tensor of "
+                         f"{tensor.numel()} elements (contiguous: {tensor.is_contiguous()}); "
+                         f"the servers hold {numel} float32 elements")
+    return tensor
 
 
 def _whole(request: tuple[Header, Tensors], staged: Tensors) -> tuple[Header, Tensors]:

@@ -46,6 +46,12 @@ class PSModel:
         out += [TensorSpec(n, shape, 4, Kind.EMBEDDING) for n, shape in self.shapes.items()]
         return out
 
+    def dense_targets(self) -> dict[str, torch.Tensor]:
+        """The dense parameters a pull can write into in place (float32, contiguous:
+        what the servers hold); the others are copied in by :meth:`load`."""
+        return {n: p.detach() for n, p in self.dense.items()
+                if p.dtype == torch.float32 and p.is_contiguous()}
+
     def initial(self) -> dict[str, torch.Tensor]:
         """The model's current values, for the servers' first initialisation."""
         out = {n: p.detach() for n, p in self.dense.items()}
@@ -62,7 +68,9 @@ class PSModel:
         """Take pulled values: dense in place, each table's touched rows as its weight."""
         with torch.no_grad():
             for name, value in dense.items():
-                self.dense[name].copy_(value)
+                target = self.dense[name]
+                if value.data_ptr() != target.data_ptr():  # else pulled into it in place
+                    target.copy_(value)
         for name, (ids, values) in rows.items():
             self._ids[name] = ids
             self.tables[name].weight = nn.Parameter(values.clone())

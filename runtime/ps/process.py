@@ -23,6 +23,7 @@ from ..checkpoint import Checkpointer, LocalStorage, ps_shard
 from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
 from .env import PSEnv, membership_source, ps_addresses, ps_port, wait_until_listed
+from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
 from .progress import PSReadiness, ServingProgress
 from .replication import Replicator
@@ -154,6 +155,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     pod = env.get(Env.POD_NAME, "")
     if not pod:
         raise ValueError(f"{Env.POD_NAME} is not set")
+    retain_freed_memory()
     metrics = PSMetrics()
     endpoint = serve_from_env(metrics, env)
     readiness = PSReadiness.from_env(env)

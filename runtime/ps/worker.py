@@ -180,8 +180,11 @@ class Worker(Generic[B]):
         while current is not None:
             start, stop = current
             batch = self.job.fetch(torch.arange(start, stop)) if batch is None else batch
-            pulled = client.finish_pull(pending) if pending is not None else \
-                client.pull(self._ids(batch))
+            # Dense values land in the model's parameters: the previous step is done
+            # with them (its gradients are pushed), so no second copy is made.
+            into = self.binding.dense_targets()
+            pulled = client.finish_pull(pending, into) if pending is not None else \
+                client.pull(self._ids(batch), into)
             following = next(bounds, None)
             next_batch = None
             pending = None

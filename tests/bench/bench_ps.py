@@ -37,6 +37,7 @@ import torch  # noqa: E402
 from ringwright.runtime.ps.client import PSClient  # noqa: E402
 from ringwright.runtime.ps.consistency import Consistency, Mode  # noqa: E402
 from ringwright.runtime.ps.hosting import JobConfig  # noqa: E402
+from ringwright.runtime.ps.memory import retain_freed_memory  # noqa: E402
 from ringwright.runtime.ps.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.partition import Kind, TensorSpec  # noqa: E402
 from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
@@ -44,14 +45,22 @@ from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa
 MB = 1_000_000
 SERVER = """
 import sys, time
+from ringwright.runtime.ps.memory import retain_freed_memory
 from ringwright.runtime.ps.server import ParameterServer
 from ringwright.runtime.ps.transport import serve
+retain_freed_memory()  # as a PS pod does
 server = serve(ParameterServer(0), sys.argv[1])
 time.sleep(3600)
 """
+# The baseline gets what the PS side gets: buffers allocated once and reused, holding
+# real data (a fresh bytes(n) maps the shared zero page: reading it is not reading memory).
 ECHO = """
 import socket, sys
-size = int(sys.argv[2])
+buffers = {}
+def buffer(n):
+    if n not in buffers:
+        buffers[n] = bytearray(b"\\x5a" * n)
+    return buffers[n]
 with socket.create_server(("127.0.0.1", int(sys.argv[1]))) as srv:
     while True:
         conn, _ = srv.accept()
@@ -61,11 +70,10 @@ with socket.create_server(("127.0.0.1", int(sys.argv[1]))) as srv:
                 if len(head) < 8:
                     break
                 want, reply = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:], "little")
-                view, got = bytearray(want), 0
-                mv = memoryview(view)
+                mv, got = memoryview(buffer(want)), 0
                 while got < want:
                     got += conn.recv_into(mv[got:], want - got)
-                conn.sendall(bytes(reply))
+                conn.sendall(buffer(reply))
 """
 
 
@@ -93,11 +101,11 @@ def wait_port(port: int, timeout: float = 60.0) -> None:
 def tcp_round_trip(send: int, receive: int, repeats: int) -> list[float]:
     """Seconds to send ``send`` bytes to another process and read ``receive`` back."""
     port = free_port()
-    with process(ECHO, str(port), "0"):
+    with process(ECHO, str(port)):
         wait_port(port)
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            payload = bytes(send)
+            payload = b"\x5a" * send
             buf = bytearray(receive)
             times = []
             for _ in range(repeats):
@@ -127,10 +135,11 @@ def bench_dense(repeats: int) -> dict[str, float]:
     with process(SERVER, f"127.0.0.1:{port}"):
         wait_port(port)
         client = ps_client([TensorSpec("w", (numel,))], {"w": torch.randn(numel)}, port)
+        model = {"w": torch.empty(numel)}  # a worker pulls into its model's parameters
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            pulled = client.pull({})
+            pulled = client.pull({}, into=model)
             client.push(pulled.dense, {}, pulled.versions)
             times.append(time.perf_counter() - start)
         client.close()
@@ -248,6 +257,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     only = set(args.only.split(","))
+    retain_freed_memory()  # as a worker pod does
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}")
     results: dict[str, Any] = {}

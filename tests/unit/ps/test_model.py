@@ -61,3 +61,16 @@ def test_ids_that_were_not_pulled_are_an_error() -> None:
 def test_padding_idx_is_refused() -> None:
     with pytest.raises(ValueError, match="padding_idx"):
         PSModel(nn.Sequential(nn.Embedding(5, 2, padding_idx=0)))
+
+
+def test_dense_targets_are_the_parameters_storage() -> None:
+    model = Tiny()
+    model.out.bias.data = model.out.bias.data.double()  # not what the servers hold
+    binding = PSModel(model)
+    targets = binding.dense_targets()
+    assert set(targets) == {"out.weight"}
+    assert targets["out.weight"].data_ptr() == model.out.weight.data_ptr()
+    targets["out.weight"].fill_(2.0)  # what a pull into it does
+    binding.load({"out.weight": targets["out.weight"], "out.bias": torch.ones(1)}, {})
+    assert bool((model.out.weight == 2.0).all())
+    assert model.out.bias.dtype == torch.float64 and float(model.out.bias.detach()) == 1.0

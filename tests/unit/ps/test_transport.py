@@ -53,3 +53,20 @@ def test_chunked_pull_and_staged_push_move_every_element(client: PSClient) -> No
     expected = params["emb"][[3, 500, 999]].clone()
     expected[:2] -= 0.5
     assert torch.allclose(after.rows["emb"][1], expected)
+
+
+def test_a_pull_into_given_tensors_writes_them_in_place(client: PSClient) -> None:
+    torch.manual_seed(1)
+    params = {"w": torch.randn(300_000), "b": torch.randn(7), "emb": torch.randn(1000, 8)}
+    config = JobConfig(SPECS, 2, ServerOptimizer(lr=0.5), Consistency(Mode.ASYNC, tau=5),
+                       {"samples": 10, "pieceSize": 5, "epochs": 1})
+    client.initialize(config, params)
+    model = {"w": torch.zeros(300_000)}  # "b" not given: pulled into a new tensor
+    pulled = client.pull({}, into=model)
+    assert pulled.dense["w"] is model["w"]
+    assert torch.equal(model["w"], params["w"])
+    assert torch.equal(pulled.dense["b"], params["b"])
+    with pytest.raises(ValueError, match=r"cannot pull w into a torch\.float64 tensor"):
+        client.pull({}, into={"w": torch.zeros(300_000, dtype=torch.float64)})
+    with pytest.raises(ValueError, match="the servers hold 300000 float32 elements"):
+        client.pull({}, into={"w": torch.zeros(10)})
