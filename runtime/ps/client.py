@@ -97,14 +97,23 @@ class PSClient(Routes):
 
     # -- set-up ----------------------------------------------------------------------
 
-    def wait_ready(self, timeout: float) -> None:
-        """Wait until every server accepts connections (servers start beside workers)."""
+    def wait_ready(self, timeout: float, beat: Callable[[], None] = lambda: None) -> None:
+        """Wait until every server accepts connections (servers start beside workers),
+        calling ``beat`` about once a second: waiting for a server that is still
+        starting is not a stall of this worker."""
+        deadline = time.monotonic() + timeout
         for stub in self.stubs:
-            try:
-                grpc.channel_ready_future(stub.channel).result(timeout=timeout)
-            except grpc.FutureTimeoutError as exc:
-                raise TimeoutError(f"parameter server {stub.address} not reachable "
-                                   f"within {timeout:.0f}s") from exc
+            ready = grpc.channel_ready_future(stub.channel)
+            while True:
+                try:
+                    ready.result(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                    break
+                except grpc.FutureTimeoutError as exc:
+                    beat()
+                    if time.monotonic() >= deadline:
+                        ready.cancel()
+                        raise TimeoutError(f"parameter server {stub.address} not reachable "
+                                           f"within {timeout:.0f}s") from exc
 
     def initialize(self, config: JobConfig, params: Mapping[str, torch.Tensor]) -> None:
         """Create every shard from ``params`` unless it exists (the first worker wins)."""

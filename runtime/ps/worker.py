@@ -122,7 +122,7 @@ class Worker(Generic[B]):
         client = PSClient(self._addresses(world, self.port), self.pod, recovery=self.recovery)
         self.client = client
         try:
-            client.wait_ready(self.world_wait_s)
+            client.wait_ready(self.world_wait_s, self.beat)
             client.discover()
             client.initialize(self.job.config(world.ps_count, self.binding.specs()),
                               self.binding.initial())

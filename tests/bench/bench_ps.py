@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -245,10 +246,14 @@ def bench_failover(root: Path) -> dict[str, float]:
         job.close()
     first = min(after) - killed
     interval = statistics.median(b - a for a, b in itertools.pairwise(before))
+    # Each worker counts the versions it saw beyond the promoted copy; the updates the job
+    # lost are what the worker that saw the newest version counts (they overlap).
+    counts = [int(m.group(1)) for line in lost if (m := re.search(r"lost_updates=(\d+)", line))]
     print(f"failover: first update {first:.3f} s after SIGKILL of ps-0 (goal <= 2 s); "
           f"normal step interval {interval * 1e3:.1f} ms ({first / interval:.0f}x); "
-          f"{'; '.join(line.split('ps_failover ', 1)[1] for line in lost)}")
-    return {"failover_s": first, "interval_s": interval}
+          f"updates lost: {max(counts, default=0)} (per worker: "
+          f"{'; '.join(line.split('ps_failover ', 1)[1] for line in lost)})")
+    return {"failover_s": first, "interval_s": interval, "lost": max(counts, default=0)}
 
 
 def main() -> int:

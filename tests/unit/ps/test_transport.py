@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -70,3 +72,14 @@ def test_a_pull_into_given_tensors_writes_them_in_place(client: PSClient) -> Non
         client.pull({}, into={"w": torch.zeros(300_000, dtype=torch.float64)})
     with pytest.raises(ValueError, match="the servers hold 300000 float32 elements"):
         client.pull({}, into={"w": torch.zeros(10)})
+
+
+def test_waiting_for_a_server_that_is_not_up_beats_the_watchdog() -> None:
+    with socket.socket() as reserved:  # a port nobody listens on while the test runs
+        reserved.bind(("127.0.0.1", 0))
+        waiting = PSClient([f"127.0.0.1:{reserved.getsockname()[1]}"], "w0")
+        beats: list[float] = []
+        with pytest.raises(TimeoutError, match="not reachable within 3s"):
+            waiting.wait_ready(3.0, lambda: beats.append(time.monotonic()))
+        waiting.close()
+    assert len(beats) >= 2

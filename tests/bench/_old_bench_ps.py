@@ -1,0 +1,268 @@
+"""Benchmark: parameter-server mode, each figure against a baseline from the same run.
+
+* throughput of async vs sync training of the wide-and-deep example (2 PS, 4 workers,
+  one worker 3x slower than the others), with the staleness and drop histograms;
+* dense push + pull of a 100 MB model through the PS transport, as a fraction of raw
+  loopback TCP bandwidth (one process sends 100 MB to another and reads it back);
+* latency of a sparse pull of 4,096 rows x 64 dims, against a raw TCP round trip of
+  the same bytes;
+* PS failover: from SIGKILL of a PS to the first update after it, against the normal
+  step interval.
+
+Run: ``python tests/bench/bench_ps.py`` (``--only throughput,dense,sparse,failover``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from ringwright.runtime.ps.client import PSClient  # noqa: E402
+from ringwright.runtime.ps.consistency import Consistency, Mode  # noqa: E402
+from ringwright.runtime.ps.hosting import JobConfig  # noqa: E402
+from ringwright.runtime.ps.optim import ServerOptimizer  # noqa: E402
+from ringwright.runtime.ps.partition import Kind, TensorSpec  # noqa: E402
+from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
+
+MB = 1_000_000
+SERVER = """
+import sys, time
+from ringwright.runtime.ps.server import ParameterServer
+from ringwright.runtime.ps.transport import serve
+server = serve(ParameterServer(0), sys.argv[1])
+time.sleep(3600)
+"""
+ECHO = """
+import socket, sys
+size = int(sys.argv[2])
+with socket.create_server(("127.0.0.1", int(sys.argv[1]))) as srv:
+    while True:
+        conn, _ = srv.accept()
+        with conn:
+            while True:
+                head = conn.recv(8, socket.MSG_WAITALL)
+                if len(head) < 8:
+                    break
+                want, reply = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:], "little")
+                view, got = bytearray(want), 0
+                mv = memoryview(view)
+                while got < want:
+                    got += conn.recv_into(mv[got:], want - got)
+                conn.sendall(bytes(reply))
+"""
+
+
+@contextmanager
+def process(code: str, *args: str) -> Iterator[None]:
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd="/")
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def wait_port(port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+def tcp_round_trip(send: int, receive: int, repeats: int) -> list[float]:
+    """Seconds to send ``send`` bytes to another process and read ``receive`` back."""
+    port = free_port()
+    with process(ECHO, str(port), "0"):
+        wait_port(port)
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            payload = bytes(send)
+            buf = bytearray(receive)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                conn.sendall(send.to_bytes(4, "little") + receive.to_bytes(4, "little"))
+                conn.sendall(payload)
+                mv, got = memoryview(buf), 0
+                while got < receive:
+                    got += conn.recv_into(mv[got:], receive - got)
+                times.append(time.perf_counter() - start)
+            return times
+
+
+def ps_client(specs: list[TensorSpec], params: dict[str, torch.Tensor],
+              port: int) -> PSClient:
+    client = PSClient([f"127.0.0.1:{port}"], "bench", call_timeout=600)
+    client.wait_ready(60)
+    config = JobConfig(tuple(specs), 1, ServerOptimizer(lr=1e-6), Consistency(Mode.ASYNC, 10**9),
+                       {"samples": 1, "pieceSize": 1, "epochs": 1})
+    client.initialize(config, params)
+    return client
+
+
+def bench_dense(repeats: int) -> dict[str, float]:
+    numel = 100 * MB // 4
+    port = free_port()
+    with process(SERVER, f"127.0.0.1:{port}"):
+        wait_port(port)
+        client = ps_client([TensorSpec("w", (numel,))], {"w": torch.randn(numel)}, port)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            pulled = client.pull({})
+            client.push(pulled.dense, {}, pulled.versions)
+            times.append(time.perf_counter() - start)
+        client.close()
+    tcp = tcp_round_trip(100 * MB, 100 * MB, repeats)
+    ps_s, tcp_s = statistics.median(times), statistics.median(tcp)
+    print(f"dense 100 MB pull+push: {ps_s:.3f} s = {200 / ps_s:.0f} MB/s; raw TCP 100 MB "
+          f"there and back: {tcp_s:.3f} s = {200 / tcp_s:.0f} MB/s; "
+          f"PS / TCP bandwidth = {tcp_s / ps_s:.2f} (goal >= 0.50)")
+    return {"dense_s": ps_s, "tcp_s": tcp_s, "fraction": tcp_s / ps_s}
+
+
+def bench_sparse(repeats: int) -> dict[str, float]:
+    rows, dim, want = 200_000, 64, 4096
+    port = free_port()
+    with process(SERVER, f"127.0.0.1:{port}"):
+        wait_port(port)
+        spec = TensorSpec("t", (rows, dim), kind=Kind.EMBEDDING)
+        client = ps_client([spec], {"t": torch.randn(rows, dim)}, port)
+        g = torch.Generator().manual_seed(0)
+        times = []
+        for _ in range(repeats):
+            ids = torch.randperm(rows, generator=g)[:want]
+            start = time.perf_counter()
+            pulled = client.pull({"t": ids}, dense=False)
+            times.append(time.perf_counter() - start)
+            assert pulled.rows["t"][1].shape == (want, dim)
+        client.close()
+    tcp = tcp_round_trip(want * 8, want * dim * 4, repeats)
+    ps_ms, tcp_ms = statistics.median(times) * 1e3, statistics.median(tcp) * 1e3
+    print(f"sparse pull {want} x {dim}: median {ps_ms:.2f} ms (p90 "
+          f"{sorted(times)[int(0.9 * len(times))] * 1e3:.2f} ms); raw TCP round trip of the "
+          f"same bytes {tcp_ms:.2f} ms; ratio {ps_ms / tcp_ms:.1f}x")
+    return {"sparse_ms": ps_ms, "tcp_ms": tcp_ms}
+
+
+def _slowdown(job: LocalPSJob, workers: list[str]) -> float:
+    """The last worker's median step interval over the others' (how much slower it is)."""
+    def interval(w: str) -> float:
+        return float(statistics.median(
+            float(b["t"]) - float(a["t"]) for a, b in itertools.pairwise(job.steps(w))))
+
+    return interval(workers[-1]) / statistics.median(interval(w) for w in workers[:-1])
+
+
+def _throughput(job: LocalPSJob, workers: list[str]) -> tuple[float, int]:
+    steps = [s for w in workers for s in job.steps(w)]
+    trained = sum(s["samples"] for s in steps if not s["dropped"])
+    span = max(s["t"] for s in steps) - min(s["t"] for s in steps)
+    return trained / span, sum(1 for s in steps if s["dropped"])
+
+
+def bench_throughput(root: Path) -> dict[str, float]:
+    base = ["--samples", "6144", "--vocab", "5000", "--dim", "16", "--batch-size", "64",
+            "--piece-batches", "4", "--epochs", "1", "--optimizer", "adagrad", "--slow", "0.03"]
+    workers = ["w0", "w1", "w2", "w3"]
+    results: dict[str, float] = {}
+    for name, spec in (("sync", consistency("Sync")),
+                       ("sync, 1 backup worker", consistency("Sync", backup_workers=1)),
+                       ("async tau=8", consistency("Async", tau=8))):
+        folder = root / name.replace(" ", "_").replace(",", "")
+        folder.mkdir()
+        job = LocalPSJob(folder, 2, base, spec)
+        try:
+            # The straggler: each of its steps takes 3x its own work (pull, compute,
+            # push and the common --slow), so it is 3x slower, not 0.06 s slower.
+            job.start_all(workers, extra={"w3": ["--slow-factor", "3"]})
+            codes = job.wait_all(timeout=600)
+            if any(codes.values()):
+                raise RuntimeError(f"{name}: exit codes {codes}\n{job.logs()}")
+            rate, dropped = _throughput(job, workers)
+            slower = _slowdown(job, workers)
+            counts = ps_done((folder / "ps-0.log").read_text())
+        finally:
+            job.close()
+        results[name] = rate
+        print(f"{name:>22}: {rate:8.0f} samples/s trained, {dropped} pushes dropped, "
+              f"straggler's steps {slower:.1f}x as long; "
+              f"ps-0 staleness of applied pushes {dict(counts.get('staleness', {}))}, "
+              f"of dropped {dict(counts.get('dropped_staleness', {}))}")
+    print(f"async / sync throughput = {results['async tau=8'] / results['sync']:.2f}x "
+          f"(goal >= 2x); sync with a backup worker / sync = "
+          f"{results['sync, 1 backup worker'] / results['sync']:.2f}x")
+    return results
+
+
+def bench_failover(root: Path) -> dict[str, float]:
+    args = ["--samples", "8192", "--vocab", "2000", "--dim", "8", "--batch-size", "32",
+            "--epochs", "2", "--slow", "0.02"]
+    job = LocalPSJob(root, 2, args, consistency("Async", tau=16))
+    try:
+        job.start_all(["w0", "w1"])
+        job.wait_steps("w0", 30)
+        before = [s["t"] for s in job.steps("w0")]
+        killed = time.time()
+        job.kill("ps-0")
+        job.wait_steps("w0", len(before) + 5)
+        # The first update that went through a promoted replica.
+        after = [s["t"] for w in ("w0", "w1") for s in job.steps(w)
+                 if s["t"] > killed and s.get("failovers", 0) > 0]
+        lost = [line for w in ("w0", "w1") for line in
+                (root / f"{w}.log").read_text().splitlines() if "ps_failover " in line]
+    finally:
+        job.close()
+    first = min(after) - killed
+    interval = statistics.median(b - a for a, b in itertools.pairwise(before))
+    print(f"failover: first update {first:.3f} s after SIGKILL of ps-0 (goal <= 2 s); "
+          f"normal step interval {interval * 1e3:.1f} ms ({first / interval:.0f}x); "
+          f"{'; '.join(line.split('ps_failover ', 1)[1] for line in lost)}")
+    return {"failover_s": first, "interval_s": interval}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="throughput,dense,sparse,failover")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "dense" in only:
+            results["dense"] = bench_dense(args.repeats)
+        if "sparse" in only:
+            results["sparse"] = bench_sparse(max(args.repeats, 30))
+        if "failover" in only:
+            (Path(tmp) / "failover").mkdir()
+            results["failover"] = bench_failover(Path(tmp) / "failover")
+        if "throughput" in only:
+            results["throughput"] = bench_throughput(Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
