@@ -174,12 +174,22 @@ class PSClient(Routes):
         """Wait for a pull started with :meth:`start_pull` and assemble its tensors.
 
         ``into``: dense tensors to write the pulled values into (a model's parameters),
-        so a large model is neither allocated again nor copied twice per pull; written
-        only once every reply is in, and returned as the pull's dense values.
+        so a large model is neither allocated again nor copied twice per pull; they are
+        returned as the pull's dense values. Each chunk is copied as soon as its reply is
+        in, while later ones are still on the wire; after an error the targets hold a mix
+        of versions (pull again).
         """
         part = self._partition()
-        got: dict[str, torch.Tensor] = {}
-        versions: dict[int, int] = {}
+        out = Pulled({}, {}, {})
+        flat: dict[str, torch.Tensor] = {}
+        if pending.dense:
+            for spec in part.specs:
+                if spec.kind is Kind.DENSE:
+                    target = _target(spec.name, spec.numel, (into or {}).get(spec.name))
+                    out.dense[spec.name] = target if target is not None else \
+                        torch.empty(spec.shape, dtype=torch.float32)
+                    flat[spec.name] = out.dense[spec.name].view(-1)
+        slices = {dense_key(d.name, d.start): (d.name, d.start, d.stop) for d in part.dense}
         rows_of: dict[int, Tensors] = {}
         for (s, header, tensors), future, server in zip(
                 pending.parts, pending.futures, pending.servers, strict=True):
@@ -195,23 +205,15 @@ class PSClient(Routes):
                                                          self.versions[s])}
                 reply = self._call(s, "Pull", retry, tensors, attempt)
             # A chunked pull may straddle an update (async): claim the oldest version.
-            versions[s] = min(versions.get(s, 1 << 62), int(reply[0]["version"]))
-            got.update(reply[1])
+            out.versions[s] = min(out.versions.get(s, 1 << 62), int(reply[0]["version"]))
+            for key, value in reply[1].items():
+                if key in slices and pending.dense:
+                    name, start, stop = slices[key]
+                    flat[name][start:stop].copy_(value)
             if any(k.startswith("i/") for k in tensors):
                 rows_of[s] = reply[1]
-        for s, v in versions.items():
+        for s, v in out.versions.items():
             self.versions[s] = v
-        out = Pulled({}, {}, versions)
-        if pending.dense:
-            flat: dict[str, torch.Tensor] = {}
-            for spec in part.specs:
-                if spec.kind is Kind.DENSE:
-                    target = _target(spec.name, spec.numel, (into or {}).get(spec.name))
-                    out.dense[spec.name] = target if target is not None else \
-                        torch.empty(spec.shape, dtype=torch.float32)
-                    flat[spec.name] = out.dense[spec.name].view(-1)
-            for d in part.dense:
-                flat[d.name][d.start:d.stop].copy_(got[dense_key(d.name, d.start)])
         for name, (u, owners) in pending.ids.items():
             rows = torch.empty((len(u), part.spec(name).shape[1]), dtype=torch.float32)
             for s in range(self.servers):
