@@ -209,7 +209,9 @@ class PSClient(Routes):
             for key, value in reply[1].items():
                 if key in slices and pending.dense:
                     name, start, stop = slices[key]
-                    flat[name][start:stop].copy_(value)
+                    # numpy copies on this thread; torch would wake its OpenMP pool,
+                    # whose spinning threads take the CPU the transport needs.
+                    np.copyto(flat[name][start:stop].numpy(), value.numpy())
             if any(k.startswith("i/") for k in tensors):
                 rows_of[s] = reply[1]
         for s, v in out.versions.items():

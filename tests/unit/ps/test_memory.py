@@ -27,7 +27,8 @@ def test_the_trim_threshold_is_the_retained_bytes_and_small_buffers_come_from_th
     assert memory.retain_freed_memory(256 << 20, fake)
     assert dict(fake.calls) == {memory.M_MMAP_THRESHOLD: 32 << 20,
                                 memory.M_TRIM_THRESHOLD: 256 << 20,
-                                memory.M_TOP_PAD: memory.TOP_PAD_BYTES}
+                                memory.M_TOP_PAD: memory.TOP_PAD_BYTES,
+                                memory.M_ARENA_MAX: 2}
     clamped = FakeMallopt()
     memory.retain_freed_memory(8 << 30, clamped)
     assert dict(clamped.calls)[memory.M_TRIM_THRESHOLD] == (1 << 31) - 1  # an int in C
