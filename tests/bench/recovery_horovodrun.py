@@ -40,6 +40,7 @@ from tests.bench.recovery_common import (
     WORKLOAD,
     BaselineFailed,
     Outcome,
+    first_step_at,
     losses,
     node_network,
     steps_done,
@@ -56,6 +57,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # Four spellings of 127.0.0.1: horovodrun runs a host's workers locally, without ssh,
 # when the name resolves to an address of this machine.
 HOSTS = ("127.0.0.1", "127.1", "127.0.1", "localhost")
+
+CUT_SETTLE_S = 5.0
+"""Past this long after a cut, no step of the world of four can still be completing."""
 
 class HorovodrunJob:
     """One horovodrun elastic driver and the discovery file it reads."""
@@ -170,6 +174,11 @@ def partition(workdir: Path) -> Outcome:
         since = time.time()
         nodes.cut(job.host_names.index(host))
         seconds = time_to_size(job.trace_dir, 3, since, FAULT_WAIT_S)
+        # A world of four needs the cut-off host: a step of it well after the cut means
+        # the cut did not happen, and "not survived" would be a lie.
+        if first_step_at(job.trace_dir, len(HOSTS), since + CUT_SETTLE_S) is not None:
+            raise BaselineFailed(f"a world of {len(HOSTS)} still trained after {host} was "
+                                 f"cut off; logs in {workdir}")
     rollbacks, lost = losses(workdir / "trace")
     return Outcome(seconds, f"in memory (hvd.elastic.TorchState); host {host} cut off, "
                             "still in discovery", rollbacks, lost)
