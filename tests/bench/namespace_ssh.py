@@ -26,11 +26,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import psutil
 
-from tests.runtime.netns import NamespacedPods
+if TYPE_CHECKING:  # the agent and the client run without the test tree's imports
+    from tests.runtime.netns import NamespacedPods
 
 OUT, ERR, EXIT = 1, 2, 3
 """Frame kinds from agent to client: the command's stdout, its stderr, its exit status."""
@@ -157,13 +158,12 @@ class NamespaceSsh:
         self.agents: list[subprocess.Popen[bytes]] = []
         ports: dict[str, int] = {}
         me = [sys.executable, str(Path(__file__).resolve())]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         try:
             for index in range(hosts):
                 address, prefix, _ = network.attach(index)
                 port_file = workdir / f"agent-{index}.port"
                 self.agents.append(subprocess.Popen(
-                    [*prefix, *me, "agent", address, str(port_file)], env=env,
+                    [*prefix, *me, "agent", address, str(port_file)],
                     start_new_session=True))
                 deadline = time.monotonic() + timeout
                 while not port_file.exists():
