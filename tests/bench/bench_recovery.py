@@ -10,14 +10,16 @@ is timed the same way (``recovery_common`` defines every interval once):
   victim: ringwright's stand-in operator waits for a survivor to notice, as on a cluster;
 * SIGSTOP: a node freezes (no TCP reset) -> the first step at size 3;
 * partition: a node's link is cut (packets dropped, no reset; every node in a network
-  namespace of its own) -> the first step at size 3;
+  namespace of its own; horovodrun's driver too, in one beside them, reaching its hosts
+  by ssh over the same links) -> the first step at size 3;
 * straggler: one member pauses 30 s once -> rollbacks and steps lost (the goal is none);
 * join: 2 members, scaled to 4 -> launch of the newcomers to the first step at size 4.
 
 torchrun (``--nnodes=MIN:MAX --rdzv-backend=c10d``) runs twice: at its rendezvous
 defaults and tuned (``last_call_timeout=1``, keep-alive 1 s x 3). A baseline that fails
-at what it is built for (SIGKILL recovery, join) makes the benchmark exit 1; a system
-that does not survive a silent fault within its bound is reported as "not survived".
+at what it is built for (training at full size before a fault, SIGKILL recovery, join)
+makes the benchmark exit 1; a system that does not survive a silent fault within its
+bound is reported as "not survived".
 
     python tests/bench/bench_recovery.py [--systems rw,tr,tr-tuned,rw-hvd,hvd]
                                          [--scenarios sigkill,sigkill-rank0,sigstop,partition,
@@ -86,8 +88,7 @@ SCENARIOS: dict[str, dict[str, Run]] = {
         "tr": lambda d: recovery_torchrun.partition(d, ""),
         "tr-tuned": lambda d: recovery_torchrun.partition(d, TUNED),
         "rw-hvd": lambda d: recovery_ringwright.partition(d, backend="horovod"),
-        # Not horovodrun, which would need a launcher that puts each host's workers in
-        # that host's namespace.
+        "hvd": recovery_horovodrun.partition,
     },
     "straggler": {
         "rw": recovery_ringwright.straggler,

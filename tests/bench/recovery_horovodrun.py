@@ -1,11 +1,19 @@
 """horovodrun elastic in the recovery benchmark.
 
-``horovodrun --min-np 3 --max-np 4 --host-discovery-script``, the four hosts being
-spellings of 127.0.0.1 so no ssh is involved. Horovod polls the discovery script once a
-second (its fixed period); gloo gets the same collective timeout as every other system.
-A node loss is its worker dying and its host leaving the discovery output at once (which
-helps horovodrun: a cluster's discovery would notice later). A frozen node (SIGSTOP) is
-not known to the discovery script.
+``horovodrun --min-np 3 --max-np 4 --host-discovery-script``. Horovod polls the discovery
+script once a second (its fixed period); gloo gets the same collective timeout as every
+other system. A node loss is its worker dying and its host leaving the discovery output
+at once (which helps horovodrun: a cluster's discovery would notice later). A frozen
+node (SIGSTOP) or a cut-off one (partition) is not known to the discovery script.
+
+Two setups. SIGKILL, SIGSTOP and straggler: the four hosts are spellings of 127.0.0.1,
+so horovodrun runs every worker locally, without ssh. Partition: every host is a network
+namespace of its own (``recovery_common.node_network``), and so is the driver, as on a
+launch machine of its own on the same switch: cutting a node cuts it from the driver
+too. horovodrun reaches a host that is not local with ``ssh HOST COMMAND``; the
+benchmark's ``ssh`` (:mod:`tests.bench.namespace_ssh`) carries the command, its output
+and its exit status over the hosts' own links, so the cut silences it as it would a
+real ssh session without keep-alives.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from tests.bench.namespace_ssh import NamespaceSsh
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
     KILL_AT_STEP,
@@ -29,7 +40,9 @@ from tests.bench.recovery_common import (
     WORKLOAD,
     BaselineFailed,
     Outcome,
+    first_step_at,
     losses,
+    node_network,
     steps_done,
     straggler_env,
     straggler_outcome,
@@ -37,6 +50,7 @@ from tests.bench.recovery_common import (
     wait_until,
 )
 from tests.runtime.elastic_traces import Traces
+from tests.runtime.netns import NamespacedPods
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,28 +58,42 @@ ROOT = Path(__file__).resolve().parents[2]
 # when the name resolves to an address of this machine.
 HOSTS = ("127.0.0.1", "127.1", "127.0.1", "localhost")
 
+CUT_SETTLE_S = 5.0
+"""Past this long after a cut, no step of the world of four can still be completing."""
 
 class HorovodrunJob:
     """One horovodrun elastic driver and the discovery file it reads."""
 
-    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None,
+                 network: NamespacedPods | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.trace_dir = workdir / "trace"
-        self.hosts = workdir / "hosts"
-        self.set_hosts(HOSTS)
-        discover = workdir / "discover.sh"
-        discover.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
-        discover.chmod(0o755)
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
         env.update(WORKLOAD, **(extra_env or {}), TRACE_DIR=str(self.trace_dir),
                    PYTHONPATH=str(ROOT), HOROVOD_GLOO_TIMEOUT_SECONDS=str(int(PG_TIMEOUT_S)))
+        self.host_names: tuple[str, ...] = HOSTS
+        self.ssh: NamespaceSsh | None = None
+        prefix: list[str] = []
+        interface = "lo"
+        if network is not None:
+            self.ssh = NamespaceSsh(network, len(HOSTS), workdir / "ssh")
+            self.host_names = tuple(network.attach(i)[0] for i in range(len(HOSTS)))
+            # The driver's namespace: the next one on the bridge.
+            prefix = network.attach(len(HOSTS))[1]
+            env["PATH"] = f"{self.ssh.bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+            interface = "eth0"
+        self.hosts = workdir / "hosts"
+        self.set_hosts(self.host_names)
+        discover = workdir / "discover.sh"
+        discover.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
+        discover.chmod(0o755)
         # horovodrun's own entry point, run by this interpreter (an overlay venv may
         # have no horovodrun script of its own).
-        cmd = [sys.executable, "-c", "from horovod.runner.launch import run_commandline; "
-               "run_commandline()", "-np", "4",
+        cmd = [*prefix, sys.executable, "-c", "from horovod.runner.launch import "
+               "run_commandline; run_commandline()", "-np", "4",
                "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(discover),
-               "--network-interface", "lo",
+               "--network-interface", interface,
                sys.executable, str(Path(__file__).resolve()), "worker"]
         with (workdir / "horovodrun.log").open("w") as log:
             self.run = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -79,22 +107,44 @@ class HorovodrunJob:
         return max((r for _, r in Traces.load(self.trace_dir).events("start")
                     if r["rank"] == VICTIM), key=lambda r: r["t"])
 
+    def trained_at_full_size(self) -> bool:
+        """Whether the newest completed step was taken by a world of four."""
+        stepped = [r for _, r in Traces.load(self.trace_dir).events("stepped")]
+        return bool(stepped) and max(stepped, key=lambda r: r["t"])["size"] == len(HOSTS)
+
     def close(self) -> None:
+        # horovodrun starts each worker in a session of its own: end them one by one.
+        workers = {r["pid"] for _, r in Traces.load(self.trace_dir).events("start")}
+        with contextlib.suppress(psutil.Error):
+            workers |= {p.pid for p in psutil.Process(self.run.pid).children(recursive=True)}
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.run.pid, signal.SIGKILL)
         self.run.wait()
-        # horovodrun starts each worker in a session of its own: end them one by one.
-        for _, r in Traces.load(self.trace_dir).events("start"):
+        for pid in workers:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(r["pid"], signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+        if self.ssh is not None:
+            self.ssh.close()
 
 
 @contextlib.contextmanager
-def horovodrun_job(workdir: Path, extra_env: dict[str, str] | None = None
-                   ) -> Iterator[HorovodrunJob]:
-    job = HorovodrunJob(workdir, extra_env)
+def horovodrun_job(workdir: Path, extra_env: dict[str, str] | None = None,
+                   network: NamespacedPods | None = None) -> Iterator[HorovodrunJob]:
+    """A job that has trained KILL_AT_STEP steps at size four; BaselineFailed if not."""
+    job = HorovodrunJob(workdir, extra_env, network)
     try:
-        wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP)
+        try:
+            wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP
+                       or job.run.poll() is not None)
+        except TimeoutError as err:
+            raise BaselineFailed(f"horovodrun did not train: {err}; logs in {workdir}"
+                                 ) from err
+        if job.run.poll() is not None:
+            raise BaselineFailed(f"horovodrun exited {job.run.returncode} before step "
+                                 f"{KILL_AT_STEP}; logs in {workdir}")
+        if not job.trained_at_full_size():
+            raise BaselineFailed(f"horovodrun trained below size {len(HOSTS)} before any "
+                                 f"fault; logs in {workdir}")
         yield job
     finally:
         job.close()
@@ -115,6 +165,23 @@ def fault(workdir: Path, sig: signal.Signals) -> Outcome:
                                  f"logs in {workdir}")
     rollbacks, lost = losses(workdir / "trace")
     return Outcome(seconds, "in memory (hvd.elastic.TorchState)", rollbacks, lost)
+
+
+def partition(workdir: Path) -> Outcome:
+    """Rank VICTIM's host is cut off the network; time to the first step at size 3."""
+    with node_network() as nodes, horovodrun_job(workdir, network=nodes) as job:
+        host = job.victim()["host"]
+        since = time.time()
+        nodes.cut(job.host_names.index(host))
+        seconds = time_to_size(job.trace_dir, 3, since, FAULT_WAIT_S)
+        # A world of four needs the cut-off host: a step of it well after the cut means
+        # the cut did not happen, and "not survived" would be a lie.
+        if first_step_at(job.trace_dir, len(HOSTS), since + CUT_SETTLE_S) is not None:
+            raise BaselineFailed(f"a world of {len(HOSTS)} still trained after {host} was "
+                                 f"cut off; logs in {workdir}")
+    rollbacks, lost = losses(workdir / "trace")
+    return Outcome(seconds, f"in memory (hvd.elastic.TorchState); host {host} cut off, "
+                            "still in discovery", rollbacks, lost)
 
 
 def straggler(workdir: Path) -> Outcome:
