@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -107,6 +108,16 @@ class LivenessTracker:
             for rank, peer in self._peers.items()
             if not peer.left and now - peer.since >= self._detect_s
         }
+
+    def due(self, now: float) -> float | None:
+        """The next moment after ``now`` at which :meth:`dead` names someone new if
+        nothing more is heard; None when no verdict is pending."""
+        if self._store_failing_since is not None:
+            host = self._peers.get(0)
+            at = self._store_failing_since + self._detect_s
+            return None if host is None or host.left or at <= now else at
+        return min((peer.since + self._detect_s for peer in self._peers.values()
+                    if not peer.left and peer.since + self._detect_s > now), default=None)
 
 
 _abandoned: dict[threading.Thread, float] = {}
@@ -240,7 +251,7 @@ class Heartbeat:
 
     def _judge(self) -> None:
         known: set[int] = set()
-        while not self._stop.wait(self._interval):
+        while not self._stop.wait(self._next_wait()):
             now = self._clock()
             with self._lock:
                 asking = self._asking_since
@@ -253,6 +264,20 @@ class Heartbeat:
             if dead.keys() - known and not self._stop.is_set():
                 known |= dead.keys()
                 self._on_failure(self._failure(dead))
+
+    def _next_wait(self) -> float:
+        """Until the next verdict falls due, at most an interval. Judging only once per
+        interval found the dead up to an interval late: the judge wakes in step with
+        the beats that set the peers' last-heard times, so in practice almost always
+        a whole interval late (evidence "no heartbeat for 3.5s" at 3 s)."""
+        now = self._clock()
+        with self._lock:
+            due = self._tracker.due(now)
+            asking = self._asking_since
+        if asking is not None and asking + self._detect_s > now:
+            # A request left unanswered condemns the store's host at this moment.
+            due = min(due or math.inf, asking + self._detect_s)
+        return self._interval if due is None else min(self._interval, due - now)
 
     def _failure(self, dead: dict[int, str]) -> PeerFailure:
         members = self._world.members

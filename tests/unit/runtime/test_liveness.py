@@ -71,6 +71,22 @@ def test_a_store_gone_after_its_host_left_cleanly_is_expected() -> None:
     assert t.dead(10.0) == {}
 
 
+def test_the_next_verdict_falls_due_when_the_stalest_peer_reaches_the_detection_time() -> None:
+    t = LivenessTracker(size=4, rank=3, detect_s=3.0, now=0.0)
+    assert t.due(0.0) == 3.0
+    t.observe({0: 1, 1: 1, 2: 1}, now=0.5)
+    t.observe({0: 2, 1: 1, 2: LEFT}, now=1.0)
+    assert t.due(1.0) == 3.5, "rank 1 last beat at 0.5; rank 2 left"
+    assert t.dead(3.4) == {} and list(t.dead(3.5)) == [1]
+    assert t.due(3.5) == 4.0, "rank 1 is judged already: rank 0 is next"
+    t.store_failed(4.2, "timed out")
+    assert t.due(4.5) == 7.2, "without the store only its host is judged"
+    assert t.due(7.2) is None
+    alone = LivenessTracker(size=2, rank=0, detect_s=1.0, now=0.0)
+    alone.observe({1: LEFT}, now=0.1)
+    assert alone.due(0.1) is None
+
+
 def world(size: int, port: int) -> World:
     members = tuple(Member(rank=i, pod=f"w{i}", ip="127.0.0.1") for i in range(size))
     return World(job=JobRef(namespace="n", name="j"), epoch=5, members=members,
@@ -118,6 +134,26 @@ def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> 
     assert all(f.epoch == 5 and "w2 (rank 2): no heartbeat" in f.evidence for f in failures)
     assert prefixed.get(heartbeat_key(0)) == str(LEFT).encode()
     assert max(lags) >= 0.6, "the judge reports the silent member's lag"
+
+
+def test_the_judge_names_the_dead_when_due_not_at_its_next_tick(server: TCPStore) -> None:
+    """Beats and judging every 10 s: a member silent since the start is named at its
+    1 s deadline, not at the judge's first tick."""
+    w = world(2, server.port)
+    PrefixStore("e/", server).set(heartbeat_key(1), "0")
+
+    def connect(timeout_s: float) -> Store:
+        return PrefixStore("e/", TCPStore("127.0.0.1", server.port, None, False,
+                                          timedelta(seconds=timeout_s), wait_for_workers=False))
+
+    found = threading.Event()
+    beat = Heartbeat(connect, w, 0, interval_s=10.0, detect_s=1.0,
+                     on_failure=lambda f: found.set())
+    beat.start()
+    try:
+        assert found.wait(8.0), "the verdict waited for the judge's next tick"
+    finally:
+        beat.stop(left_cleanly=False)
 
 
 def test_abort_shuts_down_only_the_connections_opened_while_forming() -> None:
