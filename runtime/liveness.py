@@ -151,6 +151,27 @@ LagListener = Callable[[float], None]
 """Told, on every pass of the judge, :meth:`LivenessTracker.lag` in seconds."""
 
 
+def until_next_beat(wall: float, interval_s: float) -> float:
+    """Seconds from wall-clock time ``wall`` to the next multiple of ``interval_s``.
+
+    Every member beats on the same wall-clock ticks and reads its peers' counters a
+    moment later (:func:`read_delay`), so each reads every peer's newest beat in the
+    same tick and all find a silent member dead together, as soon as its last beat is
+    ``failure_detect_s`` old. Beating at its own phase, a member read a peer's beat up
+    to a whole interval after it was made and named the peer that much later; the
+    second member to do so (the one an eviction waits for) came a random part of an
+    interval after the first. Clocks that disagree only bring that back: a late
+    reader sees a beat one tick later, never earlier than it was made.
+    """
+    return interval_s - math.fmod(wall, interval_s)
+
+
+def read_delay(interval_s: float) -> float:
+    """How long after a tick a member reads its peers' counters: long enough for the
+    beats of that tick to reach the store (clock skew plus a request's latency)."""
+    return min(interval_s / 5, 0.1)
+
+
 class Heartbeat:
     """Beats for this member and watches its peers, on two daemon threads.
 
@@ -170,6 +191,7 @@ class Heartbeat:
         on_failure: Callable[[PeerFailure], None],
         on_lag: LagListener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._connect = connect
         self._world = world
@@ -179,6 +201,7 @@ class Heartbeat:
         self._on_failure = on_failure
         self._on_lag = on_lag
         self._clock = clock
+        self._wall = wall_clock
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._tracker = LivenessTracker(world.size, rank, detect_s, clock())
@@ -229,25 +252,38 @@ class Heartbeat:
         peers = [r for r in range(self._world.size) if r != self._rank]
         keys = [heartbeat_key(r) for r in peers]
         beat = 0
-        while not self._stop.wait(self._interval):
+
+        def write(store: Store) -> None:
+            store.set(heartbeat_key(self._rank), str(beat))
+
+        def read(store: Store) -> None:
+            values = store.multi_get(keys) if keys else []
             with self._lock:
-                self._asking_since = self._clock()
-            try:
-                if self._store is None:
-                    self._store = self._connect(self._timeout())
-                beat += 1
-                self._store.set(heartbeat_key(self._rank), str(beat))
-                values = self._store.multi_get(keys) if keys else []
-                with self._lock:
-                    self._tracker.observe(
-                        {r: int(v) for r, v in zip(peers, values, strict=True)}, self._clock())
-            except (dist.DistError, RuntimeError, ValueError) as err:
-                self._store = None
-                with self._lock:
-                    self._tracker.store_failed(self._clock(), str(err).splitlines()[0][:200])
-            finally:
-                with self._lock:
-                    self._asking_since = None
+                self._tracker.observe(
+                    {r: int(v) for r, v in zip(peers, values, strict=True)}, self._clock())
+
+        while not self._stop.wait(until_next_beat(self._wall(), self._interval)):
+            beat += 1
+            if self._ask(write) and not self._stop.wait(read_delay(self._interval)):
+                self._ask(read)
+
+    def _ask(self, request: Callable[[Store], None]) -> bool:
+        """One request on the heartbeat's connection; a failure counts against the store."""
+        with self._lock:
+            self._asking_since = self._clock()
+        try:
+            if self._store is None:
+                self._store = self._connect(self._timeout())
+            request(self._store)
+            return True
+        except (dist.DistError, RuntimeError, ValueError) as err:
+            self._store = None
+            with self._lock:
+                self._tracker.store_failed(self._clock(), str(err).splitlines()[0][:200])
+            return False
+        finally:
+            with self._lock:
+                self._asking_since = None
 
     def _judge(self) -> None:
         known: set[int] = set()

@@ -11,7 +11,15 @@ from datetime import timedelta
 import pytest
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from ringwright.runtime.liveness import LEFT, Heartbeat, LivenessTracker, PeerFailure, heartbeat_key
+from ringwright.runtime.liveness import (
+    LEFT,
+    Heartbeat,
+    LivenessTracker,
+    PeerFailure,
+    heartbeat_key,
+    read_delay,
+    until_next_beat,
+)
 from ringwright.runtime.local_launcher import free_port
 from ringwright.runtime.sockets import GroupSockets
 from ringwright.world import JobRef, Member, StoreAddress, World
@@ -85,6 +93,18 @@ def test_the_next_verdict_falls_due_when_the_stalest_peer_reaches_the_detection_
     alone = LivenessTracker(size=2, rank=0, detect_s=1.0, now=0.0)
     alone.observe({1: LEFT}, now=0.1)
     assert alone.due(0.1) is None
+
+
+@pytest.mark.parametrize(("wall", "interval", "wait"), [
+    (100.0, 0.5, 0.5), (100.1, 0.5, 0.4), (100.49, 0.5, 0.01), (7.25, 1.0, 0.75),
+])
+def test_every_member_beats_on_the_same_wall_clock_ticks(
+        wall: float, interval: float, wait: float) -> None:
+    """Members started at different moments still beat (and read a moment later)
+    together, so they all hear a peer's last beat in the same tick."""
+    assert until_next_beat(wall, interval) == pytest.approx(wait)
+    assert 0 < read_delay(interval) < interval / 2
+    assert read_delay(0.5) == pytest.approx(0.1) and read_delay(5.0) == pytest.approx(0.1)
 
 
 def world(size: int, port: int) -> World:
