@@ -2,10 +2,11 @@
 
 Every member of an epoch runs a :class:`Heartbeat` from the join barrier until it
 leaves the epoch. Each beat bumps this member's counter on the epoch's
-store and reads every peer's counter in one request. :class:`LivenessTracker`
-(pure) decides who is dead: a peer whose counter did not change for
-``failure_detect_s``, or the store's host (rank 0) when the store itself stopped
-answering for that long. A training loop that is merely slow keeps beating, since
+store on a wall-clock tick shared by all members, and a moment later reads every
+peer's counter in one request. :class:`LivenessTracker` (pure) decides who is dead:
+a peer whose counter did not change for ``failure_detect_s``, or the store's host
+(rank 0) when the store itself stopped answering for that long; the judge looks when
+such a verdict falls due. A training loop that is merely slow keeps beating, since
 the beat runs on its own thread, so it is never taken for dead.
 
 A member that leaves an epoch (training done, a planned change, or moving on to the
