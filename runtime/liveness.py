@@ -303,17 +303,15 @@ class Heartbeat:
                 self._on_failure(self._failure(dead))
 
     def _next_wait(self) -> float:
-        """Until the next verdict falls due, at most an interval. Judging only once per
-        interval found the dead up to an interval late: the judge wakes in step with
-        the beats that set the peers' last-heard times, so in practice almost always
-        a whole interval late (evidence "no heartbeat for 3.5s" at 3 s)."""
+        """Until the next verdict falls due, at most an interval (judging once per
+        interval, in step with the beats, named the dead an interval late)."""
         now = self._clock()
         with self._lock:
             due = self._tracker.due(now)
             asking = self._asking_since
         if asking is not None and asking + self._detect_s > now:
             # A request left unanswered condemns the store's host at this moment.
-            due = min(due or math.inf, asking + self._detect_s)
+            due = asking + self._detect_s if due is None else min(due, asking + self._detect_s)
         return self._interval if due is None else min(self._interval, due - now)
 
     def _failure(self, dead: dict[int, str]) -> PeerFailure:
