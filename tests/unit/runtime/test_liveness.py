@@ -176,6 +176,30 @@ def test_the_judge_names_the_dead_when_due_not_at_its_next_tick(server: TCPStore
         beat.stop(left_cleanly=False)
 
 
+def test_a_member_beats_at_the_wall_clock_tick_not_an_interval_after_it_started(
+        server: TCPStore) -> None:
+    """Started 9.95 s into a 10 s tick, the first beat goes out 0.05 s later."""
+    w = world(2, server.port)
+    prefixed = PrefixStore("e/", server)
+    for rank in range(2):
+        prefixed.set(heartbeat_key(rank), "0")
+
+    def connect(timeout_s: float) -> Store:
+        return PrefixStore("e/", TCPStore("127.0.0.1", server.port, None, False,
+                                          timedelta(seconds=timeout_s), wait_for_workers=False))
+
+    beat = Heartbeat(connect, w, 0, interval_s=10.0, detect_s=60.0,
+                     on_failure=lambda f: None, wall_clock=lambda: 9.95)
+    beat.start()
+    try:
+        deadline = time.monotonic() + 8.0
+        while prefixed.get(heartbeat_key(0)) == b"0" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert prefixed.get(heartbeat_key(0)) != b"0", "the beat waited a whole interval"
+    finally:
+        beat.stop(left_cleanly=False)
+
+
 def test_abort_shuts_down_only_the_connections_opened_while_forming() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
