@@ -13,6 +13,8 @@ the previous epoch's peers (see docs/horovod-gloo-notes.md).
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -76,11 +78,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RendezvousStore:
-    """A Horovod rendezvous store on ``address`` at a port of the system's choosing."""
+    """A Horovod rendezvous store on ``address`` at a port of the system's choosing.
 
-    def __init__(self, address: str) -> None:
+    ``poll_s`` is how often the server looks for a stop request on its own; :meth:`close`
+    does not wait for it.
+    """
+
+    def __init__(self, address: str, *, poll_s: float = 0.5) -> None:
         self._server = _Server(address)
-        self._thread = threading.Thread(target=self._server.serve_forever,
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(poll_s,),
                                         name="horovod-rendezvous", daemon=True)
         self._thread.start()
 
@@ -100,7 +106,18 @@ class RendezvousStore:
             return sorted(self._server.values)
 
     def close(self) -> None:
-        """Stop serving and release the port."""
-        self._server.shutdown()
+        """Stop serving and release the port, without waiting out the server's poll.
+
+        Rank 0 closes the previous epoch's store while every member of the next epoch
+        waits for it at the join barrier: ``serve_forever`` looks at a stop request only
+        after a request or at its poll interval (0.5 s, measured as half a second of
+        every Horovod recovery), so each wake-up connection makes it look now.
+        """
+        stopping = threading.Thread(target=self._server.shutdown, daemon=True)
+        stopping.start()
+        while stopping.is_alive():
+            with contextlib.suppress(OSError):
+                socket.create_connection((self.address, self.port), timeout=1.0).close()
+            stopping.join(0.01)
         self._server.server_close()
         self._thread.join()

@@ -2,10 +2,11 @@
 
 Every member of an epoch runs a :class:`Heartbeat` from the join barrier until it
 leaves the epoch. Each beat bumps this member's counter on the epoch's
-store and reads every peer's counter in one request. :class:`LivenessTracker`
-(pure) decides who is dead: a peer whose counter did not change for
-``failure_detect_s``, or the store's host (rank 0) when the store itself stopped
-answering for that long. A training loop that is merely slow keeps beating, since
+store on a wall-clock tick shared by all members, and a moment later reads every
+peer's counter in one request. :class:`LivenessTracker` (pure) decides who is dead:
+a peer whose counter did not change for ``failure_detect_s``, or the store's host
+(rank 0) when the store itself stopped answering for that long; the judge looks when
+such a verdict falls due. A training loop that is merely slow keeps beating, since
 the beat runs on its own thread, so it is never taken for dead.
 
 A member that leaves an epoch (training done, a planned change, or moving on to the
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -108,6 +110,16 @@ class LivenessTracker:
             if not peer.left and now - peer.since >= self._detect_s
         }
 
+    def due(self, now: float) -> float | None:
+        """The next moment after ``now`` at which :meth:`dead` names someone new if
+        nothing more is heard; None when no verdict is pending."""
+        if self._store_failing_since is not None:
+            host = self._peers.get(0)
+            at = self._store_failing_since + self._detect_s
+            return None if host is None or host.left or at <= now else at
+        return min((peer.since + self._detect_s for peer in self._peers.values()
+                    if not peer.left and peer.since + self._detect_s > now), default=None)
+
 
 _abandoned: dict[threading.Thread, float] = {}
 """Beat threads that :meth:`Heartbeat.stop` left inside a store call, with how long
@@ -140,6 +152,27 @@ LagListener = Callable[[float], None]
 """Told, on every pass of the judge, :meth:`LivenessTracker.lag` in seconds."""
 
 
+def until_next_beat(wall: float, interval_s: float) -> float:
+    """Seconds from wall-clock time ``wall`` to the next multiple of ``interval_s``.
+
+    Every member beats on the same wall-clock ticks and reads its peers' counters a
+    moment later (:func:`read_delay`), so each reads every peer's newest beat in the
+    same tick and all find a silent member dead together, as soon as its last beat is
+    ``failure_detect_s`` old. Beating at its own phase, a member read a peer's beat up
+    to a whole interval after it was made and named the peer that much later; the
+    second member to do so (the one an eviction waits for) came a random part of an
+    interval after the first. Clocks that disagree only bring that back: a late
+    reader sees a beat one tick later, never earlier than it was made.
+    """
+    return interval_s - math.fmod(wall, interval_s)
+
+
+def read_delay(interval_s: float) -> float:
+    """How long after a tick a member reads its peers' counters: long enough for the
+    beats of that tick to reach the store (clock skew plus a request's latency)."""
+    return min(interval_s / 5, 0.1)
+
+
 class Heartbeat:
     """Beats for this member and watches its peers, on two daemon threads.
 
@@ -159,6 +192,7 @@ class Heartbeat:
         on_failure: Callable[[PeerFailure], None],
         on_lag: LagListener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._connect = connect
         self._world = world
@@ -168,6 +202,7 @@ class Heartbeat:
         self._on_failure = on_failure
         self._on_lag = on_lag
         self._clock = clock
+        self._wall = wall_clock
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._tracker = LivenessTracker(world.size, rank, detect_s, clock())
@@ -218,29 +253,42 @@ class Heartbeat:
         peers = [r for r in range(self._world.size) if r != self._rank]
         keys = [heartbeat_key(r) for r in peers]
         beat = 0
-        while not self._stop.wait(self._interval):
+
+        def write(store: Store) -> None:
+            store.set(heartbeat_key(self._rank), str(beat))
+
+        def read(store: Store) -> None:
+            values = store.multi_get(keys) if keys else []
             with self._lock:
-                self._asking_since = self._clock()
-            try:
-                if self._store is None:
-                    self._store = self._connect(self._timeout())
-                beat += 1
-                self._store.set(heartbeat_key(self._rank), str(beat))
-                values = self._store.multi_get(keys) if keys else []
-                with self._lock:
-                    self._tracker.observe(
-                        {r: int(v) for r, v in zip(peers, values, strict=True)}, self._clock())
-            except (dist.DistError, RuntimeError, ValueError) as err:
-                self._store = None
-                with self._lock:
-                    self._tracker.store_failed(self._clock(), str(err).splitlines()[0][:200])
-            finally:
-                with self._lock:
-                    self._asking_since = None
+                self._tracker.observe(
+                    {r: int(v) for r, v in zip(peers, values, strict=True)}, self._clock())
+
+        while not self._stop.wait(until_next_beat(self._wall(), self._interval)):
+            beat += 1
+            if self._ask(write) and not self._stop.wait(read_delay(self._interval)):
+                self._ask(read)
+
+    def _ask(self, request: Callable[[Store], None]) -> bool:
+        """One request on the heartbeat's connection; a failure counts against the store."""
+        with self._lock:
+            self._asking_since = self._clock()
+        try:
+            if self._store is None:
+                self._store = self._connect(self._timeout())
+            request(self._store)
+            return True
+        except (dist.DistError, RuntimeError, ValueError) as err:
+            self._store = None
+            with self._lock:
+                self._tracker.store_failed(self._clock(), str(err).splitlines()[0][:200])
+            return False
+        finally:
+            with self._lock:
+                self._asking_since = None
 
     def _judge(self) -> None:
         known: set[int] = set()
-        while not self._stop.wait(self._interval):
+        while not self._stop.wait(self._next_wait()):
             now = self._clock()
             with self._lock:
                 asking = self._asking_since
@@ -253,6 +301,18 @@ class Heartbeat:
             if dead.keys() - known and not self._stop.is_set():
                 known |= dead.keys()
                 self._on_failure(self._failure(dead))
+
+    def _next_wait(self) -> float:
+        """Until the next verdict falls due, at most an interval (judging once per
+        interval, in step with the beats, named the dead an interval late)."""
+        now = self._clock()
+        with self._lock:
+            due = self._tracker.due(now)
+            asking = self._asking_since
+        if asking is not None and asking + self._detect_s > now:
+            # A request left unanswered condemns the store's host at this moment.
+            due = asking + self._detect_s if due is None else min(due, asking + self._detect_s)
+        return self._interval if due is None else min(self._interval, due - now)
 
     def _failure(self, dead: dict[int, str]) -> PeerFailure:
         members = self._world.members

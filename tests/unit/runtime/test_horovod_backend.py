@@ -5,6 +5,8 @@ how it names collectives and reports failures (against a recording stand-in for
 from __future__ import annotations
 
 import http.client
+import socket
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -70,6 +72,19 @@ def test_store_speaks_horovods_protocol(store: RendezvousStore) -> None:
     assert request(store, "DELETE", "/global/1")[0] == 200
     assert request(store, "PUT", "/no-key", b"x")[0] == 400
     assert store.keys() == ["/global/rank_1"]
+
+
+def test_closing_the_store_does_not_wait_for_its_poll() -> None:
+    """Rank 0 closes the last epoch's store while the next epoch's members wait for it
+    at the join barrier: closing must not wait for the server's next poll."""
+    s = RendezvousStore("127.0.0.1", poll_s=120.0)
+    assert request(s, "PUT", "/global/rank_0", b"a")[0] == 200
+    closing = threading.Thread(target=s.close, daemon=True)
+    closing.start()
+    closing.join(timeout=30.0)
+    assert not closing.is_alive(), "close() waited for the server's 120 s poll"
+    with pytest.raises(ConnectionRefusedError), socket.create_connection((s.address, s.port)):
+        pass
 
 
 class RecordingHorovod:

@@ -11,7 +11,15 @@ from datetime import timedelta
 import pytest
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from ringwright.runtime.liveness import LEFT, Heartbeat, LivenessTracker, PeerFailure, heartbeat_key
+from ringwright.runtime.liveness import (
+    LEFT,
+    Heartbeat,
+    LivenessTracker,
+    PeerFailure,
+    heartbeat_key,
+    read_delay,
+    until_next_beat,
+)
 from ringwright.runtime.local_launcher import free_port
 from ringwright.runtime.sockets import GroupSockets
 from ringwright.world import JobRef, Member, StoreAddress, World
@@ -71,6 +79,34 @@ def test_a_store_gone_after_its_host_left_cleanly_is_expected() -> None:
     assert t.dead(10.0) == {}
 
 
+def test_the_next_verdict_falls_due_when_the_stalest_peer_reaches_the_detection_time() -> None:
+    t = LivenessTracker(size=4, rank=3, detect_s=3.0, now=0.0)
+    assert t.due(0.0) == 3.0
+    t.observe({0: 1, 1: 1, 2: 1}, now=0.5)
+    t.observe({0: 2, 1: 1, 2: LEFT}, now=1.0)
+    assert t.due(1.0) == 3.5, "rank 1 last beat at 0.5; rank 2 left"
+    assert t.dead(3.4) == {} and list(t.dead(3.5)) == [1]
+    assert t.due(3.5) == 4.0, "rank 1 is judged already: rank 0 is next"
+    t.store_failed(4.2, "timed out")
+    assert t.due(4.5) == 7.2, "without the store only its host is judged"
+    assert t.due(7.2) is None
+    alone = LivenessTracker(size=2, rank=0, detect_s=1.0, now=0.0)
+    alone.observe({1: LEFT}, now=0.1)
+    assert alone.due(0.1) is None
+
+
+@pytest.mark.parametrize(("wall", "interval", "wait"), [
+    (100.0, 0.5, 0.5), (100.1, 0.5, 0.4), (100.49, 0.5, 0.01), (7.25, 1.0, 0.75),
+])
+def test_every_member_beats_on_the_same_wall_clock_ticks(
+        wall: float, interval: float, wait: float) -> None:
+    """Members started at different moments still beat (and read a moment later)
+    together, so they all hear a peer's last beat in the same tick."""
+    assert until_next_beat(wall, interval) == pytest.approx(wait)
+    assert 0 < read_delay(interval) < interval / 2
+    assert read_delay(0.5) == pytest.approx(0.1) and read_delay(5.0) == pytest.approx(0.1)
+
+
 def world(size: int, port: int) -> World:
     members = tuple(Member(rank=i, pod=f"w{i}", ip="127.0.0.1") for i in range(size))
     return World(job=JobRef(namespace="n", name="j"), epoch=5, members=members,
@@ -118,6 +154,50 @@ def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> 
     assert all(f.epoch == 5 and "w2 (rank 2): no heartbeat" in f.evidence for f in failures)
     assert prefixed.get(heartbeat_key(0)) == str(LEFT).encode()
     assert max(lags) >= 0.6, "the judge reports the silent member's lag"
+
+
+def test_the_judge_names_the_dead_when_due_not_at_its_next_tick(server: TCPStore) -> None:
+    """Beats and judging every 10 s: a member silent since the start is named at its
+    1 s deadline, not at the judge's first tick."""
+    w = world(2, server.port)
+    PrefixStore("e/", server).set(heartbeat_key(1), "0")
+
+    def connect(timeout_s: float) -> Store:
+        return PrefixStore("e/", TCPStore("127.0.0.1", server.port, None, False,
+                                          timedelta(seconds=timeout_s), wait_for_workers=False))
+
+    found = threading.Event()
+    beat = Heartbeat(connect, w, 0, interval_s=10.0, detect_s=1.0,
+                     on_failure=lambda f: found.set())
+    beat.start()
+    try:
+        assert found.wait(8.0), "the verdict waited for the judge's next tick"
+    finally:
+        beat.stop(left_cleanly=False)
+
+
+def test_a_member_beats_at_the_wall_clock_tick_not_an_interval_after_it_started(
+        server: TCPStore) -> None:
+    """Started 9.95 s into a 10 s tick, the first beat goes out 0.05 s later."""
+    w = world(2, server.port)
+    prefixed = PrefixStore("e/", server)
+    for rank in range(2):
+        prefixed.set(heartbeat_key(rank), "0")
+
+    def connect(timeout_s: float) -> Store:
+        return PrefixStore("e/", TCPStore("127.0.0.1", server.port, None, False,
+                                          timedelta(seconds=timeout_s), wait_for_workers=False))
+
+    beat = Heartbeat(connect, w, 0, interval_s=10.0, detect_s=60.0,
+                     on_failure=lambda f: None, wall_clock=lambda: 9.95)
+    beat.start()
+    try:
+        deadline = time.monotonic() + 8.0
+        while prefixed.get(heartbeat_key(0)) == b"0" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert prefixed.get(heartbeat_key(0)) != b"0", "the beat waited a whole interval"
+    finally:
+        beat.stop(left_cleanly=False)
 
 
 def test_abort_shuts_down_only_the_connections_opened_while_forming() -> None:

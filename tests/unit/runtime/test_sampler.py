@@ -136,6 +136,23 @@ def test_the_order_is_the_same_on_every_rank_and_changes_per_epoch() -> None:
     assert sorted(a.order()) == list(range(50))
 
 
+def test_a_rollback_in_the_same_epoch_keeps_the_drawn_order() -> None:
+    """Drawing the order again would shuffle the whole dataset before the first step of
+    every recovery; only a new seed, epoch or shuffle flag draws a new one."""
+    s = ElasticSampler(50, 5, seed=1)
+    committed = s.state_dict()
+    drawn = s.order()
+    s.advance()
+    s.load_state_dict(committed)
+    assert s.order() is drawn
+    s.load_state_dict({**committed, "seed": 2})
+    assert s.order() != drawn
+    s.load_state_dict({**committed, "shuffle": False})
+    assert s.order() == list(range(50))
+    s.load_state_dict({**committed, "epoch": 1})
+    assert sorted(s.order()) == list(range(50)) and s.order() != drawn
+
+
 def test_epoch_rolls_over_after_its_last_batch() -> None:
     s = ElasticSampler(10, 4)
     s.set_world(0, 2)
