@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ringwright.eviction import needs_new_epoch
+from ringwright.eviction import all_waiting, needs_new_epoch
 from ringwright.operator.conditions import rfc3339
 from ringwright.operator.epochs import status_epoch
 from ringwright.operator.models import JobPhase
@@ -52,9 +52,11 @@ class WorldSteps(LifecycleSteps):
         pending = (Candidate(pending_doc["digest"], float(pending_doc["since"]))
                    if pending_doc.get("digest") else None)
         ready_ps = [p for p in self.ps if p.state == PodState.READY and p.name not in doomed]
+        awaited = current is not None and all_waiting(
+            current, self.obs.reports, [p.name for p in ready])
         publish, candidate, wait = decide(
             current, ready, self.spec.workers.replicas, self.spec.workers.min, pending,
-            self.now, self.settings.settle_seconds, force, ready_ps)
+            self.now, self.settings.settle_seconds, force, ready_ps, awaited)
         self.status["candidate"] = (
             {"digest": candidate.digest, "since": candidate.since} if candidate else None)
         if wait is not None:

@@ -2,7 +2,8 @@
 
 A burst of pod events must yield one epoch, not one per event: a changed membership
 is published only once it has been stable for the settle window, unless nothing more
-is expected (every wanted worker is ready), in which case waiting gains nothing.
+is expected (every wanted worker is ready) or every member that stays stopped training
+after a failure and waits for it: then waiting gains nothing.
 """
 
 from __future__ import annotations
@@ -128,20 +129,23 @@ def decide(
     settle: float,
     force_bump: bool,
     ps: Sequence[PodView] = (),
+    awaited: bool = False,
 ) -> tuple[bool, Candidate | None, float | None]:
     """Whether to publish ``ready`` as the next world now.
 
     Returns (publish, candidate to remember, seconds to wait). Nothing is published
     below ``minimum``. ``force_bump`` republishes the same membership under a new
     epoch (members reported a broken collective or a restart without state). A change
-    of the ready parameter servers ``ps`` is a membership change too.
+    of the ready parameter servers ``ps`` is a membership change too. ``awaited``: every
+    member in ``ready`` stopped training and waits for the next world (after a failure),
+    so the settle window would only keep them all waiting.
     """
     if len(ready) < minimum:
         return False, None, None
     digest = membership_digest([*ready, *ps])
     if current is not None and world_digest(current) == digest:
         return force_bump, None, None
-    if len(ready) >= wanted:
+    if len(ready) >= wanted or awaited:
         return True, None, None
     if pending is None or pending.digest != digest:
         return False, Candidate(digest, now), settle

@@ -3,7 +3,8 @@
 :class:`LocalJob` starts one process per "pod", each with its own 127.0.0.x address,
 and publishes the job's world to a file that the workers follow with the file
 membership source. Like the operator it bumps the epoch when a worker dies (after a
-short settle window, so a burst of deaths yields one epoch), adds newcomers on a
+short settle window, so a burst of deaths yields one epoch, or at once when every member
+that stays has stopped and waits for it), adds newcomers on a
 scale-up once they are ready (their health file exists: imports done, waiting to
 join), so the running members never wait for a process that is still starting, and
 on a scale-down first publishes the smaller world and lets the leavers exit on their
@@ -42,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from ringwright.eviction import judge, needs_new_epoch
+from ringwright.eviction import all_waiting, judge, needs_new_epoch
 from ringwright.world import (
     CheckpointSettings,
     ContractError,
@@ -326,8 +327,8 @@ class LocalJob:
             self._pending_since = self._pending_since or self._clock()
             log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
         self._follow_reports()
-        if self._pending_since is not None and \
-                self._clock() - self._pending_since >= self.settle_s:
+        if self._pending_since is not None and (
+                self._clock() - self._pending_since >= self.settle_s or self._awaited()):
             gone = [m for m in self._members if m in self._failed]
             self._members = [m for m in self._members if m not in self._failed]
             self._pending_since = None
@@ -337,6 +338,13 @@ class LocalJob:
                     and self._clock() - pod.evicted_at >= self.evict_grace_s:
                 # Like deleting the pod: a frozen process cannot fence itself.
                 pod.process.kill()
+
+    def _awaited(self) -> bool:
+        """Every member that stays stopped training and waits for the next world (the
+        operator's rule: the settle window would keep them all waiting)."""
+        world = self._world
+        stay = [m for m in self._members if m not in self._failed]
+        return world is not None and all_waiting(world, self.reports(), stay)
 
     def _restart(self, name: str, code: int) -> None:
         old = self._pods[name]

@@ -80,3 +80,21 @@ def needs_new_epoch(world: World, reports: Mapping[str, Report], now: float,
                 and now - report.at >= verdict_wait_s:
             return f"{pod}'s collective failed and no member was found dead"
     return None
+
+
+WAITING = (ReportKind.COLLECTIVE_FAILED, ReportKind.PEER_DEAD)
+"""Reports of a member that stopped training in its epoch and waits for the next world."""
+
+
+def all_waiting(world: World, reports: Mapping[str, Report], survivors: Collection[str]) -> bool:
+    """Whether every one of ``survivors`` (members of ``world`` that stay) has stopped
+    training in ``world``'s epoch and waits for the next world.
+
+    Then a settle window only delays them all: nothing it could gather (a burst of
+    pod events) is worth more than the time every survivor stands still.
+    """
+    members = {m.pod for m in world.members}
+    return bool(survivors) and all(
+        pod in members and (r := reports.get(pod)) is not None and r.epoch == world.epoch
+        and r.kind in WAITING for pod in survivors)
+

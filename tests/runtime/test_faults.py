@@ -50,7 +50,8 @@ def make_job(tmp_path: Path) -> Iterator[JobFactory]:
 
     def make(*, restart: bool = False, network: PodNetwork | None = None,
              evict_grace_s: float = 60.0, name: str = "job", backend: str = "torch",
-             verdict_wait_s: float = 4.0, **worker_env: str) -> LocalJob:
+             verdict_wait_s: float = 4.0, settle_s: float = 0.3,
+             **worker_env: str) -> LocalJob:
         workdir = tmp_path / name
         env = {
             Env.BACKEND: backend,
@@ -69,7 +70,7 @@ def make_job(tmp_path: Path) -> Iterator[JobFactory]:
         }
         job = LocalJob([sys.executable, str(WORKER)], workdir, env=env, restart=restart,
                        network=network, evict_grace_s=evict_grace_s,
-                       verdict_wait_s=verdict_wait_s)
+                       verdict_wait_s=verdict_wait_s, settle_s=settle_s)
         jobs.append(job)
         return job
 
@@ -109,7 +110,10 @@ BOTH_BACKENDS = pytest.mark.parametrize(
 def test_sigstop_one_of_four_is_found_dead_and_fenced_when_it_wakes(
         make_job: JobFactory, backend: str) -> None:
     port = free_port()
-    job = make_job(backend=backend, **{SettingsEnv.READINESS_PORT: str(port)})
+    # A settle window this test never sees end: the next world comes because every
+    # survivor stopped and waits for it, as the operator publishes it.
+    job = make_job(backend=backend, settle_s=3600.0,
+                   **{SettingsEnv.READINESS_PORT: str(port)})
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ringwright.eviction import judge, needs_new_epoch
+from ringwright.eviction import all_waiting, judge, needs_new_epoch
 from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, World
 
 
@@ -81,3 +81,17 @@ def report(kind: ReportKind, epoch: int = 3, at: float = 100.0, *suspects: str) 
         "verdict-given", "stalled-is-evicted-elsewhere"])
 def test_needs_new_epoch(reports: dict[str, Report], now: float, bump: bool) -> None:
     assert (needs_new_epoch(world(4), reports, now, verdict_wait_s=4.0) is not None) is bump
+
+
+def test_the_next_world_is_due_at_once_when_every_survivor_waits_for_it() -> None:
+    w = world(4)
+    failed = Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=3, at=0.0)
+    reports = {"w0": dead(3, "w2"), "w1": failed, "w3": dead(3, "w2")}
+    assert all_waiting(w, reports, ["w0", "w1", "w3"])
+    assert not all_waiting(w, {**reports, "w1": dead(2, "w2")}, ["w0", "w1", "w3"])
+    assert not all_waiting(w, {k: v for k, v in reports.items() if k != "w1"},
+                           ["w0", "w1", "w3"])  # w1 still trains
+    stalled = Report(kind=ReportKind.STALLED, epoch=3, at=0.0)
+    assert not all_waiting(w, {**reports, "w1": stalled}, ["w0", "w1", "w3"])
+    assert not all_waiting(w, {**reports, "x": failed}, ["w0", "w1", "w3", "x"])  # a newcomer
+    assert not all_waiting(w, reports, [])

@@ -288,6 +288,24 @@ def test_a_member_its_peers_found_dead_is_replaced() -> None:
     assert result.world is None or "tj-worker-2" not in [m.pod for m in result.world.members]
 
 
+def test_survivors_that_all_wait_get_the_next_world_without_the_settle_window() -> None:
+    pods = [pod(i) for i in range(4)]
+    failed = Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=4, at=NOW)
+    waiting = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-1": failed,
+               "tj-worker-3": dead("tj-worker-2")}
+    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
+                 reports=waiting)
+    assert result.delete == ["tj-worker-2"]
+    assert result.world is not None and result.world.epoch == 5
+    assert [m.pod for m in result.world.members] == ["tj-worker-0", "tj-worker-1", "tj-worker-3"]
+    # One survivor still trains (no report): the settle window holds the world back.
+    partial = {k: v for k, v in waiting.items() if k != "tj-worker-1"}
+    held = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
+               reports=partial)
+    assert held.delete == ["tj-worker-2"] and held.world is None
+    assert held.status["candidate"] is not None  # waiting out the window
+
+
 def test_one_accuser_is_not_enough_unless_the_pod_is_unready_too() -> None:
     reports = {"tj-worker-3": dead("tj-worker-0", "tj-worker-1", "tj-worker-2")}
     healthy = run(job(status={"phase": "Running"}), pods=[pod(i) for i in range(4)],
