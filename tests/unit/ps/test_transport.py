@@ -33,12 +33,18 @@ def client() -> Iterator[PSClient]:
         server.stop(0)
 
 
-def test_chunked_pull_and_staged_push_move_every_element(client: PSClient) -> None:
-    torch.manual_seed(0)
+def initialize(client: PSClient, seed: int) -> dict[str, torch.Tensor]:
+    """Create the shards from random values (SGD at lr 0.5, async); those values."""
+    torch.manual_seed(seed)
     params = {"w": torch.randn(300_000), "b": torch.randn(7), "emb": torch.randn(1000, 8)}
     config = JobConfig(SPECS, 2, ServerOptimizer(lr=0.5), Consistency(Mode.ASYNC, tau=5),
                        {"samples": 10, "pieceSize": 5, "epochs": 1})
     client.initialize(config, params)
+    return params
+
+
+def test_chunked_pull_and_staged_push_move_every_element(client: PSClient) -> None:
+    params = initialize(client, 0)
     assert client.partition is not None
     assert max(len(dense_chunks(client.partition, s, 256 << 10)) for s in (0, 1)) > 1
     ids = torch.tensor([3, 999, 3, 500])
@@ -58,11 +64,7 @@ def test_chunked_pull_and_staged_push_move_every_element(client: PSClient) -> No
 
 
 def test_a_pull_into_given_tensors_writes_them_in_place(client: PSClient) -> None:
-    torch.manual_seed(1)
-    params = {"w": torch.randn(300_000), "b": torch.randn(7), "emb": torch.randn(1000, 8)}
-    config = JobConfig(SPECS, 2, ServerOptimizer(lr=0.5), Consistency(Mode.ASYNC, tau=5),
-                       {"samples": 10, "pieceSize": 5, "epochs": 1})
-    client.initialize(config, params)
+    params = initialize(client, 1)
     model = {"w": torch.zeros(300_000)}  # "b" not given: pulled into a new tensor
     pulled = client.pull({}, into=model)
     assert pulled.dense["w"] is model["w"]
