@@ -189,7 +189,8 @@ class PSClient(Routes):
                     out.dense[spec.name] = target if target is not None else \
                         torch.empty(spec.shape, dtype=torch.float32)
                     flat[spec.name] = out.dense[spec.name].view(-1)
-        slices = {dense_key(d.name, d.start): (d.name, d.start, d.stop) for d in part.dense}
+        slices = ({dense_key(d.name, d.start): (d.name, d.start, d.stop) for d in part.dense}
+                  if pending.dense else {})
         rows_of: dict[int, Tensors] = {}
         for (s, header, tensors), future, server in zip(
                 pending.parts, pending.futures, pending.servers, strict=True):
@@ -207,7 +208,7 @@ class PSClient(Routes):
             # A chunked pull may straddle an update (async): claim the oldest version.
             out.versions[s] = min(out.versions.get(s, 1 << 62), int(reply[0]["version"]))
             for key, value in reply[1].items():
-                if key in slices and pending.dense:
+                if key in slices:
                     name, start, stop = slices[key]
                     # numpy copies on this thread; torch would wake its OpenMP pool,
                     # whose spinning threads take the CPU the transport needs.

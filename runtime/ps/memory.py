@@ -17,9 +17,9 @@ import ctypes
 import ctypes.util
 import logging
 
-from ..kvlog import log_event
+from ..kvlog import log_event, runtime_logger
 
-_log = logging.getLogger(__name__)
+_log = runtime_logger("ps.memory")
 
 # mallopt(3) parameter numbers (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -38,7 +38,7 @@ spread the retained memory thinner. Takes effect for threads started after the c
 
 
 class Mallopt:
-    """The C library's ``mallopt`` (glibc); None where the C library has none."""
+    """The C library's ``mallopt`` (glibc); :attr:`available` is False where it has none."""
 
     def __init__(self, libc: ctypes.CDLL | None = None) -> None:
         if libc is None:

@@ -177,12 +177,12 @@ class Worker(Generic[B]):
         current = next(bounds, None)
         pending: PendingPull | None = None
         batch: B | None = None
+        # Dense values land in the model's parameters: a pull is finished only after the
+        # previous step is done with them (its gradients pushed), so no second copy is made.
+        into = self.binding.dense_targets()
         while current is not None:
             start, stop = current
             batch = self.job.fetch(torch.arange(start, stop)) if batch is None else batch
-            # Dense values land in the model's parameters: the previous step is done
-            # with them (its gradients are pushed), so no second copy is made.
-            into = self.binding.dense_targets()
             pulled = client.finish_pull(pending, into) if pending is not None else \
                 client.pull(self._ids(batch), into)
             following = next(bounds, None)
