@@ -6,6 +6,11 @@ every lease got. When a worker leaves or dies, the rest of its pieces go back to
 queue: every sample of an epoch is trained exactly once, except those whose gradients
 were dropped as stale, which are counted (and re-queued when ``requeue_stale``).
 Pure: the parameter server hosting it calls it under its lock.
+
+Every change is one :data:`Op` and the service is deterministic, so a replica that
+replays the primary's ops in order (its *journal*, numbered by ``seq`` within a
+primary's ``term``) holds exactly the primary's queue: a failover then neither loses
+nor repeats a reported sample.
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
+
+Op = list[Any]
+"""One change, as JSON: ``["lease", worker]``, ``["report", worker, piece, start, stop,
+dropped]`` or ``["release", worker]``."""
 
 
 class LeaseStatus(StrEnum):
@@ -68,6 +78,10 @@ class DataShardService:
         self.samples, self.piece_size, self.epochs = samples, piece_size, epochs
         self.requeue_stale = requeue_stale
         self.epoch = 0
+        self.term = 0
+        """Bumped when a replica takes over as primary: its journal starts anew."""
+        self.seq = 0
+        """Changes made in this term."""
         self.accounting = Accounting()
         self._next_id = 0
         self._queue: deque[Piece] = deque()
@@ -87,9 +101,15 @@ class DataShardService:
         return self.epoch >= self.epochs
 
     def lease(self, worker: str) -> Lease:
-        """The next piece for ``worker``."""
+        """The next piece for ``worker``; the piece it holds already, if any (a worker
+        trains one at a time, so it asks again only when it lost the answer, or when a
+        report of its was refused: it goes on from the last sample reported)."""
+        held = self._held(worker)
+        if held is not None:
+            return Lease(LeaseStatus.GRANTED, held.id, held.epoch, held.done_upto, held.stop)
         if not self._queue and not self._leased and not self.done:
             self.epoch += 1
+            self.seq += 1
             if not self.done:
                 self._fill(self.epoch)
         if self.done:
@@ -98,7 +118,12 @@ class DataShardService:
             return Lease(LeaseStatus.WAIT)
         piece = self._queue.popleft()
         self._leased[piece.id] = (worker, piece)
+        self.seq += 1
         return Lease(LeaseStatus.GRANTED, piece.id, piece.epoch, piece.done_upto, piece.stop)
+
+    def _held(self, worker: str) -> Piece | None:
+        return next((p for holder, p in sorted(self._leased.values(), key=lambda e: e[1].id)
+                     if holder == worker), None)
 
     def report(self, worker: str, piece_id: int, start: int, stop: int, *,
                dropped: bool) -> bool:
@@ -106,11 +131,14 @@ class DataShardService:
         were dropped). Returns False for a report that does not fit the lease (a
         worker that was already given up on): it is ignored."""
         held = self._leased.get(piece_id)
-        if held is None or held[0] != worker or start != held[1].done_upto:
+        if held is None or held[0] != worker:
             return False
         piece = held[1]
-        if not start < stop <= piece.stop:
+        if piece.start <= start < stop <= piece.done_upto:
+            return True  # reported already: a retry after a lost answer
+        if start != piece.done_upto or not start < stop <= piece.stop:
             return False
+        self.seq += 1
         piece.done_upto = stop
         if dropped:
             self.accounting.add(self.accounting.dropped, piece.epoch, stop - start)
@@ -134,7 +162,19 @@ class DataShardService:
             self.accounting.add(self.accounting.requeued, piece.epoch,
                                 piece.stop - piece.done_upto)
             self._queue.appendleft(piece)
+            self.seq += 1
         return count
+
+    def perform(self, op: Op) -> Lease | bool | int:
+        """Carry out one :data:`Op` (the primary's journal, replayed on its replica)."""
+        kind, worker = op[0], str(op[1])
+        if kind == "lease":
+            return self.lease(worker)
+        if kind == "report":
+            return self.report(worker, int(op[2]), int(op[3]), int(op[4]), dropped=bool(op[5]))
+        if kind == "release":
+            return self.release(worker)
+        raise ValueError(f"unknown data-service op {kind!r}")
 
     def holders(self) -> set[str]:
         """Workers holding a lease now."""
@@ -148,6 +188,7 @@ class DataShardService:
         a = self.accounting
         return {"samples": self.samples, "pieceSize": self.piece_size, "epochs": self.epochs,
                 "requeueStale": self.requeue_stale, "epoch": self.epoch, "nextId": self._next_id,
+                "term": self.term, "seq": self.seq,
                 "queue": [enc(p) for p in self._queue],
                 "leased": [[w, enc(p)] for w, p in self._leased.values()],
                 "trained": _keys(a.trained), "dropped": _keys(a.dropped),
@@ -164,6 +205,7 @@ class DataShardService:
         svc = cls(num("samples"), num("pieceSize"), num("epochs"),
                   requeue_stale=bool(doc["requeueStale"]))
         svc.epoch, svc._next_id = num("epoch"), num("nextId")
+        svc.term, svc.seq = num("term"), num("seq")
         queue, leased = doc["queue"], doc["leased"]
         assert isinstance(queue, list) and isinstance(leased, list)
         svc._queue = deque(Piece(*p) for p in queue)

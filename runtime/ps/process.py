@@ -26,7 +26,7 @@ from .env import PSEnv, membership_source, ps_addresses, ps_port, wait_until_lis
 from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
 from .progress import PSReadiness, ServingProgress
-from .replication import Replicator
+from .replication import GrpcJournal, Replicator
 from .server import ParameterServer
 from .transport import serve
 
@@ -93,7 +93,8 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     servers = world.ps_count
     cpus = pinned_cpus()
     torch.set_num_threads(len(cpus))
-    ps = ParameterServer(me.rank, clock=clock, metrics=metrics)
+    ps = ParameterServer(me.rank, clock=clock, metrics=metrics,
+                         journal=GrpcJournal() if servers > 1 else None)
     # Know the workers before the first push: a sync round must not complete early.
     ps.set_workers(frozenset(m.pod for m in world.members))
     server, _ = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus,

@@ -1,5 +1,6 @@
 """A PS's primary shards sent to the server that keeps the other copy, and what a
-refusal means.
+refusal means; and the journal of the data-shard service, sent change by change to the
+server that keeps shard 0's other copy.
 
 A replica host refuses a shard it serves as primary itself: some worker could not
 reach this server and promoted the replica while this one was still alive. Two
@@ -28,16 +29,34 @@ Send = Callable[[str, Header, Tensors], Header]
 
 
 class GrpcSend:
-    """:data:`Send` over gRPC, one channel per address."""
+    """:data:`Send` over gRPC (a ``method`` of the server), one channel per address."""
 
-    def __init__(self, timeout: float = 30.0) -> None:
-        self.timeout = timeout
+    def __init__(self, timeout: float = 30.0, method: str = "Replicate") -> None:
+        self.timeout, self.method = timeout, method
         self._stubs: dict[str, Stub] = {}
 
     def __call__(self, address: str, header: Header, tensors: Tensors) -> Header:
         stub = self._stubs.get(address) or self._stubs.setdefault(address, Stub(address))
-        reply, _ = stub.call("Replicate", header, tensors, timeout=self.timeout)
+        reply, _ = stub.call(self.method, header, tensors, timeout=self.timeout)
         return reply
+
+
+class GrpcJournal:
+    """:data:`~.server.JournalSend` over gRPC. The deadline is short: shard 0 waits for
+    the answer, and a failed send only costs a whole copy at the next round."""
+
+    def __init__(self, timeout: float = 2.0, logger: logging.Logger = _log) -> None:
+        self.send = GrpcSend(timeout, "Journal")
+        self.log = logger
+
+    def __call__(self, address: str, entry: Header) -> bool:
+        try:
+            reply = self.send(address, entry, {})
+        except grpc.RpcError as exc:
+            log_event(self.log, logging.INFO, "ps_journal_failed", to=address,
+                      seq=entry["seq"], error=exc.code())
+            return False
+        return reply.get("accepted") is True
 
 
 class Replicator:
@@ -65,7 +84,7 @@ class Replicator:
             if self._targets.get(shard) != address:
                 self.ps.resend(shard)  # a new server there: it holds nothing yet
                 self._targets[shard] = address
-            snap = self.ps.snapshot(shard)
+            snap = self.ps.snapshot(shard, to=address)
             if snap is None:
                 continue
             try:

@@ -16,7 +16,7 @@ import torch
 
 from .codec import Header, Tensors, encode
 from .consistency import Mode, Verdict, judge, round_complete
-from .dataservice import DataShardService, Lease, LeaseStatus
+from .dataservice import DataShardService, Lease, LeaseStatus, Op
 from .hosting import Hosted, IncompletePush, JobConfig, NotServing, Role, Stats
 from .metrics import PSMetrics
 from .partition import Partition
@@ -25,12 +25,21 @@ from .shard import ShardState, reduce_sparse
 DATA_SHARD = 0
 """The data-shard service lives with shard 0 (and fails over with it)."""
 
+JournalSend = Callable[[str, Header], bool]
+"""Deliver one data-service journal entry to the server at an address; False when it
+is not stored there (unreachable, or serving shard 0 itself)."""
+
+PENDING_LIMIT = 100_000
+"""Journal entries a replica keeps while it waits for the copy they follow."""
+
 
 class ParameterServer:
     """Everything one PS process hosts."""
 
     def __init__(self, index: int, clock: Callable[[], float] = time.monotonic,
-                 metrics: PSMetrics | None = None) -> None:
+                 metrics: PSMetrics | None = None, journal: JournalSend | None = None) -> None:
+        """``journal`` sends each change of the data-shard service to the replica of
+        shard 0 before the change is answered (None: a single server, no replica)."""
         self.index = index
         self.clock = clock
         self.metrics = metrics or PSMetrics()
@@ -45,8 +54,19 @@ class ParameterServer:
         self.finished = threading.Event()
         self._staged: dict[tuple[str, str], Tensors] = {}
         """Parts of pushes in flight, by (worker, push id)."""
-        self._replica_data: dict[str, Any] | None = None
-        """The data-shard service's state as last replicated with shard 0."""
+        self._journal = journal
+        self._journal_to: str | None = None
+        """Where the data journal goes: set when a copy of shard 0 with the data service
+        is taken for that server, cleared when a send fails (the next copy re-arms it)."""
+        self._journal_lock = threading.Lock()
+        """Held from a data-service change until it is journaled: entries go out in the
+        order the changes were made."""
+        self._replica_data: DataShardService | None = None
+        """The data-shard service as replicated with shard 0 and its journal since."""
+        self._pending: dict[tuple[int, int], Header] = {}
+        """Journal entries that do not follow ``_replica_data`` yet, by (term, from)."""
+        self._replica_lock = threading.Lock()
+        """Guards ``_replica_data`` and ``_pending``."""
         self._lock = threading.Lock()
         """Guards config, hosted (the dict), workers and the data service."""
 
@@ -102,9 +122,9 @@ class ParameterServer:
             gone = self.workers - workers
             self.workers = workers
             hosted = list(self.hosted.values())
-            if self.data is not None:
-                for worker in sorted(gone | (self.data.holders() - workers)):
-                    self.data.release(worker)
+            leaving = sorted(gone | (self.data.holders() - workers)) if self.data else []
+        for worker in leaving:
+            self._data_op(["release", worker])
         for h in hosted:
             with h.cond:
                 self._maybe_complete(h)
@@ -195,12 +215,11 @@ class ParameterServer:
                              "version": h.version}
             if "data" in header and shard == DATA_SHARD and verdict is not Verdict.DUPLICATE:
                 d = header["data"]
-                with self._lock:
-                    # Refused when the lease is void (the data service failed over):
-                    # the worker then drops the rest of that piece.
-                    reply["dataAccepted"] = self.data is not None and self.data.report(
-                        worker, int(d["piece"]), int(d["start"]), int(d["stop"]),
-                        dropped=verdict is Verdict.STALE)
+                # Refused when the lease is not this worker's (it was given up on): the
+                # worker then drops the rest of that piece.
+                reply["dataAccepted"] = bool(self._data_op(
+                    ["report", worker, int(d["piece"]), int(d["start"]), int(d["stop"]),
+                     verdict is Verdict.STALE]))
             if push_id:
                 h.pushes[worker] = (push_id, reply)
             return reply
@@ -248,23 +267,46 @@ class ParameterServer:
     def lease(self, header: Header) -> Header:
         """A piece of the epoch for a worker (only on the server holding the data service)."""
         self._primary(DATA_SHARD)
-        with self._lock:
-            if self.data is None:
-                raise NotServing("the data-shard service is not initialised")
-            lease: Lease = self.data.lease(str(header["worker"]))
-            if lease.status is LeaseStatus.DONE:
-                self.finished.set()
-            return {"status": lease.status.value, "piece": lease.piece, "epoch": lease.epoch,
-                    "start": lease.start, "stop": lease.stop}
+        lease = self._data_op(["lease", str(header["worker"])])
+        if lease is None:
+            raise NotServing("the data-shard service is not initialised")
+        assert isinstance(lease, Lease)
+        if lease.status is LeaseStatus.DONE:
+            self.finished.set()
+        return {"status": lease.status.value, "piece": lease.piece, "epoch": lease.epoch,
+                "start": lease.start, "stop": lease.stop}
+
+    def _data_op(self, op: Op) -> Lease | bool | int | None:
+        """Change the data-shard service (None when this server has none) and, when it
+        changed and a replica keeps it, journal the change there before answering: a
+        failover then finds every sample reported so far, and none is trained twice."""
+        with self._journal_lock:
+            with self._lock:
+                if self.data is None:
+                    return None
+                before = self.data.seq
+                result = self.data.perform(op)
+                entry = {"term": self.data.term, "from": before, "seq": self.data.seq,
+                         "op": op}
+                to = self._journal_to
+            sent = (entry["seq"] == before or to is None or self._journal is None
+                    or self._journal(to, entry))
+            if not sent:
+                with self._lock:
+                    self._journal_to = None
+        if not sent:
+            self.resend(DATA_SHARD)  # the next full copy re-arms the journal
+        return result
 
     # -- replicas --------------------------------------------------------------------
 
-    def snapshot(self, shard: int) -> tuple[Header, Tensors] | None:
-        """The primary ``shard``'s full state for its replica, or None when unchanged."""
+    def snapshot(self, shard: int, to: str | None = None) -> tuple[Header, Tensors] | None:
+        """The primary ``shard``'s full state for its replica at address ``to``, or None
+        when unchanged. A copy of shard 0 carries the data-shard service and arms its
+        journal to ``to``: every later change goes there too."""
         with self._lock:
             h = self.hosted.get(shard)
             config = self.config
-            data = self.data.to_json() if self.data is not None and shard == DATA_SHARD else None
         if h is None or config is None or h.role is not Role.PRIMARY:
             return None
         with h.cond:
@@ -272,45 +314,99 @@ class ParameterServer:
                 return None
             h.replicated = h.version
             header = {"shard": shard, "version": h.version, "config": config.to_json(),
-                      "data": data,
+                      "data": None,
                       "pushes": {w: [i, r] for w, (i, r) in h.pushes.items()}}
             # Copies: the transport encodes after the lock is released.
-            return header, {k: v.clone() for k, v in h.state.payload().items()}
+            tensors = {k: v.clone() for k, v in h.state.payload().items()}
+        if shard == DATA_SHARD:
+            # After the parameters, outside their lock (a push holds it while it
+            # journals); the data may be newer than them, never older than the journal.
+            with self._journal_lock, self._lock:
+                if self.data is not None:
+                    header["data"] = self.data.to_json()
+                    self._journal_to = to
+        return header, tensors
 
     def replicate(self, header: Header, tensors: Tensors) -> Header:
         """Keep (or refresh) a replica of another server's shard; a primary ignores it."""
         shard = int(header["shard"])
         with self._lock:
             config = self._configure(header["config"])
-            assert self.partition is not None
+            partition = self.partition
+            h = self.hosted.get(shard)
+        assert partition is not None
+        if h is not None and h.role is Role.PRIMARY:
+            return {"accepted": False, "version": h.version}
+        # Copied outside the lock: a large shard must not hold up this server's own.
+        state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
+        version = int(header["version"])
+        pushes = {str(w): (str(i), dict(r)) for w, (i, r) in header.get("pushes", {}).items()}
+        with self._lock:
             h = self.hosted.get(shard)
             if h is not None and h.role is Role.PRIMARY:
                 return {"accepted": False, "version": h.version}
-            state = ShardState.from_payload(self.partition, shard, config.optimizer, tensors)
-            version = int(header["version"])
-            pushes = {str(w): (str(i), dict(r))
-                      for w, (i, r) in header.get("pushes", {}).items()}
             self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version,
                                         pushes=pushes)
-            if header.get("data") is not None:
-                self._replica_data = header["data"]
-            return {"accepted": True, "version": version}
+        if header.get("data") is not None:
+            copy = DataShardService.from_json(header["data"])
+            with self._replica_lock:
+                base = self._replica_data
+                # Journal entries sent after this copy was taken may have come first.
+                if base is None or (copy.term, copy.seq) > (base.term, base.seq):
+                    self._replica_data = copy
+                self._catch_up()
+        return {"accepted": True, "version": version}
+
+    def journal(self, entry: Header) -> Header:
+        """Keep one change of the data-shard service whose primary copy is elsewhere;
+        refused while this server serves shard 0 itself."""
+        with self._lock:
+            h = self.hosted.get(DATA_SHARD)
+        if h is not None and h.role is Role.PRIMARY:
+            return {"accepted": False}
+        with self._replica_lock:
+            self._pending[(int(entry["term"]), int(entry["from"]))] = entry
+            if len(self._pending) > PENDING_LIMIT:
+                del self._pending[min(self._pending)]
+            return {"accepted": self._catch_up()}
+
+    def _catch_up(self) -> bool:
+        """Replay the pending entries that follow the replica's data service and drop
+        those it is past (holds ``_replica_lock``). False if a replay came out other
+        than on the primary: the copy is dropped, and the refusal makes the primary
+        send a whole one."""
+        base = self._replica_data
+        if base is None:
+            return True
+        while (entry := self._pending.pop((base.term, base.seq), None)) is not None:
+            base.perform(entry["op"])
+            if base.seq != int(entry["seq"]):
+                self._replica_data, self._pending = None, {}
+                return False
+        self._pending = {k: e for k, e in self._pending.items() if k > (base.term, base.seq)}
+        return True
 
     def promote(self, shard: int) -> Header:
         """Serve the replica of ``shard`` as its primary (its primary is gone)."""
-        with self._lock:
+        with self._journal_lock, self._lock:
             h = self.hosted.get(shard)
             if h is None:
                 raise NotServing(f"ps {self.index} holds no replica of shard {shard}")
             if h.role is Role.REPLICA:
                 h.role = Role.PRIMARY
                 h.replicated = -1
-                if shard == DATA_SHARD and self._replica_data is not None:
-                    self.data = DataShardService.from_json(self._replica_data)
-                    # Leases may have moved on since the replica was taken: void them
-                    # all; their unreported samples go back to the queue.
-                    for worker in self.data.holders():
-                        self.data.release(worker)
+                if shard == DATA_SHARD:
+                    with self._replica_lock:
+                        data, self._replica_data = self._replica_data, None
+                        self._pending = {}
+                    if data is not None:
+                        # A new term: this copy's journal starts afresh. Leases stay:
+                        # their holders go on from the last sample they reported.
+                        data.term, data.seq = data.term + 1, 0
+                        for worker in sorted(data.holders() - self.workers):
+                            data.release(worker)
+                        self.data = data
+                        self._journal_to = None
             return {"version": h.version}
 
     def step_down(self, shard: int) -> Header | None:
@@ -322,6 +418,9 @@ class ParameterServer:
             h = self.hosted.get(shard)
         if h is None:
             return None
+        if shard == DATA_SHARD:
+            with self._lock:
+                self._journal_to = None
         with h.cond:
             if h.role is not Role.PRIMARY:
                 return None
@@ -341,6 +440,8 @@ class ParameterServer:
         """Send ``shard`` to its replica next time even if unchanged (a new replica host)."""
         with self._lock:
             h = self.hosted.get(shard)
+            if shard == DATA_SHARD:
+                self._journal_to = None
         if h is not None:
             with h.cond:
                 h.replicated = -1

@@ -19,8 +19,8 @@ from .progress import UNCOUNTED, ServingProgress
 from .server import ParameterServer
 
 SERVICE = "ringwright.ps.ParameterServer"
-METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Promote",
-           "Finish")
+METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Journal",
+           "Promote", "Finish")
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
@@ -47,6 +47,7 @@ def _handlers(ps: ParameterServer) -> dict[str, Handler]:
         "Push": lambda h, t: only(ps.push(h, t)),
         "Lease": lambda h, t: only(ps.lease(h)),
         "Replicate": lambda h, t: only(ps.replicate(h, t)),
+        "Journal": lambda h, t: only(ps.journal(h)),
         "Promote": lambda h, t: only(ps.promote(int(h["shard"]))),
         "Finish": lambda h, t: only(_finish(ps)),
     }

@@ -226,8 +226,8 @@ def bench_throughput(root: Path) -> dict[str, float]:
     return results
 
 
-def bench_failover(root: Path) -> dict[str, float]:
-    args = ["--samples", "8192", "--vocab", "2000", "--dim", "8", "--batch-size", "32",
+def bench_failover(root: Path, samples: int = 8192) -> dict[str, Any]:
+    args = ["--samples", str(samples), "--vocab", "2000", "--dim", "8", "--batch-size", "32",
             "--epochs", "2", "--slow", "0.02"]
     job = LocalPSJob(root, 2, args, consistency("Async", tau=16))
     try:
@@ -236,14 +236,20 @@ def bench_failover(root: Path) -> dict[str, float]:
         before = [s["t"] for s in job.steps("w0")]
         killed = time.time()
         job.kill("ps-0")
-        job.wait_steps("w0", len(before) + 5)
+        codes = job.wait_all()
+        if any(codes[pod] != 0 for pod in ("w0", "w1", "ps-1")):
+            raise RuntimeError(f"the job did not finish after the failover: {codes}\n"
+                               + job.logs())
+        steps = [s for w in ("w0", "w1") for s in job.steps(w)]
         # The first update that went through a promoted replica.
-        after = [s["t"] for w in ("w0", "w1") for s in job.steps(w)
-                 if s["t"] > killed and s.get("failovers", 0) > 0]
+        after = [s["t"] for s in steps if s["t"] > killed and s.get("failovers", 0) > 0]
         lost = [line for w in ("w0", "w1") for line in
                 (root / f"{w}.log").read_text().splitlines() if "ps_failover " in line]
     finally:
         job.close()
+    # Samples the workers trained per epoch, against the epoch's size: more is a sample
+    # trained twice, fewer one lost.
+    trained = [sum(s["samples"] for s in steps if s["epoch"] == e) for e in range(2)]
     first = min(after) - killed
     interval = statistics.median(b - a for a, b in itertools.pairwise(before))
     # Each worker counts the versions it saw beyond the promoted copy; the updates the job
@@ -252,8 +258,12 @@ def bench_failover(root: Path) -> dict[str, float]:
     print(f"failover: first update {first:.3f} s after SIGKILL of ps-0 (goal <= 2 s); "
           f"normal step interval {interval * 1e3:.1f} ms ({first / interval:.0f}x); "
           f"updates lost: {max(counts, default=0)} (per worker: "
-          f"{'; '.join(line.split('ps_failover ', 1)[1] for line in lost)})")
-    return {"failover_s": first, "interval_s": interval, "lost": max(counts, default=0)}
+          f"{'; '.join(line.split('ps_failover ', 1)[1] for line in lost)}); samples "
+          f"trained per epoch {trained} of {samples} (repeated: "
+          f"{sum(max(0, n - samples) for n in trained)}, lost: "
+          f"{sum(max(0, samples - n) for n in trained)})")
+    return {"failover_s": first, "interval_s": interval, "lost": max(counts, default=0),
+            "trained": trained}
 
 
 def main() -> int:

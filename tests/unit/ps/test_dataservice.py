@@ -94,3 +94,45 @@ def test_wait_until_others_finish_the_epoch() -> None:
     assert svc.lease("b").status is LeaseStatus.WAIT
     svc.report("a", a.piece, 0, 4, dropped=False)
     assert svc.lease("b").epoch == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3), st.booleans(), ops)
+def test_a_replica_replaying_the_changes_holds_exactly_the_primarys_queue(
+        samples: int, piece: int, epochs: int, requeue: bool,
+        steps: list[tuple[str, int, int]]) -> None:
+    primary = DataShardService(samples, piece, epochs, requeue_stale=requeue)
+    replica = DataShardService.from_json(primary.to_json())
+    for op, w, size in steps:
+        worker = f"w{w}"
+        change: list[object]
+        if op == "lease":
+            change = ["lease", worker]
+        elif op == "leave":
+            change = ["release", worker]
+        else:
+            got = primary.lease(worker)  # the piece held, or a new one
+            replica.perform(["lease", worker])
+            if got.status is not LeaseStatus.GRANTED:
+                continue
+            change = ["report", worker, got.piece, got.start, min(got.stop, got.start + size),
+                      op == "drop"]
+        before = primary.seq
+        primary.perform(change)
+        if primary.seq != before:  # only changes are journaled
+            replica.perform(change)
+        assert replica.to_json() == primary.to_json()
+
+
+def test_a_retried_report_or_lease_changes_nothing() -> None:
+    svc = DataShardService(10, 5, 1)
+    a = svc.lease("a")
+    assert svc.lease("a") == a  # the answer was lost: the same piece
+    assert svc.report("a", a.piece, 0, 2, dropped=False)
+    seq = svc.seq
+    assert svc.report("a", a.piece, 0, 2, dropped=False)  # a retry: accepted, not counted
+    assert (svc.seq, svc.accounting.trained) == (seq, {0: 2})
+    assert not svc.report("a", a.piece, 1, 3, dropped=False)  # not a batch it reported
+    again = svc.lease("a")
+    assert (again.piece, again.start, again.stop) == (a.piece, 2, 5)
+    assert not svc.report("b", a.piece, 2, 5, dropped=False)  # not b's lease

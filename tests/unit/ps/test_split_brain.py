@@ -1,5 +1,6 @@
-"""No two primaries for one shard, and no push applied twice or half: the PS state
-machine and its replicator, wired to each other without a transport."""
+"""No two primaries for one shard, no push applied twice or half, and no sample trained
+twice or lost when the data-shard service fails over: the PS state machine, its
+replicator and its data journal, wired to each other without a transport."""
 
 from __future__ import annotations
 
@@ -20,11 +21,23 @@ from ringwright.runtime.ps.shard import initial_values
 SPECS = (TensorSpec("w", (4, 3)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))
 
 
-def _pair(consistency: Consistency) -> tuple[list[ParameterServer], list[Replicator]]:
-    """Two servers, each shard created on its home server, replicators wired directly."""
+def _pair(consistency: Consistency, unreachable: set[str] | None = None,
+          journaled: list[Header] | None = None
+          ) -> tuple[list[ParameterServer], list[Replicator]]:
+    """Two servers, each shard created on its home server, replicators and data journal
+    wired directly; a journal entry for an ``unreachable`` address is not delivered,
+    every one sent is added to ``journaled``."""
     config = JobConfig(SPECS, 2, ServerOptimizer(lr=0.1), consistency,
                        {"samples": 100, "pieceSize": 10, "epochs": 1})
-    servers = [ParameterServer(0), ParameterServer(1)]
+
+    def journal(address: str, entry: Header) -> bool:
+        if journaled is not None:
+            journaled.append(entry)
+        if unreachable is not None and address in unreachable:
+            return False
+        return servers[int(address)].journal(entry)["accepted"] is True
+
+    servers = [ParameterServer(0, journal=journal), ParameterServer(1, journal=journal)]
     params = {"w": torch.zeros(4, 3), "emb": torch.zeros(50, 2)}
     for i, ps in enumerate(servers):
         ps.init({"shard": i, "config": config.to_json()},
@@ -49,6 +62,20 @@ def _push(ps: ParameterServer, worker: str, version: int, push: str = "",
     grads: Tensors = {f"g/w@{d.start}": torch.ones(d.stop - d.start) for d in part.dense_on(0)}
     return ps.push({"shard": 0, "worker": worker, "version": version, "push": push, **extra},
                    grads)
+
+
+def _report(ps: ParameterServer, worker: str, lease: Header, start: int, stop: int,
+            push: str) -> Header:
+    version = int(ps.status()["shards"]["0"]["version"])
+    return _push(ps, worker, version, push,
+                 data={"piece": lease["piece"], "start": start, "stop": stop})
+
+
+def _trained(ps: ParameterServer) -> dict[str, int]:
+    data = ps.status()["data"]
+    assert data is not None
+    trained: dict[str, int] = data["trained"]
+    return trained
 
 
 def _roles(ps: ParameterServer) -> dict[str, str]:
@@ -131,3 +158,72 @@ def test_a_push_naming_staged_chunks_the_server_lacks_is_refused_not_half_applie
                       "staged": "a.2", "stagedCount": len(part.dense_on(0))}, {})
     assert reply["verdict"] == "apply"
     assert torch.allclose(_w(ps0), before - 0.1)
+
+
+def test_a_failover_of_the_data_service_keeps_every_sample_reported_before_it() -> None:
+    (ps0, ps1), replicators = _pair(Consistency(Mode.ASYNC, tau=8))
+    _round(replicators, 0)  # shard 0 and the data service copied: the journal is armed
+    a = ps0.lease({"worker": "a"})
+    b = ps0.lease({"worker": "b"})
+    start = int(a["start"])
+    assert _report(ps0, "a", a, start, start + 4, "a.1")["dataAccepted"]
+    assert _report(ps0, "a", a, start + 4, start + 8, "a.2")["dataAccepted"]
+    assert _report(ps0, "b", b, int(b["start"]), int(b["stop"]), "b.1")["dataAccepted"]
+    # ps0 dies before its next replication round; the replica takes over.
+    ps1.promote(0)
+    assert _trained(ps1) == {"0": 18}
+    # "a" goes on from where it was; "b" gets a piece nobody trained.
+    assert _report(ps1, "a", a, start + 8, int(a["stop"]), "a.3")["dataAccepted"]
+    following = ps1.lease({"worker": "b"})
+    assert following["piece"] not in (a["piece"], b["piece"])
+    assert _trained(ps1) == {"0": 20}
+
+
+def test_a_report_retried_after_the_failover_that_lost_its_answer_counts_once() -> None:
+    (ps0, ps1), replicators = _pair(Consistency(Mode.ASYNC, tau=8))
+    _round(replicators, 0)
+    a = ps0.lease({"worker": "a"})
+    start = int(a["start"])
+    _report(ps0, "a", a, start, start + 5, "a.1")  # journaled; the answer never came
+    ps1.promote(0)
+    again = ps1.push({"shard": 0, "worker": "a", "version": 0, "push": "a.1",
+                      "data": {"piece": a["piece"], "start": start, "stop": start + 5}}, {})
+    assert again["dataAccepted"] and _trained(ps1) == {"0": 5}
+    # A lease asked again (its answer lost too) is the piece held, from its next sample.
+    held = ps1.lease({"worker": "a"})
+    assert (held["piece"], held["start"]) == (a["piece"], start + 5)
+
+
+def test_journal_entries_that_arrive_before_the_copy_they_follow_wait_for_it() -> None:
+    (ps0, ps1), _ = _pair(Consistency(Mode.ASYNC, tau=8))
+    copy = ps0.snapshot(0, to="1")  # taken; delivered only after the changes below
+    assert copy is not None
+    a = ps0.lease({"worker": "a"})
+    _report(ps0, "a", a, int(a["start"]), int(a["stop"]), "a.1")
+    ps0.lease({"worker": "a"})
+    ps1.replicate(*copy)
+    ps1.promote(0)
+    assert ps0.data is not None and ps1.data is not None
+    assert ps1.data.term == ps0.data.term + 1
+    primary, promoted = ps0.data.to_json(), ps1.data.to_json()
+    assert {**promoted, "term": 0, "seq": 0} == {**primary, "term": 0, "seq": 0}
+
+
+def test_a_journal_that_cannot_be_delivered_is_replaced_by_a_whole_copy() -> None:
+    unreachable: set[str] = set()
+    journaled: list[Header] = []
+    (ps0, ps1), replicators = _pair(Consistency(Mode.ASYNC, tau=8), unreachable, journaled)
+    _round(replicators, 0)
+    assert ps0.snapshot(0, to="1") is None  # nothing changed since the copy
+    unreachable.add("1")
+    a = ps0.lease({"worker": "a"})
+    b = ps0.lease({"worker": "b"})
+    assert len(journaled) == 1  # not sent again until a whole copy re-arms it
+    unreachable.clear()
+    # The copy is due although no parameter changed; it carries both leases.
+    _round(replicators, 0)
+    _report(ps0, "a", a, int(a["start"]), int(a["start"]) + 3, "a.1")
+    assert len(journaled) == 2
+    ps1.promote(0)
+    assert _trained(ps1) == {"0": 3}
+    assert ps1.lease({"worker": "b"})["piece"] == b["piece"]
