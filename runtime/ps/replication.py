@@ -42,7 +42,7 @@ class GrpcSend:
 
 
 class GrpcJournal:
-    """:data:`~.server.JournalSend` over gRPC. The deadline is short: shard 0 waits for
+    """:data:`~.journal.JournalSend` over gRPC. The deadline is short: shard 0 waits for
     the answer, and a failed send only costs a whole copy at the next round."""
 
     def __init__(self, timeout: float = 2.0, logger: logging.Logger = _log) -> None:
@@ -96,6 +96,8 @@ class Replicator:
                 continue
             if reply.get("accepted") is False:
                 self._refused(shard, target, int(reply["version"]))
+            else:
+                self.ps.copied(shard, address)
 
     def _refused(self, shard: int, target: int, theirs: int) -> None:
         """``target`` serves ``shard`` as primary too."""

@@ -18,19 +18,13 @@ from .codec import Header, Tensors, encode
 from .consistency import Mode, Verdict, judge, round_complete
 from .dataservice import DataShardService, Lease, LeaseStatus, Op
 from .hosting import Hosted, IncompletePush, JobConfig, NotServing, Role, Stats
+from .journal import JournalIn, JournalOut, JournalSend
 from .metrics import PSMetrics
 from .partition import Partition
 from .shard import ShardState, reduce_sparse
 
 DATA_SHARD = 0
 """The data-shard service lives with shard 0 (and fails over with it)."""
-
-JournalSend = Callable[[str, Header], bool]
-"""Deliver one data-service journal entry to the server at an address; False when it
-is not stored there (unreachable, or serving shard 0 itself)."""
-
-PENDING_LIMIT = 100_000
-"""Journal entries a replica keeps while it waits for the copy they follow."""
 
 
 class ParameterServer:
@@ -54,19 +48,9 @@ class ParameterServer:
         self.finished = threading.Event()
         self._staged: dict[tuple[str, str], Tensors] = {}
         """Parts of pushes in flight, by (worker, push id)."""
-        self._journal = journal
-        self._journal_to: str | None = None
-        """Where the data journal goes: set when a copy of shard 0 with the data service
-        is taken for that server, cleared when a send fails (the next copy re-arms it)."""
-        self._journal_lock = threading.Lock()
-        """Held from a data-service change until it is journaled: entries go out in the
-        order the changes were made."""
-        self._replica_data: DataShardService | None = None
-        """The data-shard service as replicated with shard 0 and its journal since."""
-        self._pending: dict[tuple[int, int], Header] = {}
-        """Journal entries that do not follow ``_replica_data`` yet, by (term, from)."""
-        self._replica_lock = threading.Lock()
-        """Guards ``_replica_data`` and ``_pending``."""
+        self._journal_out = JournalOut(journal)
+        """Lock order: a shard's condition, then the journal's lock, then ``_lock``."""
+        self._journal_in = JournalIn()
         self._lock = threading.Lock()
         """Guards config, hosted (the dict), workers and the data service."""
 
@@ -280,7 +264,7 @@ class ParameterServer:
         """Change the data-shard service (None when this server has none) and, when it
         changed and a replica keeps it, journal the change there before answering: a
         failover then finds every sample reported so far, and none is trained twice."""
-        with self._journal_lock:
+        with self._journal_out.lock:
             with self._lock:
                 if self.data is None:
                     return None
@@ -288,22 +272,17 @@ class ParameterServer:
                 result = self.data.perform(op)
                 entry = {"term": self.data.term, "from": before, "seq": self.data.seq,
                          "op": op}
-                to = self._journal_to
-            sent = (entry["seq"] == before or to is None or self._journal is None
-                    or self._journal(to, entry))
-            if not sent:
-                with self._lock:
-                    self._journal_to = None
-        if not sent:
-            self.resend(DATA_SHARD)  # the next full copy re-arms the journal
+            kept = entry["seq"] == before or self._journal_out.record(entry)
+        if not kept:
+            self.resend(DATA_SHARD)  # the next whole copy turns the journal on again
         return result
 
     # -- replicas --------------------------------------------------------------------
 
-    def snapshot(self, shard: int, to: str | None = None) -> tuple[Header, Tensors] | None:
+    def snapshot(self, shard: int, to: str = "") -> tuple[Header, Tensors] | None:
         """The primary ``shard``'s full state for its replica at address ``to``, or None
-        when unchanged. A copy of shard 0 carries the data-shard service and arms its
-        journal to ``to``: every later change goes there too."""
+        when unchanged. A copy of shard 0 carries the data-shard service; the changes
+        after it are journaled to ``to`` once it is accepted there (:meth:`copied`)."""
         with self._lock:
             h = self.hosted.get(shard)
             config = self.config
@@ -321,11 +300,16 @@ class ParameterServer:
         if shard == DATA_SHARD:
             # After the parameters, outside their lock (a push holds it while it
             # journals); the data may be newer than them, never older than the journal.
-            with self._journal_lock, self._lock:
+            with self._journal_out.lock, self._lock:
                 if self.data is not None:
                     header["data"] = self.data.to_json()
-                    self._journal_to = to
+                    self._journal_out.copy_taken(to)
         return header, tensors
+
+    def copied(self, shard: int, to: str) -> None:
+        """The server at ``to`` accepted the copy of ``shard`` taken for it."""
+        if shard == DATA_SHARD and not self._journal_out.copy_accepted(to):
+            self.resend(DATA_SHARD)
 
     def replicate(self, header: Header, tensors: Tensors) -> Header:
         """Keep (or refresh) a replica of another server's shard; a primary ignores it."""
@@ -348,65 +332,36 @@ class ParameterServer:
             self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version,
                                         pushes=pushes)
         if header.get("data") is not None:
-            copy = DataShardService.from_json(header["data"])
-            with self._replica_lock:
-                base = self._replica_data
-                # Journal entries sent after this copy was taken may have come first.
-                if base is None or (copy.term, copy.seq) > (base.term, base.seq):
-                    self._replica_data = copy
-                self._catch_up()
+            self._journal_in.copy(DataShardService.from_json(header["data"]))
         return {"accepted": True, "version": version}
 
     def journal(self, entry: Header) -> Header:
-        """Keep one change of the data-shard service whose primary copy is elsewhere;
+        """Replay one change of the data-shard service whose primary copy is elsewhere;
         refused while this server serves shard 0 itself."""
         with self._lock:
             h = self.hosted.get(DATA_SHARD)
         if h is not None and h.role is Role.PRIMARY:
             return {"accepted": False}
-        with self._replica_lock:
-            self._pending[(int(entry["term"]), int(entry["from"]))] = entry
-            if len(self._pending) > PENDING_LIMIT:
-                del self._pending[min(self._pending)]
-            return {"accepted": self._catch_up()}
-
-    def _catch_up(self) -> bool:
-        """Replay the pending entries that follow the replica's data service and drop
-        those it is past (holds ``_replica_lock``). False if a replay came out other
-        than on the primary: the copy is dropped, and the refusal makes the primary
-        send a whole one."""
-        base = self._replica_data
-        if base is None:
-            return True
-        while (entry := self._pending.pop((base.term, base.seq), None)) is not None:
-            base.perform(entry["op"])
-            if base.seq != int(entry["seq"]):
-                self._replica_data, self._pending = None, {}
-                return False
-        self._pending = {k: e for k, e in self._pending.items() if k > (base.term, base.seq)}
-        return True
+        return {"accepted": self._journal_in.entry(entry)}
 
     def promote(self, shard: int) -> Header:
         """Serve the replica of ``shard`` as its primary (its primary is gone)."""
-        with self._journal_lock, self._lock:
+        with self._journal_out.lock, self._lock:
             h = self.hosted.get(shard)
             if h is None:
                 raise NotServing(f"ps {self.index} holds no replica of shard {shard}")
             if h.role is Role.REPLICA:
                 h.role = Role.PRIMARY
                 h.replicated = -1
-                if shard == DATA_SHARD:
-                    with self._replica_lock:
-                        data, self._replica_data = self._replica_data, None
-                        self._pending = {}
-                    if data is not None:
-                        # A new term: this copy's journal starts afresh. Leases stay:
-                        # their holders go on from the last sample they reported.
-                        data.term, data.seq = data.term + 1, 0
-                        for worker in sorted(data.holders() - self.workers):
-                            data.release(worker)
-                        self.data = data
-                        self._journal_to = None
+                data = self._journal_in.take() if shard == DATA_SHARD else None
+                if data is not None:
+                    # A new term: this copy's journal starts afresh. Leases stay:
+                    # their holders go on from the last sample they reported.
+                    data.term, data.seq = data.term + 1, 0
+                    for worker in sorted(data.holders() - self.workers):
+                        data.release(worker)
+                    self.data = data
+                    self._journal_out.off()
             return {"version": h.version}
 
     def step_down(self, shard: int) -> Header | None:
@@ -419,8 +374,8 @@ class ParameterServer:
         if h is None:
             return None
         if shard == DATA_SHARD:
-            with self._lock:
-                self._journal_to = None
+            with self._journal_out.lock:
+                self._journal_out.off()
         with h.cond:
             if h.role is not Role.PRIMARY:
                 return None
@@ -438,10 +393,11 @@ class ParameterServer:
 
     def resend(self, shard: int) -> None:
         """Send ``shard`` to its replica next time even if unchanged (a new replica host)."""
+        if shard == DATA_SHARD:
+            with self._journal_out.lock:
+                self._journal_out.off()
         with self._lock:
             h = self.hosted.get(shard)
-            if shard == DATA_SHARD:
-                self._journal_to = None
         if h is not None:
             with h.cond:
                 h.replicated = -1

@@ -194,14 +194,18 @@ def test_a_report_retried_after_the_failover_that_lost_its_answer_counts_once() 
     assert (held["piece"], held["start"]) == (a["piece"], start + 5)
 
 
-def test_journal_entries_that_arrive_before_the_copy_they_follow_wait_for_it() -> None:
-    (ps0, ps1), _ = _pair(Consistency(Mode.ASYNC, tau=8))
+def test_changes_made_while_a_copy_is_on_its_way_follow_it_once_it_is_accepted() -> None:
+    journaled: list[Header] = []
+    (ps0, ps1), _ = _pair(Consistency(Mode.ASYNC, tau=8), journaled=journaled)
     copy = ps0.snapshot(0, to="1")  # taken; delivered only after the changes below
     assert copy is not None
     a = ps0.lease({"worker": "a"})
     _report(ps0, "a", a, int(a["start"]), int(a["stop"]), "a.1")
     ps0.lease({"worker": "a"})
+    assert journaled == []  # the replica could not replay them yet
     ps1.replicate(*copy)
+    ps0.copied(0, "1")
+    assert len(journaled) == 3
     ps1.promote(0)
     assert ps0.data is not None and ps1.data is not None
     assert ps1.data.term == ps0.data.term + 1

@@ -14,6 +14,7 @@ from ringwright.runtime.ps.consistency import Consistency, Mode
 from ringwright.runtime.ps.hosting import JobConfig
 from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
+from ringwright.runtime.ps.replication import GrpcJournal, Replicator
 from ringwright.runtime.ps.server import ParameterServer
 from ringwright.runtime.ps.transport import serve
 
@@ -85,3 +86,31 @@ def test_waiting_for_a_server_that_is_not_up_beats_the_watchdog() -> None:
             waiting.wait_ready(3.0, lambda: beats.append(time.monotonic()))
         waiting.close()
     assert len(beats) >= 2
+
+
+def test_the_data_journal_travels_over_grpc_and_a_stopped_replica_fails_fast() -> None:
+    journal = GrpcJournal(timeout=2.0)
+    primary, backup = ParameterServer(0, journal=journal), ParameterServer(1)
+    for ps in (primary, backup):
+        ps.set_workers(frozenset({"w0"}))
+    running = [serve(ps, "127.0.0.1:0") for ps in (primary, backup)]
+    addresses = [f"127.0.0.1:{port}" for _, port in running]
+    c = PSClient(addresses, "w0", chunk_bytes=256 << 10)
+    try:
+        c.wait_ready(10)
+        initialize(c, 0)
+        Replicator(primary, 2).round(addresses)  # the copy of shard 0 turns the journal on
+        lease = c.lease()
+        taken = backup.promote(0)
+        assert taken["version"] == 0 and backup.data is not None
+        assert backup.data.holders() == {"w0"}  # the lease reached the replica
+        running[1][0].stop(0).wait()
+        start = time.monotonic()
+        assert not journal(addresses[1], {"term": 0, "from": 1, "seq": 2,
+                                          "op": ["release", "w0"]})
+        assert time.monotonic() - start < 2.0  # refused at once, not at the deadline
+        assert lease["status"] == "granted"
+    finally:
+        c.close()
+        for server, _ in running:
+            server.stop(0)
