@@ -70,9 +70,11 @@ def ps_addresses(world: World, port: int) -> list[str]:
 
 
 def recovery_settings(environ: Mapping[str, str]) -> RecoverySettings:
-    """A worker's :class:`RecoverySettings`, the deadline from the environment."""
-    deadline = environ.get(PSEnv.RECOVER_SECONDS)
-    return RecoverySettings(deadline_s=float(deadline)) if deadline else RecoverySettings()
+    """A worker's :class:`RecoverySettings`: the deadline and the job's
+    failureDetectSeconds from the environment."""
+    given = {"deadline_s": environ.get(PSEnv.RECOVER_SECONDS),
+             "detect_s": environ.get(Env.FAILURE_DETECT)}
+    return RecoverySettings(**{k: float(v) for k, v in given.items() if v})
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ neither repeats nor loses a reported sample. Entries are numbered by the service
 ``seq`` within a primary's ``term``.
 
 The primary's side (:class:`JournalOut`) follows the copies of shard 0 that replication
-sends: while a copy is on its way, changes wait in a queue; once the copy is accepted
-they are sent, and every later change is sent as it is made. A send that fails stops the
-journal until the next copy (replication sends one at its next round), so a dead or
-frozen replica host costs one send's deadline, not one per change.
+sends. Once a copy is accepted by an address, every change is sent there as it is made,
+also while later copies travel (the replica keeps the newer of its copy and an arriving
+one). A send that fails stops the journal; while the first copy to an address is on its
+way, changes wait in a queue and follow once it is accepted. A dead or frozen replica
+host so costs one send's deadline, not one per change.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class JournalOut:
 
     def copy_taken(self, to: str) -> None:
         """A copy of the service was taken for ``to`` (holds :attr:`lock`): queue the
-        changes that follow it until it is accepted there."""
-        if self.send is not None:
+        changes that follow it until it is accepted there, unless ``to`` already
+        replays them."""
+        if self.send is not None and to != self._to:
             self._to, self._queue = None, (to, [])
 
     def copy_accepted(self, to: str) -> bool:
@@ -74,8 +76,8 @@ class JournalOut:
             return all(self.record(entry) for entry in queued)
 
     def off(self) -> None:
-        """Stop journaling until the next copy (the replica host changed, or a copy or
-        a send failed)."""
+        """Stop journaling until the next copy (this server no longer serves the
+        service as primary, or starts to)."""
         self._to, self._queue = None, None
 
 

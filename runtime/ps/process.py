@@ -26,9 +26,9 @@ from .env import PSEnv, membership_source, ps_addresses, ps_port, wait_until_lis
 from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
 from .progress import PSReadiness, ServingProgress
-from .replication import GrpcJournal, Replicator
+from .replication import GrpcJournal, GrpcSend, Replicator
 from .server import ParameterServer
-from .transport import serve
+from .transport import DETECT_S, serve
 
 _log = runtime_logger("ps.server")
 
@@ -43,12 +43,16 @@ class PSSettings:
     linger_s: float = 2.0
     """After the data is done, keep serving this long for the last pushes and pulls."""
     world_wait_s: float = 900.0
+    detect_s: float = DETECT_S
+    """The job's failureDetectSeconds: a replica host that leaves the transport's pings
+    unanswered this long fails the replication and journal calls to it."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> PSSettings:
         return cls(float(environ.get(PSEnv.REPLICATE_SECONDS) or 0.5),
                    environ.get(PSEnv.CHECKPOINT_DIR, ""),
-                   int(environ.get(PSEnv.CHECKPOINT_VERSIONS) or 0))
+                   int(environ.get(PSEnv.CHECKPOINT_VERSIONS) or 0),
+                   detect_s=float(environ.get(Env.FAILURE_DETECT) or DETECT_S))
 
 
 def pinned_cpus() -> list[int]:
@@ -94,14 +98,15 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     cpus = pinned_cpus()
     torch.set_num_threads(len(cpus))
     ps = ParameterServer(me.rank, clock=clock, metrics=metrics,
-                         journal=GrpcJournal() if servers > 1 else None)
+                         journal=GrpcJournal(detect_s=settings.detect_s) if servers > 1
+                         else None)
     # Know the workers before the first push: a sync round must not complete early.
     ps.set_workers(frozenset(m.pod for m in world.members))
     server, _ = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus,
                       progress=progress)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
-    replicator = Replicator(ps, servers)
+    replicator = Replicator(ps, servers, GrpcSend(detect_s=settings.detect_s))
     checkpoints = (ShardCheckpoints(ps, settings.checkpoint_dir, settings.checkpoint_versions)
                    if settings.checkpoint_dir and settings.checkpoint_versions else None)
     done_at: float | None = None

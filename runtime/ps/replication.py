@@ -20,7 +20,7 @@ from ..kvlog import log_event, runtime_logger
 from .codec import Header, Tensors
 from .routing import other_copy
 from .server import ParameterServer
-from .transport import Stub
+from .transport import DETECT_S, Stub
 
 _log = runtime_logger("ps.server")
 
@@ -31,12 +31,14 @@ Send = Callable[[str, Header, Tensors], Header]
 class GrpcSend:
     """:data:`Send` over gRPC (a ``method`` of the server), one channel per address."""
 
-    def __init__(self, timeout: float = 30.0, method: str = "Replicate") -> None:
-        self.timeout, self.method = timeout, method
+    def __init__(self, timeout: float = 30.0, method: str = "Replicate",
+                 detect_s: float = DETECT_S) -> None:
+        self.timeout, self.method, self.detect_s = timeout, method, detect_s
         self._stubs: dict[str, Stub] = {}
 
     def __call__(self, address: str, header: Header, tensors: Tensors) -> Header:
-        stub = self._stubs.get(address) or self._stubs.setdefault(address, Stub(address))
+        stub = self._stubs.get(address) or self._stubs.setdefault(
+            address, Stub(address, self.detect_s))
         reply, _ = stub.call(self.method, header, tensors, timeout=self.timeout)
         return reply
 
@@ -45,8 +47,9 @@ class GrpcJournal:
     """:data:`~.journal.JournalSend` over gRPC. The deadline is short: shard 0 waits for
     the answer, and a failed send only costs a whole copy at the next round."""
 
-    def __init__(self, timeout: float = 2.0, logger: logging.Logger = _log) -> None:
-        self.send = GrpcSend(timeout, "Journal")
+    def __init__(self, timeout: float = 2.0, logger: logging.Logger = _log,
+                 detect_s: float = DETECT_S) -> None:
+        self.send = GrpcSend(timeout, "Journal", detect_s)
         self.log = logger
 
     def __call__(self, address: str, entry: Header) -> bool:

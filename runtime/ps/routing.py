@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ..kvlog import log_event, runtime_logger
-from .transport import Stub, result
+from .transport import DETECT_S, Stub, result
 
 _log = runtime_logger("ps.client")
 
@@ -58,6 +58,9 @@ class RecoverySettings:
     backoff_s: float = 0.05
     """First pause between tries; doubles up to ``max_backoff_s``."""
     max_backoff_s: float = 1.0
+    detect_s: float = DETECT_S
+    """A server that leaves the transport's pings unanswered this long (frozen, or cut
+    off) fails the calls in flight to it, which starts the recovery."""
 
 
 ShardView = Mapping[int, tuple[str, int]]
@@ -127,14 +130,14 @@ class Routes:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  logger: logging.Logger | None = None) -> None:
-        self.stubs = [Stub(a) for a in addresses]
+        self.recovery = recovery or RecoverySettings()
+        self.stubs = [Stub(a, self.recovery.detect_s) for a in addresses]
         self.route = list(range(len(addresses)))
         self.versions = [0] * len(addresses)
         self.lost_updates = 0
         self.failovers: list[tuple[int, float]] = []
         """(shard, clock time) of each failover this client performed or followed (a
         shard found on another server after a failed call)."""
-        self.recovery = recovery or RecoverySettings()
         self.clock, self.sleep = clock, sleep
         self.log = logger or _log
 
@@ -147,7 +150,7 @@ class Routes:
         for i, address in enumerate(addresses):
             if self.stubs[i].address != address:
                 self.stubs[i].close()
-                self.stubs[i] = Stub(address)
+                self.stubs[i] = Stub(address, self.recovery.detect_s)
 
     def close(self) -> None:
         for stub in self.stubs:
@@ -218,7 +221,7 @@ class Routes:
                 attempt = Attempt(self.clock(), attempt.pause)
             if code is grpc.StatusCode.DEADLINE_EXCEEDED:
                 return attempt
-        elif isinstance(step, Promote) and self.promote(shard, step.server):
+        elif isinstance(step, Promote) and self.promote(shard, step.server, code.name):
             return attempt
         if self.clock() - attempt.started >= self.recovery.deadline_s:
             raise ShardUnavailable(self._unavailable(shard, attempt))
@@ -226,9 +229,10 @@ class Routes:
         attempt.pause = min(2 * attempt.pause, self.recovery.max_backoff_s)
         return attempt
 
-    def promote(self, shard: int, server: int) -> bool:
+    def promote(self, shard: int, server: int, cause: str = "") -> bool:
         """Promote the replica of ``shard`` at ``server`` and route there; False when the
-        Promote call fails (the caller asks again)."""
+        Promote call fails (the caller asks again). ``cause``: how the primary's call
+        failed (UNAVAILABLE: refused, or its pings went unanswered)."""
         try:
             reply, _ = self.stubs[server].call("Promote", {"shard": shard},
                                                timeout=max(self.recovery.probe_s, 2.0))
@@ -243,7 +247,7 @@ class Routes:
         self.versions[shard] = version
         self.failovers.append((shard, self.clock()))
         log_event(self.log, logging.WARNING, "ps_failover", shard=shard, to=server,
-                  version=version, lost_updates=lost)
+                  version=version, lost_updates=lost, cause=cause or "-")
         return True
 
     def _unavailable(self, shard: int, attempt: Attempt) -> str:

@@ -393,9 +393,6 @@ class ParameterServer:
 
     def resend(self, shard: int) -> None:
         """Send ``shard`` to its replica next time even if unchanged (a new replica host)."""
-        if shard == DATA_SHARD:
-            with self._journal_out.lock:
-                self._journal_out.off()
         with self._lock:
             h = self.hosted.get(shard)
         if h is not None:

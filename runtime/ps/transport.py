@@ -29,6 +29,32 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 500),
     ("grpc.enable_retries", 0),
 ]
+DETECT_S = 3.0
+"""Default of how long a peer may leave the transport's pings unanswered (the runtime's
+``failureDetectSeconds`` default)."""
+SERVER_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    # Clients ping as often as their detection needs, also while a call waits without
+    # data (a sync pull waiting for a straggler): allow it, never answer with GOAWAY.
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 100),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+def channel_options(detect_s: float) -> list[tuple[str, int]]:
+    """A client channel's options: calls to a server that leaves the transport's pings
+    unanswered for about ``detect_s`` fail (UNAVAILABLE) rather than wait out their
+    deadline. A frozen process is found this way: its kernel still acknowledges TCP,
+    but nothing answers a ping; a busy one still does (the transport's own threads)."""
+    ping_ms = max(100, int(detect_s * 1000 / 3))
+    answer_ms = max(100, int(detect_s * 1000) - ping_ms)
+    return [*CHANNEL_OPTIONS,
+            ("grpc.keepalive_time_ms", ping_ms),
+            # Both: the keepalive setting alone leaves the transport's own ping
+            # timeout (a minute) in charge.
+            ("grpc.keepalive_timeout_ms", answer_ms),
+            ("grpc.http2.ping_timeout_ms", answer_ms),
+            ("grpc.http2.max_pings_without_data", 0)]
 
 
 Handler = Callable[[Header, Tensors], tuple[Header, Tensors] | bytes]
@@ -103,7 +129,7 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
     pool = futures.ThreadPoolExecutor(
         max_workers=threads, thread_name_prefix=f"ps{ps.index}",
         initializer=pin_thread(cpus) if cpus else None)
-    server = grpc.server(pool, options=CHANNEL_OPTIONS)
+    server = grpc.server(pool, options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE,
                                                                           method_handlers)])
     port = server.add_insecure_port(address)
@@ -116,9 +142,9 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
 class Stub:
     """Calls to one parameter server."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, detect_s: float = DETECT_S) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = grpc.insecure_channel(address, options=channel_options(detect_s))
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {
             name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in METHODS}
 

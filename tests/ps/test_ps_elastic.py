@@ -6,6 +6,7 @@ is resized. Accounting is read from the data-shard service's final log line.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,3 +146,30 @@ def test_async_straggler_pushes_beyond_tau_are_dropped_and_counted(make_job) -> 
     assert all(s["staleness"] > 2 for s in traced if s["dropped"])
     assert all(s["staleness"] <= 2 for s in traced if not s["dropped"])
     assert max(counts["staleness"]) <= 2  # applied pushes only
+
+
+def test_a_frozen_ps_is_failed_over_and_the_job_ends_exact(make_job) -> None:  # type: ignore[no-untyped-def]
+    # ps-1 holds shard 1 and the replica of shard 0 (and of the data service). Frozen for
+    # longer than the workers' probe, it is failed over; thawed, it steps down and is
+    # re-seeded. No sample is trained twice or lost meanwhile.
+    args = [*ARGS, "--slow", "0.05"]
+    job: LocalPSJob = make_job(2, args)
+    job.start_all(["w0", "w1"])
+    job.wait_steps("w0", 10)
+    frozen = job.procs["ps-1"]
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        before = len(job.steps("w0"))
+        job.wait_steps("w0", before + 20)  # training goes on without it
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    codes = job.wait_all()
+    assert codes["w0"] == codes["w1"] == codes["ps-0"] == 0, job.logs()
+    # Found by its unanswered pings, long before the calls' deadline would have.
+    logs = "".join((job.root / f"{w}.log").read_text() for w in ("w0", "w1"))
+    assert "ps_failover shard=1 to=0" in logs and "cause=UNAVAILABLE" in logs, job.logs()
+    assert "cause=DEADLINE_EXCEEDED" not in logs, job.logs()
+    _exact(_accounting(job, "ps-0"))
+    for epoch in range(2):
+        steps = [s for w in ("w0", "w1") for s in job.steps(w) if s["epoch"] == epoch]
+        assert sum(s["samples"] for s in steps) == SAMPLES, (epoch, job.logs())

@@ -38,6 +38,18 @@ def test_changes_queue_behind_a_copy_and_flow_once_it_is_accepted() -> None:
     assert wire.sent[-1] == ("b", 4)
 
 
+def test_changes_keep_flowing_while_a_later_copy_travels_to_the_same_replica() -> None:
+    wire = Wire()
+    out = JournalOut(wire)
+    out.copy_taken("b")
+    out.copy_accepted("b")
+    out.copy_taken("b")  # the next round's copy: the primary may die before it lands
+    assert out.record(_entry(1)) and wire.sent == [("b", 1)]
+    out.copy_taken("c")  # a new replica host: queue behind its first copy
+    assert out.record(_entry(2)) and wire.sent == [("b", 1)]
+    assert out.copy_accepted("c") and wire.sent == [("b", 1), ("c", 2)]
+
+
 def test_a_failed_send_stops_the_journal_until_the_next_copy() -> None:
     wire = Wire()
     out = JournalOut(wire)
