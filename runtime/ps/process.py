@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import grpc
 import torch
 
-from ringwright.world import Env
+from ringwright.world import Env, World
 
 from ..checkpoint import Checkpointer, LocalStorage, ps_shard
 from ..kvlog import log_event, runtime_logger
@@ -28,7 +29,7 @@ from .metrics import PSMetrics, serve_from_env
 from .progress import PSReadiness, ServingProgress
 from .replication import GrpcJournal, GrpcSend, Replicator
 from .server import ParameterServer
-from .transport import DETECT_S, serve
+from .transport import DETECT_S, Stub, serve
 
 _log = runtime_logger("ps.server")
 
@@ -38,8 +39,9 @@ class PSSettings:
     replicate_s: float = 0.5
     """How often changed primary shards are sent to their replica hosts."""
     checkpoint_dir: str = ""
+    """Where primary shards are checkpointed; empty: the job's spec.checkpoint.path."""
     checkpoint_versions: int = 0
-    """Checkpoint primary shards every this many versions; 0: never."""
+    """Checkpoint primary shards every this many versions; 0: as spec.checkpoint says."""
     linger_s: float = 2.0
     """After the data is done, keep serving this long for the last pushes and pulls."""
     world_wait_s: float = 900.0
@@ -61,28 +63,83 @@ def pinned_cpus() -> list[int]:
 
 
 class ShardCheckpoints:
-    """Asynchronous checkpoints of this server's primary shards, one Checkpointer each."""
+    """Asynchronous checkpoints of this server's primary shards, one Checkpointer each,
+    every ``every`` versions and/or ``seconds`` (of a shard that changed), and the
+    restore of a shard from its newest one."""
 
-    def __init__(self, ps: ParameterServer, root: str, every: int) -> None:
-        self.ps, self.every = ps, every
+    def __init__(self, ps: ParameterServer, root: str, every: int = 0, seconds: float = 0.0,
+                 keep: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ps, self.every, self.seconds, self.keep = ps, every, seconds, keep
+        self.clock = clock
         self.storage = LocalStorage(root)
         self._writers: dict[int, Checkpointer] = {}
-        self._saved: dict[int, int] = {}
+        self._saved: dict[int, tuple[int, float]] = {}
+        """Per shard: the version last saved (or restored) and when."""
+        self._started = clock()
+
+    def _writer(self, shard: int) -> Checkpointer:
+        return self._writers.setdefault(
+            shard, Checkpointer(self.storage, self.keep, shard=ps_shard(shard)))
 
     def round(self) -> None:
+        now = self.clock()
         for shard in self.ps.primaries():
-            taken = self.ps.checkpoint_payload(shard, self._saved.get(shard, 0) + self.every)
+            version, at = self._saved.get(shard, (0, self._started))
+            due = [version + self.every] if self.every else []
+            if self.seconds and now - at >= self.seconds:
+                due.append(version + 1)
+            taken = self.ps.checkpoint_payload(shard, min(due)) if due else None
             if taken is None:
                 continue
-            version, payload = taken
-            writer = self._writers.setdefault(
-                shard, Checkpointer(self.storage, shard=ps_shard(shard)))
-            writer.save(version, payload, {"epoch": 0, "world_size": 1}, copy=False)
-            self._saved[shard] = version
+            version, payload, extra = taken
+            self._writer(shard).save(version, payload,
+                                     {"epoch": 0, "world_size": 1, **extra}, copy=False)
+            self._saved[shard] = (version, now)
+
+    def restore(self, shard: int) -> int | None:
+        """Serve ``shard`` from its newest checkpoint; its version, None when none."""
+        restored = self._writer(shard).restore_latest()
+        if restored is None:
+            return None
+        self.ps.restore(shard, restored.meta.step, restored.payload, restored.meta.extra)
+        self._saved[shard] = (restored.meta.step, self.clock())
+        return restored.meta.step
 
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
+
+
+def held_elsewhere(shard: int, addresses: list[str], me: int, detect_s: float) -> bool:
+    """Whether a server other than ``me`` holds ``shard`` (primary or replica): then this
+    server replaces one that failed and is re-seeded from that copy, which is newer than
+    any checkpoint. A server that does not answer holds nothing for this purpose."""
+    for index, address in enumerate(addresses):
+        if index == me:
+            continue
+        stub = Stub(address, detect_s)
+        try:
+            status, _ = stub.call("Status", {}, timeout=2.0)
+        except grpc.RpcError:
+            continue
+        finally:
+            stub.close()
+        if str(shard) in status["shards"]:
+            return True
+    return False
+
+
+def shard_checkpoints(ps: ParameterServer, settings: PSSettings, world: World,
+                      clock: Callable[[], float]) -> ShardCheckpoints | None:
+    """Checkpoints as the environment says, else as the job's spec.checkpoint (its
+    path, shared by all pods; intervalSteps counted in versions; intervalSeconds;
+    keep); None when neither asks for them."""
+    spec = world.checkpoint
+    root = settings.checkpoint_dir or spec.path
+    every = settings.checkpoint_versions or spec.interval_steps
+    if not root or not (every or spec.interval_seconds):
+        return None
+    return ShardCheckpoints(ps, root, every, spec.interval_seconds, spec.keep, clock)
 
 
 def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettings,
@@ -102,13 +159,19 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
                          else None)
     # Know the workers before the first push: a sync round must not complete early.
     ps.set_workers(frozenset(m.pod for m in world.members))
+    checkpoints = shard_checkpoints(ps, settings, world, clock)
+    # Before serving: no worker may create the home shard from its own first values.
+    if checkpoints is not None and not held_elsewhere(
+            me.rank, ps_addresses(world, port), me.rank, settings.detect_s):
+        version = checkpoints.restore(me.rank)
+        if version is not None:
+            log_event(_log, logging.INFO, "ps_restored", shard=me.rank, version=version,
+                      root=checkpoints.storage.root)
     server, _ = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus,
                       progress=progress)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
     replicator = Replicator(ps, servers, GrpcSend(detect_s=settings.detect_s))
-    checkpoints = (ShardCheckpoints(ps, settings.checkpoint_dir, settings.checkpoint_versions)
-                   if settings.checkpoint_dir and settings.checkpoint_versions else None)
     done_at: float | None = None
     try:
         while stop is None or not stop.is_set():

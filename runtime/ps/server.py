@@ -57,9 +57,19 @@ class ParameterServer:
     # -- set-up --------------------------------------------------------------------
 
     def _configure(self, doc: Mapping[str, Any]) -> JobConfig:
+        """The job's configuration: the first one given; a later one must describe the
+        same tensors, shards and optimizer (the layout the shards were built for)."""
+        given = JobConfig.from_json(doc)
         if self.config is None:
-            self.config = JobConfig.from_json(doc)
-            self.partition = self.config.partition()
+            self.config = given
+            self.partition = given.partition()
+        elif (given.specs, given.shards, given.optimizer) != (
+                self.config.specs, self.config.shards, self.config.optimizer):
+            raise ValueError(
+                f"ps {self.index}: this job's model or optimizer ({_layout(given)}) is not the "
+                f"one its shards hold ({_layout(self.config)}), which were restored from a "
+                f"checkpoint or created by an earlier worker. Train the model the checkpoint "
+                f"was written for, or start from another checkpoint directory.")
         return self.config
 
     def init(self, header: Header, tensors: Tensors) -> Header:
@@ -68,16 +78,19 @@ class ParameterServer:
         with self._lock:
             config = self._configure(header["config"])
             assert self.partition is not None
-            if shard in self.hosted:
-                return {"created": False, "version": self.hosted[shard].version}
-            state = ShardState(self.partition, shard, config.optimizer, tensors)
-            self.hosted[shard] = Hosted(state, 0, Role.PRIMARY)
-            if shard == DATA_SHARD and self.data is None:
+            created = shard not in self.hosted
+            if created:
+                state = ShardState(self.partition, shard, config.optimizer, tensors)
+                self.hosted[shard] = Hosted(state, 0, Role.PRIMARY)
+            if (shard == DATA_SHARD and self.data is None
+                    and self.hosted[shard].role is Role.PRIMARY):
+                # Also for a shard 0 served without one (restored from a checkpoint that
+                # had none): no lease could be given out otherwise.
                 d = config.data
                 self.data = DataShardService(int(d["samples"]), int(d["pieceSize"]),
                                              int(d["epochs"]),
                                              requeue_stale=bool(d.get("requeueStale")))
-            return {"created": True, "version": 0}
+            return {"created": created, "version": self.hosted[shard].version}
 
     def status(self) -> Header:
         """Which shards this server holds, in which role and at which version."""
@@ -400,18 +413,42 @@ class ParameterServer:
                 h.replicated = -1
 
     def checkpoint_payload(self, shard: int, min_version: int = 0
-                           ) -> tuple[int, dict[str, torch.Tensor]] | None:
+                           ) -> tuple[int, dict[str, torch.Tensor], dict[str, Any]] | None:
         """A private copy of a primary shard's state and its version, once the shard
-        reached ``min_version``."""
+        reached ``min_version``, with what :meth:`restore` needs besides: the job's
+        configuration and, with shard 0, the data-shard service as of the same version
+        (its reports ride on shard 0's pushes, under the same lock)."""
         with self._lock:
             h = self.hosted.get(shard)
-        if h is None or h.role is not Role.PRIMARY:
+            config = self.config
+        if h is None or config is None or h.role is not Role.PRIMARY:
             return None
         with h.cond:
             if h.version < min_version:
                 return None
-            return h.version, {k: v.clone() for k, v in h.state.payload().items()}
+            extra: dict[str, Any] = {"config": config.to_json()}
+            if shard == DATA_SHARD:
+                with self._lock:
+                    extra["data"] = self.data.to_json() if self.data is not None else None
+            return h.version, {k: v.clone() for k, v in h.state.payload().items()}, extra
+
+    def restore(self, shard: int, version: int, payload: Mapping[str, torch.Tensor],
+                extra: Mapping[str, Any]) -> None:
+        """Serve ``shard`` as checkpointed (the job restarts and no server holds a copy):
+        the workers' ``Init`` then finds it, and training goes on from ``version``."""
+        with self._journal_out.lock, self._lock:
+            config = self._configure(extra["config"])
+            assert self.partition is not None
+            state = ShardState.from_payload(self.partition, shard, config.optimizer, payload)
+            self.hosted[shard] = Hosted(state, version, Role.PRIMARY)
+            if shard == DATA_SHARD and extra.get("data") is not None:
+                self.data = DataShardService.from_json(extra["data"])
 
     def finish(self) -> None:
         """A worker saw the last epoch end: the PS may exit."""
         self.finished.set()
+
+
+def _layout(config: JobConfig) -> str:
+    tensors = ", ".join(f"{s.name} {list(s.shape)}" for s in config.specs)
+    return f"{tensors}; {config.shards} shards; {config.optimizer.kind.value}"

@@ -6,6 +6,7 @@ is resized. Accounting is read from the data-shard service's final log line.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ringwright.runtime.ps.env import PSEnv
 from ringwright.runtime.ps.transport import Stub
 from tests.ps.harness import LocalPSJob, consistency, ps_done
 
@@ -82,11 +84,14 @@ def test_scale_workers_2_to_6_to_3(make_job) -> None:  # type: ignore[no-untyped
     _exact(_accounting(job, "ps-0"))
 
 
-def test_killed_ps_fails_over_to_its_replica_and_is_reseeded(make_job) -> None:  # type: ignore[no-untyped-def]
+def test_killed_ps_fails_over_to_its_replica_and_is_reseeded(make_job, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Slow enough that the replacement comes up while the job still trains.
     args = [*ARGS, "--slow", "0.1"]
     args[args.index("--epochs") + 1] = "4"
-    job: LocalPSJob = make_job(2, args)
+    # Checkpoints on: the replacement must still take the live copy, not the older
+    # checkpoint.
+    job: LocalPSJob = make_job(2, args, {**ASYNC, PSEnv.CHECKPOINT_DIR: str(tmp_path / "ck"),
+                                         PSEnv.CHECKPOINT_VERSIONS: "4"})
     job.start_all(["w0", "w1"])
     job.wait_steps("w0", 10)
     before = len(job.steps("w0"))
@@ -115,6 +120,7 @@ def test_killed_ps_fails_over_to_its_replica_and_is_reseeded(make_job) -> None: 
         stub.close()
     codes = job.wait_all()
     assert codes["w0"] == codes["w1"] == codes["ps-1"] == 0, job.logs()
+    assert "ps_restored" not in (job.root / "ps-0.log").read_text(), job.logs()
     # One worker promotes the replica; the other promotes it too or finds it promoted.
     logs = [(job.root / f"{w}.log").read_text() for w in ("w0", "w1")]
     assert any("ps_failover shard=0 to=1" in log for log in logs), job.logs()
@@ -173,3 +179,28 @@ def test_a_frozen_ps_is_failed_over_and_the_job_ends_exact(make_job) -> None:  #
     for epoch in range(2):
         steps = [s for w in ("w0", "w1") for s in job.steps(w) if s["epoch"] == epoch]
         assert sum(s["samples"] for s in steps) == SAMPLES, (epoch, job.logs())
+
+
+def test_a_job_that_lost_every_server_goes_on_from_its_checkpoints(make_job, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    env = {**ASYNC, PSEnv.CHECKPOINT_DIR: str(tmp_path / "checkpoints"),
+           PSEnv.CHECKPOINT_VERSIONS: "8"}
+    args = [*ARGS, "--slow", "0.05"]
+    args[args.index("--epochs") + 1] = "3"
+    job: LocalPSJob = make_job(2, args, env)
+    job.start_all(["w0", "w1"])
+    job.wait_steps("w0", 40)
+    for pod in list(job.procs):  # every pod lost at once (or the job suspended)
+        job.kill(pod)
+    restarted = time.time()
+    job.start_all(["w0", "w1"])  # the operator creates the pods again
+    codes = job.wait_all()
+    assert all(code == 0 for code in codes.values()), job.logs()
+    restored = re.findall(r"ps_restored shard=(\d) version=(\d+)",
+                          "".join((job.root / f"{p}.log").read_text() for p in job.ps))
+    assert sorted(shard for shard, _ in restored) == ["0", "1"], job.logs()
+    assert all(int(version) >= 8 for _, version in restored), restored
+    # The data queue came back with shard 0: the restarted job trained what the
+    # checkpoint had not, each sample of each epoch once by the queue's count.
+    _exact(_accounting(job, "ps-0"), epochs=3)
+    after = [s for w in ("w0", "w1") for s in job.steps(w) if s["t"] > restarted]
+    assert 0 < sum(s["samples"] for s in after) < 3 * SAMPLES, job.logs()

@@ -18,8 +18,10 @@ from ringwright.runtime.ps.consistency import Consistency, Mode
 from ringwright.runtime.ps.hosting import JobConfig
 from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
+from ringwright.runtime.ps.process import held_elsewhere
 from ringwright.runtime.ps.replication import GrpcJournal, Replicator
 from ringwright.runtime.ps.server import ParameterServer
+from ringwright.runtime.ps.shard import initial_values
 from ringwright.runtime.ps.transport import Stub, serve
 
 SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
@@ -145,3 +147,22 @@ def test_a_call_to_a_frozen_server_fails_when_its_pings_go_unanswered() -> None:
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_server_asks_its_peers_before_it_restores_a_shard_from_a_checkpoint() -> None:
+    holder = ParameterServer(1)
+    config = JobConfig(SPECS, 2, ServerOptimizer(lr=0.5), Consistency(Mode.ASYNC, tau=5),
+                       {"samples": 10, "pieceSize": 5, "epochs": 1})
+    params = {"w": torch.zeros(300_000), "b": torch.zeros(7), "emb": torch.zeros(1000, 8)}
+    holder.init({"shard": 1, "config": config.to_json()},
+                initial_values(config.partition(), 1, params))
+    server, port = serve(holder, "127.0.0.1:0")
+    try:
+        with socket.socket() as reserved:  # a peer that is down holds nothing
+            reserved.bind(("127.0.0.1", 0))
+            addresses = ["127.0.0.1:1", f"127.0.0.1:{port}",
+                         f"127.0.0.1:{reserved.getsockname()[1]}"]
+            assert held_elsewhere(1, addresses, 0, detect_s=1.0)  # a replacement: no restore
+            assert not held_elsewhere(0, addresses, 0, detect_s=1.0)
+    finally:
+        server.stop(0)
