@@ -14,6 +14,7 @@ import pytest
 
 from ringwright.devcluster.podhost import PodHost
 from ringwright.kube import KubeClient, api_path
+from ringwright.runtime.checkpoint import Checkpointer, LocalStorage, ps_shard
 from ringwright.world import World, parse_world, world_configmap_name
 from tests.e2e.test_elastic_job import HostThread
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job
@@ -79,5 +80,48 @@ def test_parameter_server_job_trains_every_sample_once(
         # One process per pod: nothing finished was replaced or restarted.
         assert dict(host.starts) == {f"rec-{role}-{i}": 1 for role in ("worker", "ps")
                                      for i in range(2)}
+    finally:
+        runner.close()
+
+
+def test_a_suspended_parameter_server_job_resumes_from_its_checkpoints(
+        kube: KubeClient, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
+    ns, root = namespace, tmp_path / "checkpoints"
+    container = [{"name": "train", "image": "ringwright/training:dev"}]
+    manifest = training_job(
+        "nap", replicas=2, minimum=1, gpusPerWorker=0, mode="ParameterServer",
+        ps={"replicas": 2, "template": {"spec": {"containers": container}},
+            "consistency": "Async", "staleness": 16},
+        checkpoint={"path": str(root), "intervalSteps": 5})
+    kube.create(tj_path(ns), manifest)
+    host = PodHost(kube, ns, "nap",
+                   [sys.executable, str(EXAMPLE), "--samples", str(SAMPLES), "--vocab", "500",
+                    "--dim", "4", "--batch-size", "32", "--epochs", "4", "--slow", "0.05"],
+                   tmp_path / "pods", readiness_grace=1)
+    runner = HostThread(host)
+    shard0 = Checkpointer(LocalStorage(root), shard=ps_shard(0))
+    try:
+        wait_for(lambda: root.exists() and max(shard0.steps(), default=0) >= 10,
+                 "shard 0 checkpointed at version 10", timeout=180)
+        kube.merge_patch(tj_path(ns, "nap"), {"spec": {"runPolicy": {"suspend": True}}})
+        wait_for(lambda: get_status(kube, ns, "nap").get("phase") == "Suspended"
+                 and not kube.get(api_path("v1", "pods", ns))["items"], "every pod gone",
+                 timeout=120)
+        assert not runner.log_lines(r" ps_done ")  # stopped mid-training
+        kube.merge_patch(tj_path(ns, "nap"), {"spec": {"runPolicy": {"suspend": False}}})
+        try:
+            wait_for(lambda: get_status(kube, ns, "nap").get("phase") == "Succeeded",
+                     "the resumed job to succeed", timeout=300)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{runner.tails()}") from err
+        restored = runner.log_lines(r" ps_restored ")
+        assert {line.split("shard=")[1].split()[0] for line in restored} == {"0", "1"}, restored
+        # The data queue came back with shard 0: every sample of every epoch once, by
+        # the queue's count, across the two runs.
+        done = runner.log_lines(r" ps_done ")
+        counts = ps_done("\n".join(line for line in done if "trained=" in line))
+        for epoch in range(4):
+            assert counts["trained"].get(epoch, 0) + counts["dropped"].get(epoch, 0) == \
+                SAMPLES, (epoch, counts)
     finally:
         runner.close()
