@@ -95,8 +95,8 @@ def test_a_suspended_parameter_server_job_resumes_from_its_checkpoints(
         checkpoint={"path": str(root), "intervalSteps": 5})
     kube.create(tj_path(ns), manifest)
     host = PodHost(kube, ns, "nap",
-                   [sys.executable, str(EXAMPLE), "--samples", str(SAMPLES), "--vocab", "500",
-                    "--dim", "4", "--batch-size", "32", "--epochs", "4", "--slow", "0.05"],
+                   [sys.executable, str(EXAMPLE), "--samples", str(SAMPLES // 2), "--vocab", "500",
+                    "--dim", "4", "--batch-size", "32", "--epochs", "3", "--slow", "0.03"],
                    tmp_path / "pods", readiness_grace=1)
     runner = HostThread(host)
     shard0 = Checkpointer(LocalStorage(root), shard=ps_shard(0))
@@ -120,8 +120,8 @@ def test_a_suspended_parameter_server_job_resumes_from_its_checkpoints(
         # the queue's count, across the two runs.
         done = runner.log_lines(r" ps_done ")
         counts = ps_done("\n".join(line for line in done if "trained=" in line))
-        for epoch in range(4):
+        for epoch in range(3):
             assert counts["trained"].get(epoch, 0) + counts["dropped"].get(epoch, 0) == \
-                SAMPLES, (epoch, counts)
+                SAMPLES // 2, (epoch, counts)
     finally:
         runner.close()

@@ -158,7 +158,7 @@ def test_a_frozen_ps_is_failed_over_and_the_job_ends_exact(make_job) -> None:  #
     # ps-1 holds shard 1 and the replica of shard 0 (and of the data service). Frozen for
     # longer than the workers' probe, it is failed over; thawed, it steps down and is
     # re-seeded. No sample is trained twice or lost meanwhile.
-    args = [*ARGS, "--slow", "0.05"]
+    args = [*ARGS, "--slow", "0.03"]
     job: LocalPSJob = make_job(2, args)
     job.start_all(["w0", "w1"])
     job.wait_steps("w0", 10)
@@ -184,11 +184,10 @@ def test_a_frozen_ps_is_failed_over_and_the_job_ends_exact(make_job) -> None:  #
 def test_a_job_that_lost_every_server_goes_on_from_its_checkpoints(make_job, tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {**ASYNC, PSEnv.CHECKPOINT_DIR: str(tmp_path / "checkpoints"),
            PSEnv.CHECKPOINT_VERSIONS: "8"}
-    args = [*ARGS, "--slow", "0.05"]
-    args[args.index("--epochs") + 1] = "3"
+    args = [*ARGS, "--slow", "0.03"]
     job: LocalPSJob = make_job(2, args, env)
     job.start_all(["w0", "w1"])
-    job.wait_steps("w0", 40)
+    job.wait_steps("w0", 30)
     for pod in list(job.procs):  # every pod lost at once (or the job suspended)
         job.kill(pod)
     restarted = time.time()
@@ -201,6 +200,6 @@ def test_a_job_that_lost_every_server_goes_on_from_its_checkpoints(make_job, tmp
     assert all(int(version) >= 8 for _, version in restored), restored
     # The data queue came back with shard 0: the restarted job trained what the
     # checkpoint had not, each sample of each epoch once by the queue's count.
-    _exact(_accounting(job, "ps-0"), epochs=3)
+    _exact(_accounting(job, "ps-0"))
     after = [s for w in ("w0", "w1") for s in job.steps(w) if s["t"] > restarted]
-    assert 0 < sum(s["samples"] for s in after) < 3 * SAMPLES, job.logs()
+    assert 0 < sum(s["samples"] for s in after) < 2 * SAMPLES, job.logs()
