@@ -44,20 +44,21 @@ class GrpcSend:
 
 
 class GrpcJournal:
-    """:data:`~.journal.JournalSend` over gRPC. The deadline is short: shard 0 waits for
-    the answer, and a failed send only costs a whole copy at the next round."""
+    """:data:`~.journal.JournalSend` over gRPC. The deadline is short: a change is not
+    answered until it is sent, and a failed send only costs a whole copy at the next
+    round."""
 
     def __init__(self, timeout: float = 2.0, logger: logging.Logger = _log,
                  detect_s: float = DETECT_S) -> None:
         self.send = GrpcSend(timeout, "Journal", detect_s)
         self.log = logger
 
-    def __call__(self, address: str, entry: Header) -> bool:
+    def __call__(self, address: str, entries: list[Header]) -> bool:
         try:
-            reply = self.send(address, entry, {})
+            reply = self.send(address, {"entries": entries}, {})
         except grpc.RpcError as exc:
             log_event(self.log, logging.INFO, "ps_journal_failed", to=address,
-                      seq=entry["seq"], error=exc.code())
+                      seq=entries[-1]["seq"], error=exc.code())
             return False
         return reply.get("accepted") is True
 

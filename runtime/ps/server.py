@@ -120,8 +120,8 @@ class ParameterServer:
             self.workers = workers
             hosted = list(self.hosted.values())
             leaving = sorted(gone | (self.data.holders() - workers)) if self.data else []
-        for worker in leaving:
-            self._data_op(["release", worker])
+        tickets = [self._data_op(["release", worker])[1] for worker in leaving]
+        self._journaled(max(tickets, default=0))
         for h in hosted:
             with h.cond:
                 self._maybe_complete(h)
@@ -168,7 +168,6 @@ class ParameterServer:
                 h.round.pop(worker, None)
                 self._maybe_complete(h)
                 return {"verdict": "retired", "staleness": 0, "version": h.version}
-        skip = bool(header.get("skip"))
         if "staged" in header:
             with self._lock:
                 staged = self._staged.pop((worker, str(header["staged"])), {})
@@ -180,13 +179,27 @@ class ParameterServer:
         dense = {k[2:]: v for k, v in tensors.items() if k.startswith("g/")}
         sparse = {k[2:]: (v, tensors[f"r/{k[2:]}"]) for k, v in tensors.items()
                   if k.startswith("i/")}
+        reply, ticket = self._take_push(h, shard, worker, header, dense, sparse)
+        # The journal is sent once the shard's lock is let go: pulls and other pushes
+        # go on meanwhile, and concurrent reports leave in one message.
+        self._journaled(ticket)
+        return reply
+
+    def _take_push(self, h: Hosted, shard: int, worker: str, header: Header,
+                   dense: dict[str, torch.Tensor],
+                   sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[Header, int]:
+        """Judge and apply (or buffer, or drop) one push under the shard's lock; the
+        reply and the journal ticket of its data report (0: none to wait for)."""
+        assert self.config is not None
+        skip = bool(header.get("skip"))
         push_id = str(header.get("push", ""))
         with h.cond:
             if h.role is not Role.PRIMARY:
                 raise NotServing(f"ps {self.index} stepped down from shard {shard}")
             seen = h.pushes.get(worker)
             if push_id and seen is not None and seen[0] == push_id:
-                return seen[1]  # a retry of a push already taken
+                # A retry of a push already taken: answered once its report is kept.
+                return seen[1], self._journal_out.latest() if shard == DATA_SHARD else 0
             pushed_from = min(int(header["version"]), h.version)
             with self._lock:
                 workers = len((self.workers | {worker}) - self.retired)
@@ -210,16 +223,18 @@ class ParameterServer:
                 self._maybe_complete(h)
             reply: Header = {"verdict": verdict.value, "staleness": staleness,
                              "version": h.version}
+            ticket = 0
             if "data" in header and shard == DATA_SHARD and verdict is not Verdict.DUPLICATE:
                 d = header["data"]
                 # Refused when the lease is not this worker's (it was given up on): the
                 # worker then drops the rest of that piece.
-                reply["dataAccepted"] = bool(self._data_op(
+                accepted, ticket = self._data_op(
                     ["report", worker, int(d["piece"]), int(d["start"]), int(d["stop"]),
-                     verdict is Verdict.STALE]))
+                     verdict is Verdict.STALE])
+                reply["dataAccepted"] = bool(accepted)
             if push_id:
                 h.pushes[worker] = (push_id, reply)
-            return reply
+            return reply, ticket
 
     def stage(self, header: Header, tensors: Tensors) -> Header:
         """Hold part of a large push until the ``Push`` naming it arrives (big pushes
@@ -264,7 +279,8 @@ class ParameterServer:
     def lease(self, header: Header) -> Header:
         """A piece of the epoch for a worker (only on the server holding the data service)."""
         self._primary(DATA_SHARD)
-        lease = self._data_op(["lease", str(header["worker"])])
+        lease, ticket = self._data_op(["lease", str(header["worker"])])
+        self._journaled(ticket)
         if lease is None:
             raise NotServing("the data-shard service is not initialised")
         assert isinstance(lease, Lease)
@@ -273,22 +289,26 @@ class ParameterServer:
         return {"status": lease.status.value, "piece": lease.piece, "epoch": lease.epoch,
                 "start": lease.start, "stop": lease.stop}
 
-    def _data_op(self, op: Op) -> Lease | bool | int | None:
-        """Change the data-shard service (None when this server has none) and, when it
-        changed and a replica keeps it, journal the change there before answering: a
-        failover then finds every sample reported so far, and none is trained twice."""
+    def _data_op(self, op: Op) -> tuple[Lease | bool | int | None, int]:
+        """Change the data-shard service (None when this server has none) and record
+        the change for the journal; with its ticket, which the caller passes to
+        :meth:`_journaled` before it answers."""
         with self._journal_out.lock:
             with self._lock:
                 if self.data is None:
-                    return None
+                    return None, 0
                 before = self.data.seq
                 result = self.data.perform(op)
                 entry = {"term": self.data.term, "from": before, "seq": self.data.seq,
                          "op": op}
-            kept = entry["seq"] == before or self._journal_out.record(entry)
-        if not kept:
+            return result, self._journal_out.record(entry) if entry["seq"] != before else 0
+
+    def _journaled(self, ticket: int) -> None:
+        """Wait until the replica of shard 0 keeps the changes up to ``ticket``: a
+        failover then finds every sample reported so far, and none is trained twice.
+        Called holding no lock."""
+        if ticket and not self._journal_out.flush(ticket):
             self.resend(DATA_SHARD)  # the next whole copy turns the journal on again
-        return result
 
     # -- replicas --------------------------------------------------------------------
 
@@ -349,13 +369,13 @@ class ParameterServer:
         return {"accepted": True, "version": version}
 
     def journal(self, entry: Header) -> Header:
-        """Replay one change of the data-shard service whose primary copy is elsewhere;
-        refused while this server serves shard 0 itself."""
+        """Replay changes (``entries``) of the data-shard service whose primary copy is
+        elsewhere; refused while this server serves shard 0 itself."""
         with self._lock:
             h = self.hosted.get(DATA_SHARD)
         if h is not None and h.role is Role.PRIMARY:
             return {"accepted": False}
-        return {"accepted": self._journal_in.entry(entry)}
+        return {"accepted": self._journal_in.entries(list(entry["entries"]))}
 
     def promote(self, shard: int) -> Header:
         """Serve the replica of ``shard`` as its primary (its primary is gone)."""

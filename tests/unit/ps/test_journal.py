@@ -1,7 +1,9 @@
-"""The data-shard service's journal: what a primary sends, queues or stops sending, and
+"""The data-shard service's journal: what a primary sends, holds or stops sending, and
 what a replica replays."""
 
 from __future__ import annotations
+
+import threading
 
 from ringwright.runtime.ps import journal
 from ringwright.runtime.ps.codec import Header
@@ -14,71 +16,110 @@ def _entry(seq: int, term: int = 0) -> Header:
 
 
 class Wire:
-    """A send that records what it was given and fails while ``down``."""
+    """A send that records each message (address, seqs) and fails while ``down``."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, int]] = []
+        self.sent: list[tuple[str, list[int]]] = []
         self.down = False
 
-    def __call__(self, address: str, entry: Header) -> bool:
-        self.sent.append((address, int(entry["seq"])))
+    def __call__(self, address: str, entries: list[Header]) -> bool:
+        self.sent.append((address, [int(e["seq"]) for e in entries]))
         return not self.down
 
 
-def test_changes_queue_behind_a_copy_and_flow_once_it_is_accepted() -> None:
+def _change(out: JournalOut, seq: int) -> int:
+    with out.lock:
+        return out.record(_entry(seq))
+
+
+def test_changes_wait_behind_a_copy_and_flow_once_it_is_accepted() -> None:
     wire = Wire()
     out = JournalOut(wire)
-    assert out.record(_entry(1)) and wire.sent == []  # no copy yet: nowhere to send
-    out.copy_taken("b")
-    assert out.record(_entry(2)) and out.record(_entry(3)) and wire.sent == []
+    assert _change(out, 1) == 0  # no copy yet: nowhere to send, nothing to wait for
+    with out.lock:
+        out.copy_taken("b")
+    two, three = _change(out, 2), _change(out, 3)
+    assert out.flush(two) and out.flush(three) and wire.sent == []  # held, not sent
     assert out.copy_accepted("a") and wire.sent == []  # a copy for another address
     assert out.copy_accepted("b")
-    assert wire.sent == [("b", 2), ("b", 3)]
-    assert out.record(_entry(4))
-    assert wire.sent[-1] == ("b", 4)
+    assert wire.sent == [("b", [2, 3])]
+    assert out.flush(_change(out, 4))
+    assert wire.sent[-1] == ("b", [4])
+
+
+def test_changes_made_while_a_send_is_out_leave_together() -> None:
+    gate, entered = threading.Event(), threading.Event()
+    sent: list[list[int]] = []
+
+    def slow(address: str, entries: list[Header]) -> bool:
+        sent.append([int(e["seq"]) for e in entries])
+        entered.set()
+        return gate.wait(10)
+
+    out = JournalOut(slow)
+    with out.lock:
+        out.copy_taken("b")
+    assert out.copy_accepted("b")
+    first = threading.Thread(target=out.flush, args=(_change(out, 1),))
+    first.start()
+    assert entered.wait(10)
+    later = [_change(out, seq) for seq in (2, 3, 4)]  # recorded while 1 is on the wire
+    flushers = [threading.Thread(target=out.flush, args=(t,)) for t in later]
+    for t in flushers:
+        t.start()
+    gate.set()
+    for t in [first, *flushers]:
+        t.join(10)
+    assert sent == [[1], [2, 3, 4]]  # one message for the three, not three
 
 
 def test_changes_keep_flowing_while_a_later_copy_travels_to_the_same_replica() -> None:
     wire = Wire()
     out = JournalOut(wire)
-    out.copy_taken("b")
+    with out.lock:
+        out.copy_taken("b")
     out.copy_accepted("b")
-    out.copy_taken("b")  # the next round's copy: the primary may die before it lands
-    assert out.record(_entry(1)) and wire.sent == [("b", 1)]
-    out.copy_taken("c")  # a new replica host: queue behind its first copy
-    assert out.record(_entry(2)) and wire.sent == [("b", 1)]
-    assert out.copy_accepted("c") and wire.sent == [("b", 1), ("c", 2)]
+    with out.lock:
+        out.copy_taken("b")  # the next round's copy: the primary may die before it lands
+    assert out.flush(_change(out, 1)) and wire.sent == [("b", [1])]
+    with out.lock:
+        out.copy_taken("c")  # a new replica host: wait behind its first copy
+    assert out.flush(_change(out, 2)) and wire.sent == [("b", [1])]
+    assert out.copy_accepted("c") and wire.sent == [("b", [1]), ("c", [2])]
 
 
 def test_a_failed_send_stops_the_journal_until_the_next_copy() -> None:
     wire = Wire()
     out = JournalOut(wire)
-    out.copy_taken("b")
+    with out.lock:
+        out.copy_taken("b")
     out.copy_accepted("b")
     wire.down = True
-    assert not out.record(_entry(1))
-    assert out.record(_entry(2))  # not sent: one deadline per fault, not one per change
-    assert wire.sent == [("b", 1)]
+    assert not out.flush(_change(out, 1))
+    assert _change(out, 2) == 0  # not sent: one deadline per fault, not one per change
+    assert wire.sent == [("b", [1])]
     wire.down = False
-    out.copy_taken("b")
-    out.record(_entry(3))
-    assert out.copy_accepted("b") and wire.sent == [("b", 1), ("b", 3)]
+    with out.lock:
+        out.copy_taken("b")
+    _change(out, 3)
+    assert out.copy_accepted("b") and wire.sent == [("b", [1]), ("b", [3])]
 
 
-def test_a_copy_that_waits_too_long_is_given_up(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_changes_that_wait_too_long_are_given_up_for_the_next_copy(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(journal, "QUEUE_LIMIT", 2)
     wire = Wire()
     out = JournalOut(wire)
-    out.copy_taken("b")
-    assert out.record(_entry(1)) and out.record(_entry(2))
-    assert not out.record(_entry(3))
+    with out.lock:
+        out.copy_taken("b")
+    assert _change(out, 1) and _change(out, 2)
+    assert _change(out, 3) == 0
     assert out.copy_accepted("b") and wire.sent == []  # that copy is stale now
 
 
 def test_a_replica_replays_what_follows_its_copy_and_refuses_a_gap() -> None:
     primary = DataShardService(20, 5, 1)
     replica = JournalIn()
-    assert not replica.entry(_entry(1))  # nothing to replay it onto
+    assert not replica.entries([_entry(1)])  # nothing to replay it onto
     replica.copy(DataShardService.from_json(primary.to_json()))
     entries = []
     for worker in ("a", "b", "c"):
@@ -86,10 +127,10 @@ def test_a_replica_replays_what_follows_its_copy_and_refuses_a_gap() -> None:
         primary.lease(worker)
         entries.append({"term": 0, "from": before, "seq": primary.seq,
                         "op": ["lease", worker]})
-    assert replica.entry(entries[0])
-    assert replica.entry(entries[0])  # a repeat: already applied
-    assert not replica.entry(entries[2])  # entries[1] missed
-    assert replica.entry(entries[1]) and replica.entry(entries[2])
+    assert replica.entries(entries[:1])
+    assert replica.entries(entries[:1])  # a repeat: already applied
+    assert not replica.entries(entries[2:])  # entries[1] missed
+    assert replica.entries(entries[1:])
     # A late delivery of an older copy changes nothing.
     replica.copy(DataShardService(20, 5, 1))
     held = replica.take()

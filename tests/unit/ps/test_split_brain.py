@@ -30,12 +30,12 @@ def _pair(consistency: Consistency, unreachable: set[str] | None = None,
     config = JobConfig(SPECS, 2, ServerOptimizer(lr=0.1), consistency,
                        {"samples": 100, "pieceSize": 10, "epochs": 1})
 
-    def journal(address: str, entry: Header) -> bool:
+    def journal(address: str, entries: list[Header]) -> bool:
         if journaled is not None:
-            journaled.append(entry)
+            journaled.extend(entries)
         if unreachable is not None and address in unreachable:
             return False
-        return servers[int(address)].journal(entry)["accepted"] is True
+        return servers[int(address)].journal({"entries": entries})["accepted"] is True
 
     servers = [ParameterServer(0, journal=journal), ParameterServer(1, journal=journal)]
     params = {"w": torch.zeros(4, 3), "emb": torch.zeros(50, 2)}

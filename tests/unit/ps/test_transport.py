@@ -111,8 +111,8 @@ def test_the_data_journal_travels_over_grpc_and_a_stopped_replica_refuses_it() -
         assert taken["version"] == 0 and backup.data is not None
         assert backup.data.holders() == {"w0"}  # the lease reached the replica
         running[1][0].stop(0).wait()
-        assert not journal(addresses[1], {"term": 0, "from": 1, "seq": 2,
-                                          "op": ["release", "w0"]})
+        assert not journal(addresses[1], [{"term": 0, "from": 1, "seq": 2,
+                                           "op": ["release", "w0"]}])
         assert lease["status"] == "granted"
     finally:
         c.close()
