@@ -32,12 +32,25 @@ def _change(out: JournalOut, seq: int) -> int:
         return out.record(_entry(seq))
 
 
+def _copy(out: JournalOut, to: str) -> None:
+    with out.lock:
+        out.copy_taken(to)
+
+
+def _replaying(to: str) -> tuple[Wire, JournalOut]:
+    """A journal whose copy ``to`` accepted: changes go there."""
+    wire = Wire()
+    out = JournalOut(wire)
+    _copy(out, to)
+    assert out.copy_accepted(to)
+    return wire, out
+
+
 def test_changes_wait_behind_a_copy_and_flow_once_it_is_accepted() -> None:
     wire = Wire()
     out = JournalOut(wire)
     assert _change(out, 1) == 0  # no copy yet: nowhere to send, nothing to wait for
-    with out.lock:
-        out.copy_taken("b")
+    _copy(out, "b")
     two, three = _change(out, 2), _change(out, 3)
     assert out.flush(two) and out.flush(three) and wire.sent == []  # held, not sent
     assert out.copy_accepted("a") and wire.sent == []  # a copy for another address
@@ -57,8 +70,7 @@ def test_changes_made_while_a_send_is_out_leave_together() -> None:
         return gate.wait(10)
 
     out = JournalOut(slow)
-    with out.lock:
-        out.copy_taken("b")
+    _copy(out, "b")
     assert out.copy_accepted("b")
     first = threading.Thread(target=out.flush, args=(_change(out, 1),))
     first.start()
@@ -74,33 +86,22 @@ def test_changes_made_while_a_send_is_out_leave_together() -> None:
 
 
 def test_changes_keep_flowing_while_a_later_copy_travels_to_the_same_replica() -> None:
-    wire = Wire()
-    out = JournalOut(wire)
-    with out.lock:
-        out.copy_taken("b")
-    out.copy_accepted("b")
-    with out.lock:
-        out.copy_taken("b")  # the next round's copy: the primary may die before it lands
+    wire, out = _replaying("b")
+    _copy(out, "b")  # the next round's copy: the primary may die before it lands
     assert out.flush(_change(out, 1)) and wire.sent == [("b", [1])]
-    with out.lock:
-        out.copy_taken("c")  # a new replica host: wait behind its first copy
+    _copy(out, "c")  # a new replica host: wait behind its first copy
     assert out.flush(_change(out, 2)) and wire.sent == [("b", [1])]
     assert out.copy_accepted("c") and wire.sent == [("b", [1]), ("c", [2])]
 
 
 def test_a_failed_send_stops_the_journal_until_the_next_copy() -> None:
-    wire = Wire()
-    out = JournalOut(wire)
-    with out.lock:
-        out.copy_taken("b")
-    out.copy_accepted("b")
+    wire, out = _replaying("b")
     wire.down = True
     assert not out.flush(_change(out, 1))
     assert _change(out, 2) == 0  # not sent: one deadline per fault, not one per change
     assert wire.sent == [("b", [1])]
     wire.down = False
-    with out.lock:
-        out.copy_taken("b")
+    _copy(out, "b")
     _change(out, 3)
     assert out.copy_accepted("b") and wire.sent == [("b", [1]), ("b", [3])]
 
@@ -109,8 +110,7 @@ def test_changes_that_wait_too_long_are_given_up_for_the_next_copy(monkeypatch) 
     monkeypatch.setattr(journal, "QUEUE_LIMIT", 2)
     wire = Wire()
     out = JournalOut(wire)
-    with out.lock:
-        out.copy_taken("b")
+    _copy(out, "b")
     assert _change(out, 1) and _change(out, 2)
     assert _change(out, 3) == 0
     assert out.copy_accepted("b") and wire.sent == []  # that copy is stale now
