@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -99,25 +99,36 @@ def wait_port(port: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"nothing listens on {port}")
 
 
-def tcp_round_trip(send: int, receive: int, repeats: int) -> list[float]:
-    """Seconds to send ``send`` bytes to another process and read ``receive`` back."""
+@contextmanager
+def tcp_echo() -> Iterator[Callable[[int, int], float]]:
+    """A raw TCP connection to another process; the function it gives sends ``send``
+    bytes, reads ``receive`` back and returns the seconds that took."""
     port = free_port()
     with process(ECHO, str(port)):
         wait_port(port)
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            payload = b"\x5a" * send
-            buf = bytearray(receive)
-            times = []
-            for _ in range(repeats):
+            payloads: dict[int, bytes] = {}
+            buffers: dict[int, bytearray] = {}
+
+            def round_trip(send: int, receive: int) -> float:
+                payload = payloads.setdefault(send, b"\x5a" * send)
+                buf = buffers.setdefault(receive, bytearray(receive))
                 start = time.perf_counter()
                 conn.sendall(send.to_bytes(4, "little") + receive.to_bytes(4, "little"))
                 conn.sendall(payload)
                 mv, got = memoryview(buf), 0
                 while got < receive:
                     got += conn.recv_into(mv[got:], receive - got)
-                times.append(time.perf_counter() - start)
-            return times
+                return time.perf_counter() - start
+
+            yield round_trip
+
+
+def tcp_round_trip(send: int, receive: int, repeats: int) -> list[float]:
+    """Seconds to send ``send`` bytes to another process and read ``receive`` back."""
+    with tcp_echo() as trip:
+        return [trip(send, receive) for _ in range(repeats)]
 
 
 def ps_client(specs: list[TensorSpec], params: dict[str, torch.Tensor],
@@ -133,18 +144,19 @@ def ps_client(specs: list[TensorSpec], params: dict[str, torch.Tensor],
 def bench_dense(repeats: int) -> dict[str, float]:
     numel = 100 * MB // 4
     port = free_port()
-    with process(SERVER, f"127.0.0.1:{port}"):
+    # Turn about, PS then TCP: a slow spell of the machine falls on both sides.
+    with process(SERVER, f"127.0.0.1:{port}"), tcp_echo() as trip:
         wait_port(port)
         client = ps_client([TensorSpec("w", (numel,))], {"w": torch.randn(numel)}, port)
         model = {"w": torch.empty(numel)}  # a worker pulls into its model's parameters
-        times = []
+        times, tcp = [], []
         for _ in range(repeats):
             start = time.perf_counter()
             pulled = client.pull({}, into=model)
             client.push(pulled.dense, {}, pulled.versions)
             times.append(time.perf_counter() - start)
+            tcp.append(trip(100 * MB, 100 * MB))
         client.close()
-    tcp = tcp_round_trip(100 * MB, 100 * MB, repeats)
     ps_s, tcp_s = statistics.median(times), statistics.median(tcp)
     print(f"dense 100 MB pull+push: {ps_s:.3f} s = {200 / ps_s:.0f} MB/s; raw TCP 100 MB "
           f"there and back: {tcp_s:.3f} s = {200 / tcp_s:.0f} MB/s; "
