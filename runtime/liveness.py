@@ -96,10 +96,9 @@ class LivenessTracker:
         """Dead peers by rank, with the evidence for each."""
         if self._store_failing_since is not None:
             # Without the store the counters are unknown, not stale: only its host is
-            # judged, and only once a peer left cleanly is its silence expected.
-            host = self._peers.get(0)
+            # judged.
             silent = now - self._store_failing_since
-            if host is None or host.left or silent < self._detect_s:
+            if not self._host_judged() or silent < self._detect_s:
                 return {}
             return {0: f"the store it hosts did not answer for {silent:.1f}s "
                        f"({self._store_error})"}
@@ -110,13 +109,18 @@ class LivenessTracker:
             if not peer.left and now - peer.since >= self._detect_s
         }
 
+    def _host_judged(self) -> bool:
+        """Whether the store's host (rank 0) can be found dead while the store fails: a
+        peer that left cleanly is expected to be silent."""
+        host = self._peers.get(0)
+        return host is not None and not host.left
+
     def due(self, now: float) -> float | None:
         """The next moment after ``now`` at which :meth:`dead` names someone new if
         nothing more is heard; None when no verdict is pending."""
         if self._store_failing_since is not None:
-            host = self._peers.get(0)
             at = self._store_failing_since + self._detect_s
-            return None if host is None or host.left or at <= now else at
+            return at if self._host_judged() and at > now else None
         return min((peer.since + self._detect_s for peer in self._peers.values()
                     if not peer.left and peer.since + self._detect_s > now), default=None)
 

@@ -326,9 +326,11 @@ class LocalJob:
             self._failed[name] = code
             self._pending_since = self._pending_since or self._clock()
             log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
-        self._follow_reports()
+        reports = self.reports()  # read once a round
+        self._follow_reports(reports)
         if self._pending_since is not None and (
-                self._clock() - self._pending_since >= self.settle_s or self._awaited()):
+                self._clock() - self._pending_since >= self.settle_s
+                or self._awaited(reports)):
             gone = [m for m in self._members if m in self._failed]
             self._members = [m for m in self._members if m not in self._failed]
             self._pending_since = None
@@ -339,12 +341,12 @@ class LocalJob:
                 # Like deleting the pod: a frozen process cannot fence itself.
                 pod.process.kill()
 
-    def _awaited(self) -> bool:
+    def _awaited(self, reports: dict[str, Report]) -> bool:
         """Every member that stays stopped training and waits for the next world (the
         operator's rule: the settle window would keep them all waiting)."""
         world = self._world
         stay = [m for m in self._members if m not in self._failed]
-        return world is not None and all_waiting(world, self.reports(), stay)
+        return world is not None and all_waiting(world, reports, stay)
 
     def _restart(self, name: str, code: int) -> None:
         old = self._pods[name]
@@ -354,12 +356,11 @@ class LocalJob:
         log_event(_log, logging.WARNING, "pod_restarted", pod=name, exit_code=code,
                   restarts=pod.restarts)
 
-    def _follow_reports(self) -> None:
+    def _follow_reports(self, reports: dict[str, Report]) -> None:
         """Drop members found dead or stalled; re-form around a member without state."""
         world = self._world
         if world is None or self._pending_since is not None:
             return
-        reports = self.reports()
         stopped = {m for m in self._members if process_stopped(self._pods[m].process.pid)}
         doomed = {e.pod: e.reason for e in judge(world, reports, stopped)}
         doomed.update({pod: "it reports its training loop stalled"
