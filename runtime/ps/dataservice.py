@@ -122,8 +122,8 @@ class DataShardService:
         return Lease(LeaseStatus.GRANTED, piece.id, piece.epoch, piece.done_upto, piece.stop)
 
     def _held(self, worker: str) -> Piece | None:
-        return next((p for holder, p in sorted(self._leased.values(), key=lambda e: e[1].id)
-                     if holder == worker), None)
+        return min((p for holder, p in self._leased.values() if holder == worker),
+                   key=lambda p: p.id, default=None)
 
     def report(self, worker: str, piece_id: int, start: int, stop: int, *,
                dropped: bool) -> bool:

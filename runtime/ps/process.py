@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import grpc
 import torch
 
 from ringwright.world import Env, World
@@ -23,13 +22,21 @@ from ringwright.world import Env, World
 from ..checkpoint import Checkpointer, LocalStorage, ps_shard
 from ..kvlog import log_event, runtime_logger
 from ..membership import MembershipSource
-from .env import PSEnv, membership_source, ps_addresses, ps_port, wait_until_listed
+from .env import (
+    PSEnv,
+    membership_source,
+    ps_addresses,
+    ps_port,
+    recovery_settings,
+    wait_until_listed,
+)
 from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
 from .progress import PSReadiness, ServingProgress
 from .replication import GrpcJournal, GrpcSend, Replicator
+from .routing import RecoverySettings, Routes
 from .server import ParameterServer
-from .transport import DETECT_S, Stub, serve
+from .transport import DETECT_S, serve
 
 _log = runtime_logger("ps.server")
 
@@ -54,7 +61,7 @@ class PSSettings:
         return cls(float(environ.get(PSEnv.REPLICATE_SECONDS) or 0.5),
                    environ.get(PSEnv.CHECKPOINT_DIR, ""),
                    int(environ.get(PSEnv.CHECKPOINT_VERSIONS) or 0),
-                   detect_s=float(environ.get(Env.FAILURE_DETECT) or DETECT_S))
+                   detect_s=recovery_settings(environ).detect_s)
 
 
 def pinned_cpus() -> list[int]:
@@ -114,19 +121,12 @@ def held_elsewhere(shard: int, addresses: list[str], me: int, detect_s: float) -
     """Whether a server other than ``me`` holds ``shard`` (primary or replica): then this
     server replaces one that failed and is re-seeded from that copy, which is newer than
     any checkpoint. A server that does not answer holds nothing for this purpose."""
-    for index, address in enumerate(addresses):
-        if index == me:
-            continue
-        stub = Stub(address, detect_s)
-        try:
-            status, _ = stub.call("Status", {}, timeout=2.0)
-        except grpc.RpcError:
-            continue
-        finally:
-            stub.close()
-        if str(shard) in status["shards"]:
-            return True
-    return False
+    peers = Routes(addresses, recovery=RecoverySettings(detect_s=detect_s))
+    try:
+        return any(view is not None and shard in view
+                   for index, view in enumerate(peers.views(timeout=2.0)) if index != me)
+    finally:
+        peers.close()
 
 
 def shard_checkpoints(ps: ParameterServer, settings: PSSettings, world: World,
