@@ -2,7 +2,7 @@
 #   make demo   local cluster + operator + an elastic training job that survives a failure
 #   make test   lint, type-check and every test (unit, cluster, e2e)
 # Expensive things are cached outside the checkout, keyed by version:
-#   $(CACHE)/venv/<digest>   Python deps (torch, ...)   digest of pyproject.toml + python version
+#   $(CACHE)/venv/<digest>   Python deps (torch, ...)   digest of pyproject.toml's dependencies + python version
 #   $(CACHE)/bin/<name>-<version>-<digest>   control-plane binaries built from Go modules
 #   $(CACHE)/wheels/         horovod built from source against our torch
 
@@ -11,7 +11,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 CACHE ?= $(or $(RINGWRIGHT_CACHE),$(HOME)/.cache/ringwright)
 export RINGWRIGHT_CACHE := $(CACHE)
-DEPS_DIGEST := $(shell sha256sum < pyproject.toml | cut -c1-12)-$(shell $(PYTHON) -c 'import sys;print("py%d%d"%sys.version_info[:2])')
+DEPS_DIGEST := $(shell $(PYTHON) scripts/deps_digest.py)
 VENV ?= $(CACHE)/venv/$(DEPS_DIGEST)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -53,7 +53,7 @@ lint: env build/typecheck/ringwright
 	$(VENV)/bin/mypy
 
 crds: env
-	$(PY) -m ringwright.operator.crdgen
+	$(PY) -m ringwright.operator.api.crdgen
 
 # Most tests wait (on processes, clocks, the cluster) rather than compute, so
 # TEST_WORKERS pytest-xdist workers share the machine; every cluster test runs on one of

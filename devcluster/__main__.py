@@ -6,11 +6,12 @@ import argparse
 import logging
 import sys
 
-from ringwright.devcluster.build import BuildError
-from ringwright.devcluster.build import main as build_main
-from ringwright.devcluster.control_plane import Cluster, ClusterError
-from ringwright.devcluster.inventory import describe
 from ringwright.kube import api_path
+
+from .build import BuildError
+from .build import main as build_main
+from .control_plane import Cluster, ClusterError
+from .inventory import describe
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ringwright.devcluster.versions import COMPONENTS, GO_DIR, Component, cache_root
+from .versions import COMPONENTS, GO_DIR, Component, cache_root
 
 log = logging.getLogger("ringwright.devcluster.build")
 

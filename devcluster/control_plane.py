@@ -23,11 +23,12 @@ from typing import IO
 
 import yaml
 
-from ringwright.devcluster.build import Binaries, ensure_binaries
-from ringwright.devcluster.inventory import load_inventory, node_manifests
-from ringwright.devcluster.pki import Pki, ensure_pki
-from ringwright.devcluster.versions import CONTROL_PLANE, cache_root
 from ringwright.kube import ApiError, KubeClient, RetryPolicy, api_path, load_kubeconfig
+
+from .build import Binaries, ensure_binaries
+from .inventory import load_inventory, node_manifests
+from .pki import Pki, ensure_pki
+from .versions import CONTROL_PLANE, cache_root
 
 log = logging.getLogger("ringwright.devcluster")
 

@@ -31,14 +31,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ringwright.devcluster.control_plane import Cluster, free_port
-from ringwright.devcluster.install import install_api
-from ringwright.devcluster.inventory import describe
-from ringwright.devcluster.podhost import PodHost
-from ringwright.devcluster.scrape import Scrape, scrape
-from ringwright.devcluster.timeline import LogLine, draw, fields, merge, read_log, read_timeline
 from ringwright.kube import ApiError, KubeClient, Obj, api_path
-from ringwright.operator.apibase import API_VERSION
+from ringwright.operator.api.base import API_VERSION
 from ringwright.world import (
     DEFAULT_METRICS_PORT,
     ReportKind,
@@ -46,6 +40,13 @@ from ringwright.world import (
     parse_world,
     world_configmap_name,
 )
+
+from .control_plane import Cluster, free_port
+from .install import install_api
+from .inventory import describe
+from .podhost import PodHost
+from .scrape import Scrape, scrape
+from .timeline import LogLine, draw, fields, merge, read_log, read_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "trainingjob-demo.yaml"

@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from ringwright.kube import KubeClient, api_path
-from ringwright.operator.apibase import API_VERSION
-from ringwright.operator.schedulingpolicy import SchedulingPolicy
+from ringwright.operator.api.base import API_VERSION
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicy
 
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
 CRDS = "apiextensions.k8s.io/v1"

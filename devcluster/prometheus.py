@@ -16,7 +16,7 @@ from typing import IO, Any
 import httpx
 import yaml
 
-from ringwright.devcluster.control_plane import free_port
+from .control_plane import free_port
 
 JOB_LABEL_META = "__meta_kubernetes_pod_label_ringwright_dev_job"
 """The Kubernetes SD label of ``ringwright.dev/job``."""

@@ -2,7 +2,7 @@
 
 On this machine, with a local launcher playing the operator::
 
-    python -m ringwright.runtime.local_launcher --workers 3 --base-world-size 3 \\
+    python -m ringwright.runtime.local.launcher --workers 3 --base-world-size 3 \\
         -- python examples/train_elastic.py --epochs 30
 
 then ``kill -9`` one worker: the others roll back to their last commit, rebuild the

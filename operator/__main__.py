@@ -16,11 +16,12 @@ import kopf
 
 from ringwright.exposition import serve
 from ringwright.kube import KubeClient, KubeConfig, default_config
-from ringwright.operator.handlers import OperatorContext, register
-from ringwright.operator.heap import HEAP_SETTLE_SECONDS, HEAP_SWEEP_EVERY, keep_heap
-from ringwright.operator.leader import LeaderElector
-from ringwright.operator.settings import OperatorSettings
-from ringwright.operator.standby import standby_health
+
+from .handlers import OperatorContext, register
+from .heap import HEAP_SETTLE_SECONDS, HEAP_SWEEP_EVERY, keep_heap
+from .leader import LeaderElector
+from .settings import OperatorSettings
+from .standby import standby_health
 
 
 def _connection(config: KubeConfig) -> kopf.ConnectionInfo:

@@ -5,7 +5,7 @@ when the job is deleted (the daemon's finalizer is what lets kopf stop it before
 job is gone) and restarts it with its own backoff when a round fails. Rounds of one
 job never overlap because the daemon runs them one after another. Pod, report and job
 events only wake the daemon; the round itself reads everything from kopf's indices,
-so it makes no LIST and no GET (see :mod:`ringwright.operator.cache`).
+so it makes no LIST and no GET (see :mod:`ringwright.operator.observe.cache`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,14 @@ from typing import Any
 import kopf
 
 from ringwright.kube import ApiError, KubeClient, Obj
-from ringwright.operator.apibase import GROUP, VERSION
-from ringwright.operator.apply import MAX_IN_FLIGHT, Applier
-from ringwright.operator.cache import (
+from ringwright.world import reports_configmap_name, world_configmap_name
+
+from .api.base import GROUP, VERSION
+from .apply.events import EventRecorder
+from .apply.executor import MAX_IN_FLIGHT, Applier
+from .apply.refusals import RefusalBackoff
+from .metrics import OperatorMetrics
+from .observe.cache import (
     INDICES,
     NODES,
     POD_SLOTS,
@@ -36,18 +41,14 @@ from ringwright.operator.cache import (
     Written,
     newer,
 )
-from ringwright.operator.drift import SCAFFOLD_KINDS, Watched, record
-from ringwright.operator.events import EventRecorder
-from ringwright.operator.ledger import CapacityLedger, node_record, pod_slots, touched_nodes
-from ringwright.operator.manifests import JOB_LABEL
-from ringwright.operator.metrics import OperatorMetrics
-from ringwright.operator.observe import observe
-from ringwright.operator.ownership import owned_by
-from ringwright.operator.placer import place
-from ringwright.operator.reconcile import plan
-from ringwright.operator.refusals import RefusalBackoff
-from ringwright.operator.settings import OperatorSettings
-from ringwright.world import reports_configmap_name, world_configmap_name
+from .observe.drift import SCAFFOLD_KINDS, Watched, record
+from .observe.job import observe
+from .observe.ledger import CapacityLedger, node_record, pod_slots, touched_nodes
+from .observe.ownership import owned_by
+from .plan.manifests import JOB_LABEL
+from .plan.placement.placer import place
+from .plan.reconcile import plan
+from .settings import OperatorSettings
 
 log = logging.getLogger("ringwright.operator")
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ringwright.kube import Obj
-from ringwright.operator.manifests import ROLE_LABEL
-from ringwright.operator.models import JobPhase
-from ringwright.operator.pods import PodState, view
-from ringwright.operator.reconcile import Observed, Plan
-from ringwright.operator.refusals import Refused
 from ringwright.world import ReportKind
+
+from .api.models import JobPhase
+from .apply.refusals import Refused
+from .plan.manifests import ROLE_LABEL
+from .plan.pods import PodState, view
+from .plan.reconcile import Observed, Plan
 
 # Reconcile rounds take milliseconds to a few seconds (API round trips).
 ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

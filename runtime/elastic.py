@@ -51,23 +51,30 @@ from ringwright.world import (
     world_configmap_name,
 )
 
-from .backend import CollectiveBackend, CollectiveError
-from .checkpoint import Checkpointer
-from .checkpoint_policy import TerminationSignal
-from .checkpoint_storage import LocalStorage
-from .file_source import FileMembershipSource
-from .group import Fenced, GroupManager, LeftWorld, MemberInfo, WorldChanged, choose_source
-from .health import ReadinessServer, StallWatchdog, show_readiness
-from .kube_source import KubeMembershipSource
+from .checkpoint.checkpointer import Checkpointer
+from .checkpoint.policy import TerminationSignal
+from .checkpoint.storage import LocalStorage
+from .collectives.backend import CollectiveBackend, CollectiveError
+from .collectives.group import (
+    Fenced,
+    GroupManager,
+    LeftWorld,
+    MemberInfo,
+    WorldChanged,
+    choose_source,
+)
+from .collectives.torch_backend import TorchDistributedBackend
 from .kvlog import log_event, runtime_logger
-from .liveness import LagListener, PeerFailure
-from .membership import MembershipSource
+from .membership.file_source import FileMembershipSource
+from .membership.health import ReadinessServer, StallWatchdog, show_readiness
+from .membership.kube_source import KubeMembershipSource
+from .membership.liveness import LagListener, PeerFailure
+from .membership.reporter import FileReporter, KubeReporter, LogReporter, Reporter
+from .membership.source import MembershipSource
 from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
-from .reporter import FileReporter, KubeReporter, LogReporter, Reporter
 from .settings import RuntimeSettings
 from .state import State, Terminated
 from .state_sync import shared_commit
-from .torch_backend import TorchDistributedBackend
 
 _log = runtime_logger("elastic")
 
@@ -87,7 +94,7 @@ def default_backend(kind: Backend, device: torch.device, settings: RuntimeSettin
     """torch.distributed or Horovod (imported only when asked for: it is optional),
     telling ``on_heartbeat_lag`` how stale the peers' heartbeats are."""
     if kind is Backend.HOROVOD:
-        from .horovod_backend import HorovodBackend
+        from .collectives.horovod_backend import HorovodBackend
 
         return HorovodBackend(device, settings, on_heartbeat_lag=on_heartbeat_lag)
     return TorchDistributedBackend(device, settings, on_heartbeat_lag=on_heartbeat_lag)
@@ -205,8 +212,8 @@ class ElasticRuntime:
     def run(self, train_fn: Callable[[State], R], state: State) -> R:
         """Call ``train_fn(state)`` until it returns, across any number of world changes.
 
-        Raises :class:`~ringwright.runtime.group.LeftWorld` (exit status 0) when this
-        pod is dropped from the world, :class:`~ringwright.runtime.group.Fenced`
+        Raises :class:`~ringwright.runtime.collectives.group.LeftWorld` (exit status 0) when this
+        pod is dropped from the world, :class:`~ringwright.runtime.collectives.group.Fenced`
         (non-zero) when it is dropped or finds no world after a failure. A failure of
         the group, in the runtime's collectives or in ``torch.distributed`` /
         ``horovod.torch`` calls made by ``train_fn`` itself, rolls back to the last
@@ -280,7 +287,7 @@ class ElasticRuntime:
         """Have a Horovod backend that finds a peer dead inside ``hvd.init()`` save the
         last commit (one survivor writes) and exit for a restart, rather than wait out
         Horovod's timeout of minutes."""
-        from .horovod_backend import HorovodBackend
+        from .collectives.horovod_backend import HorovodBackend
 
         if not isinstance(backend, HorovodBackend):
             return

@@ -9,7 +9,7 @@ manager stay unaware of them:
 - the runtime reports rollbacks and each new world (:meth:`RuntimeMetrics.rolled_back`,
   :meth:`RuntimeMetrics.world_ready`), which makes a failure plus the next world a
   recovery;
-- a :class:`~ringwright.runtime.checkpoint.Checkpointer` listener reports each write;
+- a :class:`~ringwright.runtime.checkpoint.checkpointer.Checkpointer` listener reports each write;
 - the default backends' liveness judge tells the heartbeat lag
   (:attr:`RuntimeMetrics.heartbeat_lag`'s ``set`` is its lag listener).
 """
@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ringwright.world import World
 
-from .backend import CollectiveBackend, CollectiveError, PeerFailureListener
-from .checkpoint import CheckpointWritten
+from .checkpoint.checkpointer import CheckpointWritten
+from .collectives.backend import CollectiveBackend, CollectiveError, PeerFailureListener
 from .state import State, StateBinding
 
 T = TypeVar("T")

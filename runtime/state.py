@@ -24,10 +24,10 @@ import torch
 
 from ringwright.world import World
 
-from .backend import CollectiveBackend
-from .buckets import BucketSettings, GradientBuckets
-from .checkpoint_guard import Checkpointer, CheckpointGuard
-from .checkpoint_policy import CheckpointPolicy
+from .checkpoint.guard import Checkpointer, CheckpointGuard
+from .checkpoint.policy import CheckpointPolicy
+from .collectives.backend import CollectiveBackend
+from .collectives.buckets import BucketSettings, GradientBuckets
 from .kvlog import log_event, runtime_logger
 from .lr_scaling import LRScaler
 from .rng import RNGMode, RNGState, derived_seed
@@ -103,8 +103,8 @@ class StateBinding(Protocol):
         ...
 
     def check_world(self) -> None:
-        """Raise :class:`~ringwright.runtime.group.WorldChanged` on every rank alike when
-        a newer world has been published."""
+        """Raise :class:`~ringwright.runtime.collectives.group.WorldChanged` on every rank
+        alike when a newer world has been published."""
         ...
 
     def progress(self) -> None:
@@ -243,7 +243,7 @@ class State:
     def commit(self) -> None:
         """Snapshot the state; checkpoint when due; switch worlds if a new one is out.
 
-        Raises :class:`~ringwright.runtime.group.WorldChanged` (on every rank alike)
+        Raises :class:`~ringwright.runtime.collectives.group.WorldChanged` (on every rank alike)
         after the snapshot when a newer world has been published.
         """
         self._committed = self.to_payload()

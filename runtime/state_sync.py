@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .backend import CollectiveBackend
-from .group import MemberInfo
+from .collectives.backend import CollectiveBackend
+from .collectives.group import MemberInfo
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ringwright.devcluster.control_plane import Cluster, free_port
 from ringwright.kube import ApiError, KubeClient, api_path
-from ringwright.operator.apibase import API_VERSION
+from ringwright.operator.api.base import API_VERSION
 
 # Short windows keep the tests quick; the logic under test is the same.
 FAST = {

@@ -6,8 +6,8 @@ side of the transport.
 """
 
 from .api import run
-from .consistency import Consistency, Mode
-from .optim import OptimizerKind, ServerOptimizer
+from .serving.consistency import Consistency, Mode
+from .serving.optim import OptimizerKind, ServerOptimizer
 from .worker import PSJob, StepInfo, WorkerReport
 
 __all__ = ["Consistency", "Mode", "OptimizerKind", "PSJob", "ServerOptimizer", "StepInfo",

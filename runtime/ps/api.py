@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from ringwright.world import Env
 
-from ..health import HealthFile
+from ..membership.health import HealthFile
 from .env import membership_source, ps_port, recovery_settings, spec_consistency
 from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env

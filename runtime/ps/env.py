@@ -11,11 +11,11 @@ from pathlib import Path
 from ringwright.kube import KubeClient, KubeConfig, in_cluster_config, load_kubeconfig
 from ringwright.world import DEFAULT_PS_PORT, PS_PORT_ENV, Env, World, world_configmap_name
 
-from ..file_source import FileMembershipSource
-from ..kube_source import KubeMembershipSource
-from ..membership import MembershipSource, WorldTimeout
-from .consistency import DEFAULT_STALENESS, Consistency, Mode
-from .routing import RecoverySettings
+from ..membership.file_source import FileMembershipSource
+from ..membership.kube_source import KubeMembershipSource
+from ..membership.source import MembershipSource, WorldTimeout
+from .serving.consistency import DEFAULT_STALENESS, Consistency, Mode
+from .wire.routing import RecoverySettings
 
 
 class PSEnv:

@@ -18,7 +18,7 @@ from ringwright.exposition import MetricsEndpoint, serve
 
 from ..kvlog import log_event, runtime_logger
 from ..settings import RuntimeSettings
-from .consistency import Verdict
+from .serving.consistency import Verdict
 
 _log = runtime_logger("ps.metrics")
 

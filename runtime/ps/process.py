@@ -19,9 +19,9 @@ import torch
 
 from ringwright.world import Env, World
 
-from ..checkpoint import Checkpointer, LocalStorage, ps_shard
+from ..checkpoint.checkpointer import Checkpointer, LocalStorage, ps_shard
 from ..kvlog import log_event, runtime_logger
-from ..membership import MembershipSource
+from ..membership.source import MembershipSource
 from .env import (
     PSEnv,
     membership_source,
@@ -33,10 +33,10 @@ from .env import (
 from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
 from .progress import PSReadiness, ServingProgress
-from .replication import GrpcJournal, GrpcSend, Replicator
-from .routing import RecoverySettings, Routes
-from .server import ParameterServer
-from .transport import DETECT_S, serve
+from .serving.replication import GrpcJournal, GrpcSend, Replicator
+from .serving.server import ParameterServer
+from .wire.routing import RecoverySettings, Routes
+from .wire.transport import DETECT_S, serve
 
 _log = runtime_logger("ps.server")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from ..health import StallWatchdog, show_readiness
 from ..kvlog import runtime_logger
+from ..membership.health import StallWatchdog, show_readiness
 from ..settings import RuntimeSettings
 
 _log = runtime_logger("ps.server")

@@ -21,15 +21,15 @@ from torch import nn
 from ringwright.world import World
 
 from ..kvlog import log_event, runtime_logger
-from ..membership import MembershipSource
-from .client import PendingPull, PSClient, Pulled
-from .consistency import Consistency, Mode
+from ..membership.source import MembershipSource
 from .env import ps_addresses, wait_until_listed
-from .hosting import JobConfig
 from .metrics import PSMetrics
 from .model import PSModel
-from .optim import ServerOptimizer
-from .routing import RecoverySettings
+from .serving.consistency import Consistency, Mode
+from .serving.hosting import JobConfig
+from .serving.optim import ServerOptimizer
+from .wire.client import PendingPull, PSClient, Pulled
+from .wire.routing import RecoverySettings
 
 _log = runtime_logger("ps.worker")
 

@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from ringwright.runtime.checkpoint import WRITER_NICE, Checkpointer, LocalStorage
-from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.checkpoint.checkpointer import WRITER_NICE, Checkpointer, LocalStorage
+from ringwright.runtime.local.launcher import LocalJob
 
 HIDDEN = 1024
 

@@ -50,7 +50,7 @@ from ringwright.devcluster.netemu import (  # noqa: E402
     NetworkSpec,
 )
 from ringwright.devcluster.netprobe import AlphaBeta, fit_alpha_beta  # noqa: E402
-from ringwright.operator.ring import RingSlot, cross_rack_edges, order_ring  # noqa: E402
+from ringwright.operator.plan.ring import RingSlot, cross_rack_edges, order_ring  # noqa: E402
 from ringwright.world import (  # noqa: E402
     HierarchicalAllReduce,
     JobRef,

@@ -49,9 +49,11 @@ from ringwright.devcluster.control_plane import Cluster  # noqa: E402
 from ringwright.devcluster.install import install_api  # noqa: E402
 from ringwright.devcluster.inventory import Inventory, RackGroup, node_manifests  # noqa: E402
 from ringwright.kube import KubeClient, Obj, api_path  # noqa: E402
-from ringwright.operator.apibase import API_VERSION  # noqa: E402
-from ringwright.operator.apply import slow_start  # noqa: E402
-from ringwright.operator.cache import (  # noqa: E402
+from ringwright.operator.api.base import API_VERSION  # noqa: E402
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec  # noqa: E402
+from ringwright.operator.apply.executor import slow_start  # noqa: E402
+from ringwright.operator.heap import settle  # noqa: E402
+from ringwright.operator.observe.cache import (  # noqa: E402
     JOB_CONFIGMAPS,
     NODES,
     POD_SLOTS,
@@ -61,15 +63,13 @@ from ringwright.operator.cache import (  # noqa: E402
     IndexCache,
     Written,
 )
-from ringwright.operator.heap import settle  # noqa: E402
-from ringwright.operator.inventory import Inventory as PlannerInventory  # noqa: E402
-from ringwright.operator.inventory import inventory_from_objects  # noqa: E402
-from ringwright.operator.ledger import CapacityLedger, PodSlot, node_record, pod_slots  # noqa: E402
-from ringwright.operator.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION  # noqa: E402
-from ringwright.operator.observe import observe  # noqa: E402
-from ringwright.operator.placer import place  # noqa: E402
-from ringwright.operator.reconcile import Observed, Placement, Plan, plan  # noqa: E402
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec  # noqa: E402
+from ringwright.operator.observe.job import observe  # noqa: E402
+from ringwright.operator.observe.ledger import CapacityLedger, PodSlot, node_record, pod_slots  # noqa: E402
+from ringwright.operator.plan.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION  # noqa: E402
+from ringwright.operator.plan.placement.inventory import Inventory as PlannerInventory  # noqa: E402
+from ringwright.operator.plan.placement.inventory import inventory_from_objects  # noqa: E402
+from ringwright.operator.plan.placement.placer import place  # noqa: E402
+from ringwright.operator.plan.reconcile import Observed, Placement, Plan, plan  # noqa: E402
 from ringwright.operator.settings import OperatorSettings  # noqa: E402
 from ringwright.world import WORLD_KEY, world_configmap_name  # noqa: E402
 

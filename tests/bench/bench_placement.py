@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from ringwright.operator.inventory import Inventory, NodeInfo, inventory_from_objects
-from ringwright.operator.placement import PlacementPlan, PlacementRequest, plan_placement
-from ringwright.operator.resources import Resources
-from ringwright.operator.ring import RingSlot, cross_rack_edges, order_ring
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.placement.inventory import Inventory, NodeInfo, inventory_from_objects
+from ringwright.operator.plan.placement.planner import (
+    PlacementPlan,
+    PlacementRequest,
+    plan_placement,
+)
+from ringwright.operator.plan.placement.resources import Resources
+from ringwright.operator.plan.ring import RingSlot, cross_rack_edges, order_ring
 
 GI = 1024**3
 POLICY = SchedulingPolicySpec()

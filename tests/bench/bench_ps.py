@@ -35,20 +35,20 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from ringwright.runtime.ps.client import PSClient  # noqa: E402
-from ringwright.runtime.ps.consistency import Consistency, Mode  # noqa: E402
-from ringwright.runtime.ps.hosting import JobConfig  # noqa: E402
 from ringwright.runtime.ps.memory import retain_freed_memory  # noqa: E402
-from ringwright.runtime.ps.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.partition import Kind, TensorSpec  # noqa: E402
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode  # noqa: E402
+from ringwright.runtime.ps.serving.hosting import JobConfig  # noqa: E402
+from ringwright.runtime.ps.serving.optim import ServerOptimizer  # noqa: E402
+from ringwright.runtime.ps.wire.client import PSClient  # noqa: E402
 from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
 
 MB = 1_000_000
 SERVER = """
 import sys, time
 from ringwright.runtime.ps.memory import retain_freed_memory
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.transport import serve
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.wire.transport import serve
 retain_freed_memory()  # as a PS pod does
 server = serve(ParameterServer(0), sys.argv[1])
 time.sleep(3600)

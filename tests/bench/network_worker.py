@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ringwright.runtime.buckets import BucketSettings, GradientBuckets
+from ringwright.runtime.collectives.buckets import BucketSettings, GradientBuckets
+from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
 from ringwright.runtime.settings import RuntimeSettings
-from ringwright.runtime.torch_backend import TorchDistributedBackend
 from ringwright.world import parse_world
 
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from ringwright.runtime.local_launcher import LocalJob
-from ringwright.runtime.local_pods import LocalPod, PodNetwork
+from ringwright.runtime.local.launcher import LocalJob
+from ringwright.runtime.local.pods import LocalPod, PodNetwork
 from ringwright.runtime.settings import SettingsEnv
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,

@@ -25,7 +25,7 @@ def same_model(samples: int) -> tuple[Any, Any, Any, Any]:
 def local_gradients(model: Any, optimizer: Any, sampler: Any, xs: Any, ys: Any) -> list[Any]:
     """This rank's gradients for its share of the next batch (zeros when it has none),
     scaled so that summing them over the world gives the global mean loss's."""
-    from ringwright.runtime.flat import gradients
+    from ringwright.runtime.collectives.flat import gradients
 
     indices = sampler.batch()
     global_batch = len(sampler.global_positions())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from ringwright.runtime.local_launcher import free_port
+from ringwright.runtime.local.launcher import free_port
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
     KILL_AT_STEP,

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from ringwright.kube import ApiError, KubeClient, api_path
-from ringwright.operator.apibase import API_VERSION
+from ringwright.operator.api.base import API_VERSION
 
 pytestmark = pytest.mark.cluster
 

@@ -15,17 +15,21 @@ import pytest
 
 from ringwright.devcluster.control_plane import NODE_DOWN_ANNOTATION, Cluster
 from ringwright.kube import ApiError, KubeClient, api_path
-from ringwright.operator.apibase import API_VERSION
-from ringwright.operator.apply import Applier
-from ringwright.operator.cache import Written
-from ringwright.operator.epochs import EPOCH_ANNOTATION
-from ringwright.operator.events import EventRecorder
-from ringwright.operator.ledger import CapacityLedger
-from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
-from ringwright.operator.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
-from ringwright.operator.reconcile import Plan
-from ringwright.operator.schedulingpolicy import NodeLoss, SchedulingPolicy, SchedulingPolicySpec
-from ringwright.runtime.kube_source import KubeMembershipSource
+from ringwright.operator.api.base import API_VERSION
+from ringwright.operator.api.schedulingpolicy import (
+    NodeLoss,
+    SchedulingPolicy,
+    SchedulingPolicySpec,
+)
+from ringwright.operator.apply.events import EventRecorder
+from ringwright.operator.apply.executor import Applier
+from ringwright.operator.observe.cache import Written
+from ringwright.operator.observe.ledger import CapacityLedger
+from ringwright.operator.plan.epochs import EPOCH_ANNOTATION
+from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from ringwright.operator.plan.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
+from ringwright.operator.plan.reconcile import Plan
+from ringwright.runtime.membership.kube_source import KubeMembershipSource
 from ringwright.world import ContractError, World, parse_world, world_configmap_name
 from tests.cluster.test_operator import events_of, wait_world, world_of
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job

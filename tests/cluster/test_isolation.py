@@ -13,8 +13,8 @@ import pytest
 
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
-from ringwright.operator.isolation import JOIN_TOKEN_DIR, report_key
-from ringwright.operator.manifests import JOB_LABEL
+from ringwright.operator.plan.isolation import JOIN_TOKEN_DIR, report_key
+from ringwright.operator.plan.manifests import JOB_LABEL
 from ringwright.report_seal import seal
 from ringwright.world import Env, Report, ReportKind, reports_configmap_name
 from tests.cluster.test_chart import _install

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.kube import ApiError, KubeClient, api_path
-from ringwright.operator.apibase import API_VERSION
-from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from ringwright.operator.api.base import API_VERSION
+from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 from ringwright.world import world_configmap_name
 from tests.cluster.test_operator import events_of, pods_of, wait_world, world_of
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job

@@ -12,7 +12,7 @@ import pytest
 
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.kube import KubeClient, api_path
-from ringwright.operator.manifests import (
+from ringwright.operator.plan.manifests import (
     INDEX_LABEL,
     JOB_LABEL,
     LEAVING_ANNOTATION,

@@ -24,7 +24,7 @@ from ringwright.kube import (
     load_kubeconfig,
     with_token,
 )
-from ringwright.operator.manifests import JOB_LABEL
+from ringwright.operator.plan.manifests import JOB_LABEL
 from tests.cluster.test_operator import wait_world
 from tests.credentials import exec_calls, exec_user, kubeconfig
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job

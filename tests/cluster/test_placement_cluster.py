@@ -23,16 +23,16 @@ import yaml
 
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.kube import ApiError, KubeClient, api_path
-from ringwright.operator.apibase import API_VERSION
-from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
-from ringwright.operator.resources import millicores, whole
-from ringwright.operator.schedulingpolicy import (
+from ringwright.operator.api.base import API_VERSION
+from ringwright.operator.api.schedulingpolicy import (
     GPU_MODEL_LABEL,
     GPU_RESOURCE,
     NVLINK_DOMAIN_LABEL,
     RACK_LABEL,
     SchedulingPolicySpec,
 )
+from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from ringwright.operator.plan.placement.resources import millicores, whole
 from ringwright.world import World, parse_world, world_configmap_name
 from tests.jobs import FAST, OperatorProcess, get_status, tj_path, training_job
 from tests.waiting import wait_for

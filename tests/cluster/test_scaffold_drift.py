@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.kube import KubeClient, Obj, api_path
-from ringwright.operator.manifests import JOB_LABEL
+from ringwright.operator.plan.manifests import JOB_LABEL
 from tests.cluster.test_operator import wait_world
 from tests.jobs import OperatorProcess, tj_path, training_job
 from tests.waiting import wait_for

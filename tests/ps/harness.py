@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ringwright.runtime.file_source import write_world_file
+from ringwright.runtime.membership.file_source import write_world_file
 from ringwright.runtime.ps.env import PSEnv
 from ringwright.world import Env, JobRef, Member, Mode, StoreAddress, World
 

@@ -14,7 +14,7 @@ import pytest
 
 from ringwright.devcluster.podhost import PodHost
 from ringwright.kube import KubeClient, api_path
-from ringwright.runtime.checkpoint import Checkpointer, LocalStorage, ps_shard
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer, LocalStorage, ps_shard
 from ringwright.world import World, parse_world, world_configmap_name
 from tests.e2e.test_elastic_job import HostThread
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job

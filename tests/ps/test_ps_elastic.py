@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ringwright.runtime.ps.env import PSEnv
-from ringwright.runtime.ps.transport import Stub
+from ringwright.runtime.ps.wire.transport import Stub
 from tests.ps.harness import LocalPSJob, consistency, ps_done
 
 SAMPLES = 3072

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ringwright.runtime.buckets import BucketSettings, Compression, GradientBuckets
-from ringwright.runtime.hierarchical import rack_plan
+from ringwright.runtime.collectives.buckets import BucketSettings, Compression, GradientBuckets
+from ringwright.runtime.collectives.hierarchical import rack_plan
+from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
 from ringwright.runtime.settings import RuntimeSettings
-from ringwright.runtime.torch_backend import TorchDistributedBackend
 from ringwright.world import parse_world
 
 SIZES = (1, 2, 5, 7, 64, 1000, 65_537, 700_001)

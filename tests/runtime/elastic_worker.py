@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from ringwright.runtime.buckets import BucketSettings
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
+from ringwright.runtime.collectives.buckets import BucketSettings
 from ringwright.runtime.elastic import ElasticRuntime
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import State, Terminated

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ringwright.runtime.backend import CollectiveError, RankTaken
+from ringwright.runtime.collectives.backend import CollectiveError, RankTaken
+from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
 from ringwright.runtime.settings import RuntimeSettings
-from ringwright.runtime.torch_backend import TorchDistributedBackend
 from ringwright.world import parse_world
 
 

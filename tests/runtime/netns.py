@@ -37,7 +37,7 @@ def _ip(*args: str) -> None:
 
 
 class NamespacedPods:
-    """A :class:`~ringwright.runtime.local_launcher.PodNetwork` of network namespaces."""
+    """A :class:`~ringwright.runtime.local.launcher.PodNetwork` of network namespaces."""
 
     def __init__(self) -> None:
         self._tag = uuid.uuid4().hex[:6]

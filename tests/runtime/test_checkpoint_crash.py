@@ -28,14 +28,14 @@ from typing import Any
 import pytest
 import torch
 
-from ringwright.runtime import checkpoint_snapshot
-from ringwright.runtime.checkpoint import (
+from ringwright.runtime.checkpoint import snapshot as checkpoint_snapshot
+from ringwright.runtime.checkpoint.checkpointer import (
     Checkpointer,
     CheckpointPolicy,
     LocalStorage,
     TerminationSignal,
 )
-from ringwright.runtime.checkpoint_storage import Bytes, StagedFile
+from ringwright.runtime.checkpoint.storage import Bytes, StagedFile
 
 KEEP = 2
 RANDOM_KILLS = 24

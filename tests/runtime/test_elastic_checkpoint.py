@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage
-from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
+from ringwright.runtime.local.launcher import LocalJob
 from tests.runtime.elastic_traces import Traces
 from tests.runtime.elastic_worker import FEATURES, param_hash
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.local.launcher import LocalJob
 from ringwright.world import Env
 from tests.runtime.elastic_traces import (
     Traces,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ringwright.runtime.group import FENCED_EXIT
-from ringwright.runtime.local_launcher import LocalJob, free_port
-from ringwright.runtime.local_pods import PodNetwork
+from ringwright.runtime.collectives.group import FENCED_EXIT
+from ringwright.runtime.local.launcher import LocalJob, free_port
+from ringwright.runtime.local.pods import PodNetwork
 from ringwright.runtime.settings import SettingsEnv
 from ringwright.world import Env
 from tests.conftest import IN_CI

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.local.launcher import LocalJob
 from ringwright.runtime.settings import SettingsEnv
 from ringwright.world import Env
 from tests.runtime.elastic_traces import assert_resumed_from_commit

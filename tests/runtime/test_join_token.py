@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ringwright.runtime.file_source import write_world_file
-from ringwright.runtime.local_launcher import free_port, write_token
+from ringwright.runtime.local.launcher import free_port, write_token
+from ringwright.runtime.membership.file_source import write_world_file
 from ringwright.world import Env, JobRef, Member, StoreAddress, World
 from tests.waiting import wait_for
 

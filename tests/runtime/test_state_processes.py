@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage
-from ringwright.runtime.file_source import write_world_file
-from ringwright.runtime.local_launcher import LocalJob
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
+from ringwright.runtime.local.launcher import LocalJob
+from ringwright.runtime.membership.file_source import write_world_file
 from ringwright.world import CheckpointSettings, Env, LRRule, LRScaling
 from tests.runtime.elastic_traces import Record, Traces
 from tests.runtime.elastic_worker import param_hash

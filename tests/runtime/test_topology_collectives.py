@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ringwright.runtime.file_source import write_world_file
-from ringwright.runtime.local_launcher import free_port
+from ringwright.runtime.local.launcher import free_port
+from ringwright.runtime.membership.file_source import write_world_file
 from ringwright.world import (
     HierarchicalAllReduce,
     JobRef,

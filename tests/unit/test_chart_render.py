@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 from ringwright.devcluster.build import OVERRIDE_VARS, cached_path
 from ringwright.devcluster.versions import COMPONENTS, KUBERNETES
 from ringwright.operator.__main__ import main as operator_main
-from ringwright.operator.schedulingpolicy import (
+from ringwright.operator.api.schedulingpolicy import (
     DEFAULT_POLICY_NAME,
     SchedulingPolicy,
     SchedulingPolicySpec,

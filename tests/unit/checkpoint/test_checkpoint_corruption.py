@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer, CorruptCheckpoint, LocalStorage
-from ringwright.runtime.checkpoint_format import Manifest
-from ringwright.runtime.checkpoint_storage import ReadStream
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer, CorruptCheckpoint, LocalStorage
+from ringwright.runtime.checkpoint.format import Manifest
+from ringwright.runtime.checkpoint.storage import ReadStream
 
 _SIZE = 4096
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_guard import Backoff
-from ringwright.runtime.checkpoint_storage import LocalStorage
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.guard import Backoff
+from ringwright.runtime.checkpoint.storage import LocalStorage
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import State
 from ringwright.world import CheckpointSettings

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from ringwright.runtime.checkpoint_policy import CheckpointPolicy, TerminationSignal
+from ringwright.runtime.checkpoint.policy import CheckpointPolicy, TerminationSignal
 from ringwright.world import CheckpointSettings
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import (
+from ringwright.runtime.checkpoint.checkpointer import (
     Checkpointer,
     CheckpointError,
     CheckpointMeta,
@@ -20,7 +20,7 @@ from ringwright.runtime.checkpoint import (
     UnsupportedPayload,
     ps_shard,
 )
-from ringwright.runtime.checkpoint_storage import Bytes, StagedFile
+from ringwright.runtime.checkpoint.storage import Bytes, StagedFile
 
 
 def _training_state(seed: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ringwright.runtime.checkpoint_storage import PARTIAL_MARKER, LocalStorage
+from ringwright.runtime.checkpoint.storage import PARTIAL_MARKER, LocalStorage
 
 
 def test_commit_publishes_and_replaces_atomically(tmp_path: Path) -> None:

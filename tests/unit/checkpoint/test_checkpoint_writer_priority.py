@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import WRITER_NICE, Checkpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage, StagedFile
+from ringwright.runtime.checkpoint.checkpointer import WRITER_NICE, Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage, StagedFile
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "setpriority"), reason="POSIX priorities")
 

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import pytest
 
 from ringwright.kube import ApiError, Obj
-from ringwright.operator.apply import slow_start
-from ringwright.operator.events import EventRecorder
+from ringwright.operator.apply.events import EventRecorder
+from ringwright.operator.apply.executor import slow_start
 
 T = TypeVar("T")
 

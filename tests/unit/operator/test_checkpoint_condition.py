@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ringwright.operator.conditions import condition
+from ringwright.operator.api.conditions import condition
 from ringwright.world import Report, ReportKind
 from tests.unit.operator.test_reconcile import NOW, job, pod, run, world_of
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 
 from ringwright.kube import Obj
-from ringwright.operator.completion import Completion, completion
-from ringwright.operator.manifests import ROLE_LABEL
-from ringwright.operator.pods import PodState, PodView
+from ringwright.operator.plan.completion import Completion, completion
+from ringwright.operator.plan.manifests import ROLE_LABEL
+from ringwright.operator.plan.pods import PodState, PodView
 from ringwright.world import Mode
 from tests.unit.operator.test_reconcile import NOW, job, pod, run, world_of
 

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from ringwright.operator import crdgen
-from ringwright.operator.apibase import VALIDATIONS
-from ringwright.operator.models import TrainingJob
-from ringwright.operator.schedulingpolicy import SchedulingPolicy
+from ringwright.operator.api import crdgen
+from ringwright.operator.api.base import VALIDATIONS
+from ringwright.operator.api.models import TrainingJob
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicy
 
 ROOT = Path(__file__).resolve().parents[3]
 INVALID = ROOT / "tests" / "data" / "invalid"
@@ -166,7 +166,7 @@ def _cases(file: str) -> list[Any]:
 def test_crds_on_disk_match_the_models() -> None:
     for name, text in crdgen.render().items():
         path = ROOT / "crds" / name
-        assert path.is_file(), f"{path} missing: run python -m ringwright.operator.crdgen"
+        assert path.is_file(), f"{path} missing: run python -m ringwright.operator.api.crdgen"
         assert path.read_text() == text, f"{path} is stale: regenerate with crdgen"
 
 

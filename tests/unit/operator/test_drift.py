@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from ringwright.kube import Obj
-from ringwright.operator.apply import Applier
-from ringwright.operator.cache import INDICES, JOB_CONFIGMAPS, Written, newer
-from ringwright.operator.drift import SCAFFOLD_KINDS, covers, drifted, record, watched
-from ringwright.operator.isolation import network_policy
-from ringwright.operator.ledger import CapacityLedger
-from ringwright.operator.manifests import scaffold
+from ringwright.operator.apply.executor import Applier
+from ringwright.operator.observe.cache import INDICES, JOB_CONFIGMAPS, Written, newer
+from ringwright.operator.observe.drift import SCAFFOLD_KINDS, covers, drifted, record, watched
+from ringwright.operator.observe.ledger import CapacityLedger
+from ringwright.operator.plan.isolation import network_policy
+from ringwright.operator.plan.manifests import scaffold
 from tests.jobs import training_job
 
 

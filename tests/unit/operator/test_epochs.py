@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 
 from ringwright.kube import Obj
-from ringwright.operator.cache import Written
-from ringwright.operator.epochs import (
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.observe.cache import Written
+from ringwright.operator.plan.epochs import (
     EPOCH_ANNOTATION,
     EpochsSeen,
     annotated_epoch,
     next_epoch,
     status_epoch,
 )
-from ringwright.operator.manifests import world_configmap
-from ringwright.operator.reconcile import Observed, Plan, plan
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.manifests import world_configmap
+from ringwright.operator.plan.reconcile import Observed, Plan, plan
 from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer, job, pod, world_of
 
 

@@ -8,18 +8,18 @@ from typing import Any
 import pytest
 
 from ringwright.kube import ApiError, Obj
-from ringwright.operator.apply import Applier
-from ringwright.operator.cache import Written
-from ringwright.operator.events import EventRecorder
-from ringwright.operator.isolation import (
+from ringwright.operator.apply.events import EventRecorder
+from ringwright.operator.apply.executor import Applier
+from ringwright.operator.observe.cache import Written
+from ringwright.operator.observe.ledger import CapacityLedger
+from ringwright.operator.plan.isolation import (
     JOIN_TOKEN_DIR,
     harden,
     join_token_secret,
     network_policy,
     new_token,
 )
-from ringwright.operator.ledger import CapacityLedger
-from ringwright.operator.manifests import JOB_LABEL, READINESS_PORT, pod
+from ringwright.operator.plan.manifests import JOB_LABEL, READINESS_PORT, pod
 from ringwright.operator.settings import OperatorSettings
 from ringwright.world import DEFAULT_METRICS_PORT, Env
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ringwright.kube import Obj
-from ringwright.operator.cache import (
+from ringwright.operator.api.schedulingpolicy import NodeLabelKeys
+from ringwright.operator.observe.cache import (
     JOB_CONFIGMAPS,
     NODES,
     POD_SLOTS,
@@ -17,11 +18,10 @@ from ringwright.operator.cache import (
     Written,
     newer,
 )
-from ringwright.operator.ledger import CapacityLedger, PodSlot, node_record, pod_slots
-from ringwright.operator.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION
-from ringwright.operator.observe import observe
-from ringwright.operator.resources import Resources
-from ringwright.operator.schedulingpolicy import NodeLabelKeys
+from ringwright.operator.observe.job import observe
+from ringwright.operator.observe.ledger import CapacityLedger, PodSlot, node_record, pod_slots
+from ringwright.operator.plan.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION
+from ringwright.operator.plan.placement.resources import Resources
 from tests.jobs import training_job
 
 GPU = "nvidia.com/gpu"

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from ringwright.kube import Obj
-from ringwright.operator.conditions import rfc3339
-from ringwright.operator.nodeloss import (
+from ringwright.operator.api.conditions import rfc3339
+from ringwright.operator.api.schedulingpolicy import NodeLoss, SchedulingPolicySpec
+from ringwright.operator.plan.nodeloss import (
     NOT_READY_TAINT,
     UNREACHABLE_TAINT,
     crash_looping,
@@ -16,9 +17,8 @@ from ringwright.operator.nodeloss import (
     new_container_restarts,
     node_loss_tolerations,
 )
-from ringwright.operator.pods import PodState, PodView, view
-from ringwright.operator.reconcile import Observed, Plan, plan
-from ringwright.operator.schedulingpolicy import NodeLoss, SchedulingPolicySpec
+from ringwright.operator.plan.pods import PodState, PodView, view
+from ringwright.operator.plan.reconcile import Observed, Plan, plan
 from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer, job, pod, world_of
 
 LIMIT = 20.0

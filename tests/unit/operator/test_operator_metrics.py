@@ -10,11 +10,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.exposition import serve
 from ringwright.kube import Obj
-from ringwright.operator.inventory import Inventory, NodeInfo
-from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.metrics import LossCause, OperatorMetrics, effects
-from ringwright.operator.reconcile import Observed, Placement, Plan, plan
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
+from ringwright.operator.plan.placement.inventory import Inventory, NodeInfo
+from ringwright.operator.plan.reconcile import Observed, Placement, Plan, plan
 from ringwright.operator.settings import OperatorSettings
 from ringwright.world import (
     DEFAULT_METRICS_PORT,

@@ -6,12 +6,12 @@ from dataclasses import replace
 from typing import Any
 
 from ringwright.kube import Obj
-from ringwright.operator.inventory import Inventory
-from ringwright.operator.manifests import JOB_LABEL, ROLE_LABEL, owner_reference, pod
-from ringwright.operator.observe import observe
-from ringwright.operator.ownership import controller_uid, owned_by
-from ringwright.operator.reconcile import plan
-from ringwright.operator.schedulingpolicy import NodeLabelKeys
+from ringwright.operator.api.schedulingpolicy import NodeLabelKeys
+from ringwright.operator.observe.job import observe
+from ringwright.operator.observe.ownership import controller_uid, owned_by
+from ringwright.operator.plan.manifests import JOB_LABEL, ROLE_LABEL, owner_reference, pod
+from ringwright.operator.plan.placement.inventory import Inventory
+from ringwright.operator.plan.reconcile import plan
 from ringwright.world import (
     WORLD_KEY,
     JobRef,

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from ringwright.operator.inventory import Inventory, NodeInfo, Taint
-from ringwright.operator.models import RackPacking, TrainingJobSpec
-from ringwright.operator.placement import (
+from ringwright.operator.api.models import RackPacking, TrainingJobSpec
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.placement.fragments import node_affinity, pod_fragments
+from ringwright.operator.plan.placement.inventory import Inventory, NodeInfo, Taint
+from ringwright.operator.plan.placement.planner import (
     PlacementPlan,
     PlacementRequest,
     Role,
@@ -18,9 +20,7 @@ from ringwright.operator.placement import (
     placement_request,
     plan_placement,
 )
-from ringwright.operator.placement_fragments import node_affinity, pod_fragments
-from ringwright.operator.resources import Resources
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.placement.resources import Resources
 
 GI = 1024**3
 H100, A100 = "H100", "A100"

@@ -9,16 +9,16 @@ from itertools import combinations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringwright.operator.inventory import Inventory, NodeInfo
-from ringwright.operator.packing import fewest_tightest
-from ringwright.operator.placement import (
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.placement.inventory import Inventory, NodeInfo
+from ringwright.operator.plan.placement.packing import fewest_tightest
+from ringwright.operator.plan.placement.planner import (
     PlacementPlan,
     PlacementRequest,
     Unschedulable,
     plan_placement,
 )
-from ringwright.operator.resources import Resources
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.placement.resources import Resources
 
 GI = 1024**3
 MODELS = ("A100", "H100")

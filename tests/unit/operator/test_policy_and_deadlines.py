@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from ringwright.kube import Obj
-from ringwright.operator.conditions import rfc3339
-from ringwright.operator.observe import observe
-from ringwright.operator.reconcile import plan
+from ringwright.operator.api.conditions import rfc3339
+from ringwright.operator.observe.job import observe
+from ringwright.operator.plan.reconcile import plan
 from tests.unit.operator.test_ownership import JOB, FakeCache
 from tests.unit.operator.test_reconcile import (
     NODES,

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from ringwright.kube import Obj
-from ringwright.operator.conditions import rfc3339
-from ringwright.operator.manifests import (
+from ringwright.operator.api.conditions import rfc3339
+from ringwright.operator.api.models import TrainingJobSpec
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.manifests import (
     HEALTH_FILE,
     INDEX_LABEL,
     JOB_LABEL,
@@ -16,11 +18,9 @@ from ringwright.operator.manifests import (
     WORKER,
     pod,
 )
-from ringwright.operator.models import TrainingJobSpec
-from ringwright.operator.placer import place
-from ringwright.operator.reconcile import Observed, plan
-from ringwright.operator.resources import millicores
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.placement.placer import place
+from ringwright.operator.plan.placement.resources import millicores
+from ringwright.operator.plan.reconcile import Observed, plan
 from ringwright.world import Member, World
 from tests.unit.operator.test_placement import inventory, rack
 from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer, world_of

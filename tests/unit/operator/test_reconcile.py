@@ -9,13 +9,18 @@ from typing import Any
 import pytest
 
 from ringwright.kube import Obj
-from ringwright.operator.inventory import Inventory, NodeInfo
-from ringwright.operator.manifests import INDEX_LABEL, JOB_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
-from ringwright.operator.models import JobPhase, TrainingJobSpec
-from ringwright.operator.phases import TRANSITIONS, IllegalTransition, check_transition
-from ringwright.operator.pods import PodView
-from ringwright.operator.reconcile import Observed, Placement, backoff, plan
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.api.models import JobPhase, TrainingJobSpec
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.manifests import (
+    INDEX_LABEL,
+    JOB_LABEL,
+    LEAVING_ANNOTATION,
+    ROLE_LABEL,
+)
+from ringwright.operator.plan.phases import TRANSITIONS, IllegalTransition, check_transition
+from ringwright.operator.plan.placement.inventory import Inventory, NodeInfo
+from ringwright.operator.plan.pods import PodView
+from ringwright.operator.plan.reconcile import Observed, Placement, backoff, plan
 from ringwright.operator.settings import OperatorSettings
 from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, World
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from ringwright.kube import ApiError, Obj
-from ringwright.operator.apply import Applier
-from ringwright.operator.cache import Written
-from ringwright.operator.events import EventRecorder
-from ringwright.operator.ledger import CapacityLedger
-from ringwright.operator.reconcile import Plan
-from ringwright.operator.refusals import (
+from ringwright.operator.apply.events import EventRecorder
+from ringwright.operator.apply.executor import Applier
+from ringwright.operator.apply.refusals import (
     CONDITION,
     RefusalBackoff,
     Refused,
     is_refusal,
     refusal_conditions,
 )
+from ringwright.operator.observe.cache import Written
+from ringwright.operator.observe.ledger import CapacityLedger
+from ringwright.operator.plan.reconcile import Plan
 from ringwright.world import JobRef, Member, StoreAddress, World
 from tests.unit.operator.test_reconcile import NOW, FakePlacer, job, pod, run, world_of
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ringwright.operator.inventory import (
+from ringwright.operator.api.schedulingpolicy import NodeLabelKeys, PSPinning
+from ringwright.operator.plan.placement.inventory import (
     GroupRoom,
     NodeGroup,
     NodeInfo,
@@ -15,14 +16,13 @@ from ringwright.operator.inventory import (
     admits,
     inventory_from_objects,
 )
-from ringwright.operator.podresources import (
+from ringwright.operator.plan.placement.podresources import (
     ps_container_resources,
     ps_pod_spec,
     worker_container_resources,
     worker_pod_spec,
 )
-from ringwright.operator.resources import Resources, parse_quantity, pod_requests
-from ringwright.operator.schedulingpolicy import NodeLabelKeys, PSPinning
+from ringwright.operator.plan.placement.resources import Resources, parse_quantity, pod_requests
 
 GPU = "nvidia.com/gpu"
 GI = 1024**3

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ringwright.operator.ring import RingSlot, cross_rack_edges, order_ring
+from ringwright.operator.plan.ring import RingSlot, cross_rack_edges, order_ring
 
 
 def slot(pod: str, rack: str, domain: str = "", node: str = "", index: int = 0) -> RingSlot:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from ringwright.operator.models import TrainingJobSpec
-from ringwright.operator.round_state import PHASE_HISTORY
-from ringwright.operator.round_world import VERDICT_MARGIN_S
+from ringwright.operator.api.models import TrainingJobSpec
+from ringwright.operator.plan.round.state import PHASE_HISTORY
+from ringwright.operator.plan.round.world import VERDICT_MARGIN_S
 from ringwright.world import Report, ReportKind
 from tests.unit.operator.test_reconcile import NOW, job, pod, run, world_of
 

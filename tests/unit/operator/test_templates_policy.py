@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 
 from ringwright.kube import Obj
-from ringwright.operator.isolation import harden
-from ringwright.operator.manifests import pod
-from ringwright.operator.schedulingpolicy import SchedulingPolicySpec
-from ringwright.operator.templates_policy import (
+from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.api.templates_policy import (
     TemplateLimits,
     default_security_context,
     job_violations,
     violations,
 )
+from ringwright.operator.plan.isolation import harden
+from ringwright.operator.plan.manifests import pod
 from tests.unit.operator.test_reconcile import job, run
 
 WHERE = "spec.workers.template.spec"

@@ -11,16 +11,16 @@ import grpc
 import pytest
 import torch
 
-from ringwright.runtime.ps.client import PSClient
-from ringwright.runtime.ps.codec import Header, Tensors
-from ringwright.runtime.ps.consistency import Consistency, Mode
-from ringwright.runtime.ps.hosting import JobConfig
-from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
-from ringwright.runtime.ps.replication import Replicator
-from ringwright.runtime.ps.routing import RecoverySettings, ShardUnavailable
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.transport import serve
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode
+from ringwright.runtime.ps.serving.hosting import JobConfig
+from ringwright.runtime.ps.serving.optim import ServerOptimizer
+from ringwright.runtime.ps.serving.replication import Replicator
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.wire.client import PSClient
+from ringwright.runtime.ps.wire.codec import Header, Tensors
+from ringwright.runtime.ps.wire.routing import RecoverySettings, ShardUnavailable
+from ringwright.runtime.ps.wire.transport import serve
 
 SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
          TensorSpec("emb", (1000, 8), kind=Kind.EMBEDDING))

@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringwright.runtime.ps.dataservice import DataShardService, LeaseStatus
+from ringwright.runtime.ps.data.service import DataShardService, LeaseStatus
 
 ops = st.lists(st.tuples(st.sampled_from(["lease", "batch", "drop", "leave"]),
                          st.integers(0, 3), st.integers(1, 7)), max_size=120)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 
-from ringwright.runtime.ps import journal
-from ringwright.runtime.ps.codec import Header
-from ringwright.runtime.ps.dataservice import DataShardService
-from ringwright.runtime.ps.journal import JournalIn, JournalOut
+from ringwright.runtime.ps.data import journal
+from ringwright.runtime.ps.data.journal import JournalIn, JournalOut
+from ringwright.runtime.ps.data.service import DataShardService
+from ringwright.runtime.ps.wire.codec import Header
 
 
 def _entry(seq: int, term: int = 0) -> Header:

@@ -9,14 +9,14 @@ import torch
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from ringwright.runtime.local_launcher import free_port
-from ringwright.runtime.ps.consistency import Consistency, Mode
-from ringwright.runtime.ps.hosting import JobConfig
+from ringwright.runtime.local.launcher import free_port
 from ringwright.runtime.ps.metrics import PSMetrics, serve_from_env
-from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import TensorSpec
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.shard import initial_values
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode
+from ringwright.runtime.ps.serving.hosting import JobConfig
+from ringwright.runtime.ps.serving.optim import ServerOptimizer
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.serving.shard import initial_values
 from ringwright.world import Env
 
 SPECS = (TensorSpec("w", (4, 3)),)

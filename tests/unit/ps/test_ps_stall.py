@@ -13,13 +13,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ringwright.runtime.file_source import FileMembershipSource, write_world_file
-from ringwright.runtime.health import ReadinessServer, StallWatchdog
-from ringwright.runtime.ps.codec import Header, Tensors
+from ringwright.runtime.membership.file_source import FileMembershipSource, write_world_file
+from ringwright.runtime.membership.health import ReadinessServer, StallWatchdog
 from ringwright.runtime.ps.env import wait_until_listed
 from ringwright.runtime.ps.progress import ServingProgress
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.transport import Stub, serve
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.wire.codec import Header, Tensors
+from ringwright.runtime.ps.wire.transport import Stub, serve
 from ringwright.world import JobRef, Member, Mode, StoreAddress, World
 
 STALL_S = 0.6

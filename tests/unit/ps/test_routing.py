@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringwright.runtime.ps.routing import Promote, Retry, ShardView, Step, Wait, decide
+from ringwright.runtime.ps.wire.routing import Promote, Retry, ShardView, Step, Wait, decide
 
 P, R = "primary", "replica"
 

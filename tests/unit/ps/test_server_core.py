@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringwright.runtime.ps.codec import decode, encode
-from ringwright.runtime.ps.consistency import Consistency, Mode
-from ringwright.runtime.ps.hosting import JobConfig, NotServing
-from ringwright.runtime.ps.optim import OptimizerKind, ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.shard import initial_values
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode
+from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing
+from ringwright.runtime.ps.serving.optim import OptimizerKind, ServerOptimizer
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.serving.shard import initial_values
+from ringwright.runtime.ps.wire.codec import decode, encode
 
 SPECS = (TensorSpec("w", (4, 3)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))
 

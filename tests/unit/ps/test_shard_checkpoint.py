@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer, LocalStorage, ps_shard
-from ringwright.runtime.ps.consistency import Consistency, Mode
-from ringwright.runtime.ps.hosting import JobConfig
-from ringwright.runtime.ps.optim import OptimizerKind, ServerOptimizer
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer, LocalStorage, ps_shard
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.process import ShardCheckpoints
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.shard import ShardState, initial_values
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode
+from ringwright.runtime.ps.serving.hosting import JobConfig
+from ringwright.runtime.ps.serving.optim import OptimizerKind, ServerOptimizer
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.serving.shard import ShardState, initial_values
 
 
 def test_checkpoint_every_n_versions_restores_the_shard(tmp_path: Path) -> None:

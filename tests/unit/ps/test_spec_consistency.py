@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ringwright.kube import Obj
-from ringwright.operator.manifests import PS, WORKER, pod
+from ringwright.operator.plan.manifests import PS, WORKER, pod
 from ringwright.runtime.ps.api import with_spec
-from ringwright.runtime.ps.consistency import DEFAULT_STALENESS, Consistency, Mode
+from ringwright.runtime.ps.serving.consistency import DEFAULT_STALENESS, Consistency, Mode
 from ringwright.runtime.ps.worker import PSJob
 
 CONTAINER = {"spec": {"containers": [{"name": "train", "image": "img"}]}}

@@ -9,14 +9,14 @@ import threading
 import pytest
 import torch
 
-from ringwright.runtime.ps.codec import Header, Tensors, decode
-from ringwright.runtime.ps.consistency import Consistency, Mode
-from ringwright.runtime.ps.hosting import IncompletePush, JobConfig, NotServing
-from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
-from ringwright.runtime.ps.replication import Replicator
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.shard import initial_values
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode
+from ringwright.runtime.ps.serving.hosting import IncompletePush, JobConfig, NotServing
+from ringwright.runtime.ps.serving.optim import ServerOptimizer
+from ringwright.runtime.ps.serving.replication import Replicator
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.serving.shard import initial_values
+from ringwright.runtime.ps.wire.codec import Header, Tensors, decode
 
 SPECS = (TensorSpec("w", (4, 3)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))
 

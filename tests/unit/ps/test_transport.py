@@ -13,16 +13,16 @@ import grpc
 import pytest
 import torch
 
-from ringwright.runtime.ps.client import PSClient, dense_chunks
-from ringwright.runtime.ps.consistency import Consistency, Mode
-from ringwright.runtime.ps.hosting import JobConfig
-from ringwright.runtime.ps.optim import ServerOptimizer
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.process import held_elsewhere
-from ringwright.runtime.ps.replication import GrpcJournal, Replicator
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.shard import initial_values
-from ringwright.runtime.ps.transport import Stub, serve
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode
+from ringwright.runtime.ps.serving.hosting import JobConfig
+from ringwright.runtime.ps.serving.optim import ServerOptimizer
+from ringwright.runtime.ps.serving.replication import GrpcJournal, Replicator
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.serving.shard import initial_values
+from ringwright.runtime.ps.wire.client import PSClient, dense_chunks
+from ringwright.runtime.ps.wire.transport import Stub, serve
 
 SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
          TensorSpec("emb", (1000, 8), kind=Kind.EMBEDDING))
@@ -122,8 +122,8 @@ def test_the_data_journal_travels_over_grpc_and_a_stopped_replica_refuses_it() -
 
 FROZEN_SERVER = """
 import sys, time
-from ringwright.runtime.ps.server import ParameterServer
-from ringwright.runtime.ps.transport import serve
+from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.wire.transport import serve
 _, port = serve(ParameterServer(0), "127.0.0.1:0")
 print(port, flush=True)
 time.sleep(600)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ringwright.operator.pods import PodState, PodView
-from ringwright.operator.worldplan import build_world, decide, world_digest
+from ringwright.operator.plan.pods import PodState, PodView
+from ringwright.operator.plan.worldplan import build_world, decide, world_digest
 from ringwright.runtime.ps.env import DOWN_ADDRESS, ps_addresses
 from ringwright.world import CheckpointSettings, JobRef, LRScaling, World
 

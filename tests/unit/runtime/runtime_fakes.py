@@ -7,9 +7,9 @@ from typing import TypeVar
 
 import torch
 
-from ringwright.runtime.backend import CollectiveError, PeerFailureListener
-from ringwright.runtime.liveness import PeerFailure
-from ringwright.runtime.membership import WorldBox
+from ringwright.runtime.collectives.backend import CollectiveError, PeerFailureListener
+from ringwright.runtime.membership.liveness import PeerFailure
+from ringwright.runtime.membership.source import WorldBox
 from ringwright.world import JobRef, Member, ReportKind, StoreAddress, World
 
 T = TypeVar("T")

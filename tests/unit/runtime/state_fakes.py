@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ringwright.runtime.backend import CollectiveBackend
+from ringwright.runtime.collectives.backend import CollectiveBackend
 from ringwright.world import World
 from tests.unit.runtime.runtime_fakes import FakeBackend
 

@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 import torch
 
+from ringwright.runtime.collectives.group import LeftWorld
 from ringwright.runtime.elastic import ElasticRuntime, default_backend
-from ringwright.runtime.group import LeftWorld
-from ringwright.runtime.local_launcher import free_port
+from ringwright.runtime.local.launcher import free_port
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.state import State

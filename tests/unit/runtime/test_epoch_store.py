@@ -9,8 +9,10 @@ import pytest
 import torch
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from ringwright.runtime.backend import CollectiveError, RankTaken, Superseded
-from ringwright.runtime.epoch_store import (
+from ringwright.runtime.collectives.backend import CollectiveError, RankTaken, Superseded
+from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
+from ringwright.runtime.local.launcher import free_port
+from ringwright.runtime.membership.epoch_store import (
     StoreHost,
     claim_key,
     connect_client,
@@ -18,9 +20,7 @@ from ringwright.runtime.epoch_store import (
     epoch_store,
     join_barrier,
 )
-from ringwright.runtime.local_launcher import free_port
 from ringwright.runtime.settings import RuntimeSettings
-from ringwright.runtime.torch_backend import TorchDistributedBackend
 from ringwright.world import JobRef, Member, StoreAddress, World
 
 ADDRESS = "127.0.0.77"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ringwright.runtime.file_source import FileMembershipSource, write_world_file
-from ringwright.runtime.membership import WorldBox, WorldTimeout
+from ringwright.runtime.membership.file_source import FileMembershipSource, write_world_file
+from ringwright.runtime.membership.source import WorldBox, WorldTimeout
 from ringwright.world import JobRef, Member, StoreAddress, World
 
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from ringwright.runtime.backend import CollectiveError, RankTaken, Superseded
-from ringwright.runtime.group import (
+from ringwright.runtime.collectives.backend import CollectiveError, RankTaken, Superseded
+from ringwright.runtime.collectives.group import (
     FENCED_EXIT,
     Fenced,
     GroupManager,
@@ -16,9 +16,9 @@ from ringwright.runtime.group import (
     WorldChanged,
     choose_source,
 )
-from ringwright.runtime.health import StallWatchdog
-from ringwright.runtime.liveness import PeerFailure
-from ringwright.runtime.membership import WorldTimeout
+from ringwright.runtime.membership.health import StallWatchdog
+from ringwright.runtime.membership.liveness import PeerFailure
+from ringwright.runtime.membership.source import WorldTimeout
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.world import ReportKind
 from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world

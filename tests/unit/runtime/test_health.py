@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ringwright.runtime.health import HealthFile, ReadinessServer, StallWatchdog
+from ringwright.runtime.membership.health import HealthFile, ReadinessServer, StallWatchdog
 
 
 class Clock:

@@ -15,11 +15,15 @@ import pytest
 import torch
 from torch._C._distributed_c10d import TCPStore
 
-from ringwright.runtime.backend import CollectiveError
-from ringwright.runtime.epoch_store import epoch_store
-from ringwright.runtime.horovod_backend import RENDEZVOUS_KEY, HorovodBackend, horovod_env
-from ringwright.runtime.horovod_store import RendezvousStore
-from ringwright.runtime.local_launcher import free_port
+from ringwright.runtime.collectives.backend import CollectiveError
+from ringwright.runtime.collectives.horovod_backend import (
+    RENDEZVOUS_KEY,
+    HorovodBackend,
+    horovod_env,
+)
+from ringwright.runtime.collectives.horovod_store import RendezvousStore
+from ringwright.runtime.local.launcher import free_port
+from ringwright.runtime.membership.epoch_store import epoch_store
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.world import JobRef, Member, StoreAddress, World
 

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ringwright.kube import KubeClient, KubeConfig
-from ringwright.runtime.kube_source import KubeMembershipSource
-from ringwright.runtime.membership import WorldTimeout
-from ringwright.runtime.reporter import KubeReporter
+from ringwright.runtime.membership.kube_source import KubeMembershipSource
+from ringwright.runtime.membership.reporter import KubeReporter
+from ringwright.runtime.membership.source import WorldTimeout
 from ringwright.world import (
     WORLD_KEY,
     JobRef,

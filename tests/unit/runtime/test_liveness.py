@@ -11,7 +11,9 @@ from datetime import timedelta
 import pytest
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from ringwright.runtime.liveness import (
+from ringwright.runtime.collectives.sockets import GroupSockets
+from ringwright.runtime.local.launcher import free_port
+from ringwright.runtime.membership.liveness import (
     LEFT,
     Heartbeat,
     LivenessTracker,
@@ -20,8 +22,6 @@ from ringwright.runtime.liveness import (
     read_delay,
     until_next_beat,
 )
-from ringwright.runtime.local_launcher import free_port
-from ringwright.runtime.sockets import GroupSockets
 from ringwright.world import JobRef, Member, StoreAddress, World
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringwright.runtime.settings import RuntimeSettings
-from ringwright.runtime.torch_backend import (
+from ringwright.runtime.collectives.torch_backend import (
     NCCL_ERROR_ENV,
     TorchDistributedBackend,
     abort_group,
 )
+from ringwright.runtime.settings import RuntimeSettings
 
 
 def test_nccl_error_handling_is_set_over_the_images_values() -> None:

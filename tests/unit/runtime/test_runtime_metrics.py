@@ -10,9 +10,9 @@ import torch
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ringwright.runtime.checkpoint import CheckpointWritten
+from ringwright.runtime.checkpoint.checkpointer import CheckpointWritten
 from ringwright.runtime.elastic import ElasticRuntime
-from ringwright.runtime.local_launcher import free_port
+from ringwright.runtime.local.launcher import free_port
 from ringwright.runtime.metrics import RuntimeMetrics
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings

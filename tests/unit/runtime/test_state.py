@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer as DiskCheckpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer as DiskCheckpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import Checkpointer, State
 from ringwright.world import CheckpointSettings

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_policy import CheckpointPolicy
-from ringwright.runtime.checkpoint_storage import LocalStorage
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.policy import CheckpointPolicy
+from ringwright.runtime.checkpoint.storage import LocalStorage
 from ringwright.runtime.elastic import ElasticRuntime
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings

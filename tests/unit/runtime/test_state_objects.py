@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.optim import lr_scheduler
 
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage
-from ringwright.runtime.group import MemberInfo
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
+from ringwright.runtime.collectives.group import MemberInfo
 from ringwright.runtime.rng import RNGMode
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import State

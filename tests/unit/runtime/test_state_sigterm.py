@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringwright.runtime.backend import PeerFailureListener
-from ringwright.runtime.checkpoint import Checkpointer
-from ringwright.runtime.checkpoint_storage import LocalStorage
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
+from ringwright.runtime.collectives.backend import PeerFailureListener
 from ringwright.runtime.elastic import ElasticRuntime
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings

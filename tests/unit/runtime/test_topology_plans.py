@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringwright.runtime.buckets import (
+from ringwright.runtime.collectives.buckets import (
     BucketSettings,
     Compression,
     GradientBuckets,
     plan_buckets,
 )
-from ringwright.runtime.hierarchical import AUTO_MAX_BYTES, rack_plan, shard_bounds
+from ringwright.runtime.collectives.hierarchical import AUTO_MAX_BYTES, rack_plan, shard_bounds
 from ringwright.world import (
     HierarchicalAllReduce,
     JobRef,

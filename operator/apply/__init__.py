@@ -1,0 +1,1 @@
+"""The apply step: the only code that writes to the Kubernetes API."""

@@ -1,0 +1,1 @@
+"""The observe step: watch caches kept current by kopf, and what one round reads from them."""

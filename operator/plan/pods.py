@@ -1,0 +1,108 @@
+"""Reading pods: which role and index they hold and what state they are in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ringwright.kube import Obj
+
+from ..api.conditions import parse_time
+from .manifests import INDEX_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
+
+
+class PodState(StrEnum):
+    """What the planner needs to know about one pod."""
+
+    PENDING = "Pending"
+    """Created, not yet running and ready."""
+    READY = "Ready"
+    """Running, Ready and addressable: may be a world member."""
+    UNREADY = "Unready"
+    """Running but its readiness probe fails (stalled, or still starting)."""
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DELETING = "Deleting"
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The facts about one pod the planner uses, read once from its body."""
+
+    name: str
+    uid: str
+    role: str
+    index: int
+    state: PodState
+    ip: str
+    node: str
+    leaving_since: float | None
+    restarts: int
+    created: float | None = None
+    """``metadata.creationTimestamp`` as epoch seconds."""
+    unready_since: float | None = None
+    """For an Unready pod: when its Ready condition last changed."""
+    waiting: str = ""
+    """Why a container waits (e.g. ``CrashLoopBackOff``); empty when none does."""
+
+    @property
+    def alive(self) -> bool:
+        """Counts towards the role's replicas (not finished, not going away)."""
+        return self.state in (PodState.PENDING, PodState.READY, PodState.UNREADY)
+
+
+def _ready(status: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in status.get("conditions") or [])
+
+
+def _ready_changed(status: Obj) -> float | None:
+    return next((parse_time(c.get("lastTransitionTime")) for c in status.get("conditions") or []
+                 if c.get("type") == "Ready"), None)
+
+
+def _waiting(status: Obj) -> str:
+    for c in status.get("containerStatuses") or []:
+        reason = ((c.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason:
+            return str(reason)
+    return ""
+
+
+def view(pod: Obj) -> PodView | None:
+    """A :class:`PodView`, or None for a pod without ringwright's role/index labels."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        index = int(labels[INDEX_LABEL])
+        role = labels[ROLE_LABEL]
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Pending")
+    if meta.get("deletionTimestamp"):
+        state = PodState.DELETING
+    elif phase == "Succeeded":
+        state = PodState.SUCCEEDED
+    elif phase == "Failed":
+        state = PodState.FAILED
+    elif phase == "Running" and status.get("podIP"):
+        state = PodState.READY if _ready(status) else PodState.UNREADY
+    else:
+        state = PodState.PENDING
+    leaving = (meta.get("annotations") or {}).get(LEAVING_ANNOTATION)
+    restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
+    return PodView(
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        role=role,
+        index=index,
+        state=state,
+        ip=status.get("podIP", ""),
+        node=(pod.get("spec") or {}).get("nodeName", ""),
+        leaving_since=float(leaving) if leaving else None,
+        restarts=restarts,
+        created=parse_time(meta.get("creationTimestamp")),
+        unready_since=_ready_changed(status) if state == PodState.UNREADY else None,
+        waiting=_waiting(status),
+    )

@@ -1,0 +1,97 @@
+"""What one reconcile round reads and decides: ``Observed`` in, ``Plan`` out.
+
+Data only: the planner (:mod:`ringwright.operator.plan.reconcile`) fills a ``Plan`` from an
+``Observed``; the apply layer performs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ringwright.kube import Obj
+from ringwright.world import Report, World
+
+from ..api.models import TrainingJobSpec
+from ..api.schedulingpolicy import SchedulingPolicySpec
+from .placement.inventory import Inventory
+from .pods import PodView
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Placement fragments for the new pods of each role.
+
+    Fewer worker fragments than missing workers means room ran out; no fragments at
+    all with a ``reason`` means nothing may be created (gang rule, policy limits).
+    """
+
+    workers: list[Obj] = field(default_factory=list)
+    ps: list[Obj] = field(default_factory=list)
+    reason: str = ""
+    message: str = ""
+    gpu_model: str = ""
+    summary: str = ""
+
+
+Placer = Callable[[TrainingJobSpec, SchedulingPolicySpec, Inventory, Sequence[PodView]],
+                  Placement]
+"""(spec, policy, inventory, the job's live pods) -> Placement for what is missing."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the planner may look at, gathered by the observe step."""
+
+    job: Obj
+    pods: Sequence[Obj]
+    world: World | None
+    reports: dict[str, Report]
+    policy: SchedulingPolicySpec | None
+    inventory: Inventory
+    hold_creates_until: float | None = None
+    """Set while the API refuses the job's writes: no pod is created before then."""
+    left_behind: Sequence[Obj] = ()
+    """Pods of an earlier job of the same name, not yet garbage-collected."""
+    policy_error: str = ""
+    """Why the named SchedulingPolicy exists but cannot be used (``policy`` is None)."""
+    world_annotation_epoch: int = 0
+    """The world ConfigMap's epoch annotation (kept even when its document is unreadable)."""
+    world_version: str = ""
+    """The world ConfigMap's resourceVersion as read; empty when there is none."""
+    node_down_since: Mapping[str, float] = field(default_factory=dict)
+    """The job's pods' nodes that are NotReady, and since when."""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """What the apply layer must do, in order: create, mark, publish, delete, status."""
+
+    create: list[Obj] = field(default_factory=list)
+    mark_leaving: list[str] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    delete_gracefully: list[str] = field(default_factory=list)
+    """Pods deleted with their own terminationGracePeriodSeconds (SIGTERM, checkpoint)."""
+    delete_left_behind: list[tuple[str, str]] = field(default_factory=list)
+    """(name, uid) of pods an earlier job of the same name left: deleted by UID only."""
+    clear_reports: list[str] = field(default_factory=list)
+    world: World | None = None
+    world_version: str = ""
+    """Write ``world`` only over this resourceVersion (empty: only if none exists)."""
+    status: Obj = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    delete_job: bool = False
+
+    def soon(self, seconds: float) -> None:
+        """Ask to be run again within ``seconds``."""
+        if self.requeue_after is None or seconds < self.requeue_after:
+            self.requeue_after = max(seconds, 0.05)
+

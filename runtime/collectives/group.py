@@ -1,0 +1,270 @@
+"""The group manager: follow the world, form each epoch's group, leave when dropped.
+
+On a new epoch every member of the new world tears down its old group and forms the
+new one with its rank from the world. Which member's state everyone then adopts is
+decided by :func:`choose_source` from what each member reports about itself, so all
+members reach the same answer without a coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ringwright.world import ReportKind, World
+
+from ..kvlog import log_event, runtime_logger
+from ..membership.health import StallWatchdog
+from ..membership.liveness import PeerFailure
+from ..membership.reporter import Reporter
+from ..membership.source import MembershipSource, WorldTimeout
+from ..settings import RuntimeSettings
+from .backend import CollectiveBackend, CollectiveError, RankTaken, Superseded
+
+_log = runtime_logger("group")
+
+
+class WorldChanged(Exception):
+    """Every rank agreed at a commit that a newer world is out; rebuild without rollback."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"world epoch {epoch} published")
+        self.epoch = epoch
+
+
+FENCED_EXIT = 75
+"""Exit status of a member that fenced itself (EX_TEMPFAIL: a restart may rejoin)."""
+
+WAIT_SLICE_S = 1.0
+"""Longest single wait for a world; the watchdog is told between slices that this
+member is alive and waiting, not hung."""
+
+
+class Fenced(SystemExit):
+    """Cut off after a failure: dropped from the world, or no world that includes this
+    pod in time. Stops training for good (non-zero exit) so that no two groups ever
+    train the same job."""
+
+    def __init__(self, pod: str, why: str) -> None:
+        super().__init__(FENCED_EXIT)
+        self.message = f"ringwright: pod {pod} fenced itself after a failure: {why}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class LeftWorld(SystemExit):
+    """This pod is not in the newest world: leave cleanly (exit status 0)."""
+
+    def __init__(self, pod: str, world: World) -> None:
+        super().__init__(0)
+        self.message = (
+            f"ringwright: pod {pod} is not a member of world epoch {world.epoch} "
+            f"(size {world.size}); leaving the job cleanly"
+        )
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """What one member of a new world says about the state it holds."""
+
+    pod: str
+    state_epoch: int
+    """Epoch of the world this member's state was last synced in; -1 for none."""
+    state_rank: int
+    """This member's rank in that world."""
+    step: int
+
+
+def choose_source(infos: Sequence[MemberInfo]) -> int | None:
+    """New-world rank whose state every member adopts; None when nobody holds state.
+
+    The holders of the newest state are the survivors of the latest world that
+    trained; among them the lowest-ranked member of that world is chosen.
+    """
+    holders = [(i, info) for i, info in enumerate(infos) if info.state_epoch >= 0]
+    if not holders:
+        return None
+    newest = max(info.state_epoch for _, info in holders)
+    rank, _ = min(
+        ((i, info) for i, info in holders if info.state_epoch == newest),
+        key=lambda pair: pair[1].state_rank,
+    )
+    return rank
+
+
+class GroupManager:
+    """Joins this pod into successive worlds through a collective backend."""
+
+    def __init__(
+        self,
+        source: MembershipSource,
+        backend: CollectiveBackend,
+        pod: str,
+        settings: RuntimeSettings,
+        reporter: Reporter,
+        watchdog: StallWatchdog,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._source = source
+        self._backend = backend
+        self.pod = pod
+        self._settings = settings
+        self._reporter = reporter
+        self._watchdog = watchdog
+        self._clock = clock
+        self._world: World | None = None
+        self._rank = -1
+        self._ever_joined = False
+        self._failing = False
+        self._suspects: dict[int, PeerFailure] = {}
+        """Pods found dead and the evidence, by epoch (only the current epoch's are kept)."""
+
+    @property
+    def backend(self) -> CollectiveBackend:
+        """The collectives of the current world."""
+        return self._backend
+
+    @property
+    def world(self) -> World:
+        """The world this pod last joined."""
+        if self._world is None:
+            raise RuntimeError("not in any world yet")
+        return self._world
+
+    @property
+    def rank(self) -> int:
+        """This pod's rank in :attr:`world`."""
+        return self._rank
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the current world; -1 before the first."""
+        return self._world.epoch if self._world is not None else -1
+
+    def join(self, after_epoch: int) -> World:
+        """Form the group of the newest world after ``after_epoch`` that includes this pod.
+
+        Before this process first joined, worlds without it are waited out (the
+        operator has not added it yet). Afterwards, a newer world without it means it
+        was dropped: :class:`LeftWorld` is raised, or :class:`Fenced` after a failure
+        (also when no world comes within ``fence_timeout_s``).
+        """
+        s = self._settings
+        deadline = self._clock() + (s.fence_timeout_s if self._failing
+                                    else s.world_wait_timeout_s)
+        after = after_epoch
+        while True:
+            world = self._wait_for_world(after, deadline)
+            after = world.epoch
+            me = world.member(self.pod)
+            if me is None:
+                if self._ever_joined:
+                    self._backend.shutdown()
+                    if self._failing:
+                        raise Fenced(self.pod, f"not a member of world epoch {world.epoch}")
+                    raise LeftWorld(self.pod, world)
+                log_event(_log, logging.INFO, "waiting_for_membership", pod=self.pod,
+                          epoch=world.epoch, size=world.size)
+                continue
+            started = self._clock()
+            self._suspects = {}
+            try:
+                self._backend.init(world, me.rank, self._superseded_by(world),
+                                   self._peer_failed)
+            except Superseded:
+                log_event(_log, logging.INFO, "join_superseded", epoch=world.epoch)
+                self._backend.shutdown()
+                continue
+            except CollectiveError as err:
+                self._backend.shutdown()
+                kind = ReportKind.NO_STATE if isinstance(err, RankTaken) else \
+                    ReportKind.COLLECTIVE_FAILED
+                self._reporter.report(kind, world.epoch, f"joining: {err}")
+                log_event(_log, logging.WARNING, "join_failed", epoch=world.epoch,
+                          rank=me.rank, error=err)
+                continue
+            self._world, self._rank, self._ever_joined = world, me.rank, True
+            self._failing = False
+            log_event(_log, logging.INFO, "joined", pod=self.pod, epoch=world.epoch,
+                      rank=me.rank, size=world.size, backend=self._backend.name,
+                      seconds=self._clock() - started)
+            return world
+
+    def check_world(self) -> None:
+        """Agree with every rank on the newest epoch seen; raise WorldChanged if newer."""
+        latest = self._source.latest()
+        seen = max(latest.epoch if latest is not None else -1, self.epoch)
+        agreed = self._backend.allreduce_max(seen)
+        if agreed > self.epoch:
+            log_event(_log, logging.INFO, "world_change_agreed", epoch=self.epoch,
+                      next_epoch=agreed)
+            raise WorldChanged(agreed)
+
+    def progress(self) -> None:
+        """The training loop advanced."""
+        self._watchdog.beat()
+
+    def report(self, kind: ReportKind, detail: str = "") -> None:
+        """Tell the operator something about this pod in the current epoch, naming
+        the peers found dead in it so far with the evidence (a later report replaces an
+        earlier one, so the evidence must travel with every report that names them)."""
+        epoch = max(self.epoch, 0)
+        found = self._suspects.get(epoch)
+        if found is None:
+            self._reporter.report(kind, epoch, detail)
+            return
+        self._reporter.report(kind, epoch, f"{detail[:600]}; found dead: {found.evidence}",
+                              found.pods)
+
+    def failed(self, err: CollectiveError) -> None:
+        """The group broke: abort it here too, report it; from now on a world without
+        this pod fences it.
+
+        The abort closes this member's connections, so peers still blocked in a
+        collective with it fail at once instead of at their heartbeat verdict: a
+        killed peer resets only the connections it had, and in a ring most members
+        do not talk to it directly.
+        """
+        self._failing = True
+        self._backend.abort(f"a collective failed here: {err}")
+        self.report(ReportKind.COLLECTIVE_FAILED, str(err))
+
+    def leave_cleanly(self) -> None:
+        """Every member agreed to move on: leave the group without alarming anyone."""
+        self._backend.shutdown(left_cleanly=True)
+
+    def _peer_failed(self, failure: PeerFailure) -> None:
+        # Called from the heartbeat thread, after the group was aborted.
+        self._suspects = {failure.epoch: failure}
+        self._reporter.report(ReportKind.PEER_DEAD, failure.epoch, failure.evidence,
+                              failure.pods)
+
+    def _wait_for_world(self, after: int, deadline: float) -> World:
+        while True:
+            self._watchdog.beat()
+            left = deadline - self._clock()
+            try:
+                return self._source.wait_for_world(after, max(min(left, WAIT_SLICE_S), 0.0))
+            except WorldTimeout:
+                if self._clock() < deadline:
+                    continue
+                if self._failing:
+                    raise Fenced(self.pod, f"no newer world than epoch {after} within "
+                                           f"{self._settings.fence_timeout_s:.0f}s") from None
+                raise
+
+    def _superseded_by(self, world: World) -> Callable[[], bool]:
+        def superseded() -> bool:
+            # Asked between short waits while forming: alive and waiting, not hung.
+            self._watchdog.beat()
+            latest = self._source.latest()
+            return latest is not None and latest.epoch > world.epoch
+
+        return superseded

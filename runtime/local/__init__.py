@@ -1,0 +1,1 @@
+"""Running a job without a cluster: real worker processes on loopback addresses."""

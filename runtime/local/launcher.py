@@ -1,0 +1,433 @@
+"""A local stand-in for the operator: real worker processes on loopback addresses.
+
+:class:`LocalJob` starts one process per "pod", each with its own 127.0.0.x address,
+and publishes the job's world to a file that the workers follow with the file
+membership source. Like the operator it bumps the epoch when a worker dies (after a
+short settle window, so a burst of deaths yields one epoch, or at once when every member
+that stays has stopped and waits for it), adds newcomers on a
+scale-up once they are ready (their health file exists: imports done, waiting to
+join), so the running members never wait for a process that is still starting, and
+on a scale-down first publishes the smaller world and lets the leavers exit on their
+own.
+
+It reads the members' reports (files under ``reports/``) and applies the operator's
+rules (:mod:`ringwright.eviction`): a member that its peers found dead, corroborated,
+or that reports itself stalled, is dropped from the world and killed after a grace
+period (a cut-off member fences itself first); a member that restarted without state
+gets a new epoch. With ``restart=True`` a crashed process is started again under the
+same name and address, as the kubelet restarts a container in its pod.
+
+Run a script elastically on this machine::
+
+    python -m ringwright.runtime.local.launcher --workers 4 -- python examples/train_elastic.py
+
+``kill -9`` a worker to see the others recover; send the launcher SIGUSR1 to add a
+worker and SIGUSR2 to remove one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from ringwright.eviction import all_waiting, judge, needs_new_epoch
+from ringwright.world import (
+    CheckpointSettings,
+    ContractError,
+    Env,
+    JobRef,
+    LRRule,
+    LRScaling,
+    Member,
+    Report,
+    ReportKind,
+    StoreAddress,
+    TopologySettings,
+    World,
+    parse_report,
+)
+
+from ..kvlog import log_event, runtime_logger
+from ..membership.file_source import write_world_file
+from .pods import LocalPod, Loopback, PodNetwork, process_stopped
+
+_log = runtime_logger("local_launcher")
+
+def write_token(path: Path, token: str) -> None:
+    """Write ``token`` to ``path``, readable and writable by the owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalJob:
+    """Runs ``command`` as an elastic job of local processes and keeps its world."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        workdir: Path,
+        *,
+        job: str = "local",
+        lr: LRScaling | None = None,
+        checkpoint: CheckpointSettings | None = None,
+        env: Mapping[str, str] | None = None,
+        racks: Sequence[str] = (),
+        topology: TopologySettings | None = None,
+        capture_logs: bool = True,
+        settle_s: float = 0.3,
+        restart: bool = False,
+        network: PodNetwork | None = None,
+        verdict_wait_s: float = 4.0,
+        evict_grace_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.command = list(command)
+        self.workdir = workdir
+        self.world_file = workdir / "world.json"
+        self.job = JobRef(namespace="local", name=job)
+        self.lr = lr or LRScaling()
+        self.checkpoint = checkpoint or CheckpointSettings()
+        self.env = dict(env or {})
+        self.racks = tuple(racks)
+        """Rack label of pod ``i`` (the i-th started) is ``racks[i]``; none beyond."""
+        self.topology = topology or TopologySettings()
+        self.capture_logs = capture_logs
+        self.settle_s = settle_s
+        self.store_port = free_port()
+        self.token_file = workdir / "join-token"
+        """The job's join token, readable by the owner only, as a mounted Secret is."""
+        self.restart = restart
+        self.network = network or Loopback()
+        self.verdict_wait_s = verdict_wait_s
+        self.evict_grace_s = evict_grace_s
+        self._clock = clock
+        self._wall = wall_clock
+        self._restarted: set[str] = set()
+        """Members restarted since the world was last published: they hold no state."""
+        self._lock = threading.RLock()
+        self._pods: dict[str, LocalPod] = {}
+        self._members: list[str] = []
+        self._joining: list[str] = []
+        self._next_index = 0
+        self._epoch = -1
+        self._world: World | None = None
+        self._failed: dict[str, int] = {}
+        self._finished: dict[str, int] = {}
+        self._pending_since: float | None = None
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, name="local-job", daemon=True)
+
+    @property
+    def world(self) -> World:
+        """The world published last."""
+        with self._lock:
+            if self._world is None:
+                raise RuntimeError("no world published yet")
+            return self._world
+
+    def pod(self, name: str) -> LocalPod:
+        """The process standing in for pod ``name``."""
+        with self._lock:
+            return self._pods[name]
+
+    def log_path(self, pod: str) -> Path:
+        """Where pod ``pod``'s output goes when logs are captured."""
+        return self.workdir / "logs" / f"{pod}.log"
+
+    def health_path(self, pod: str) -> Path:
+        """Pod ``pod``'s readiness file (present while ready)."""
+        return self.workdir / "health" / pod
+
+    @property
+    def reports_dir(self) -> Path:
+        """Where members write their reports (``<pod>.json``)."""
+        return self.workdir / "reports"
+
+    def reports(self) -> dict[str, Report]:
+        """Every member's newest report."""
+        out: dict[str, Report] = {}
+        for path in sorted(self.reports_dir.glob("*.json")):
+            try:
+                out[path.stem] = parse_report(path.read_text(), where=str(path))
+            except (OSError, ContractError):
+                continue  # being replaced, or not a report: read it next round
+        return out
+
+    def start(self, workers: int) -> World:
+        """Start ``workers`` processes, publish the first world, begin watching them."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        write_token(self.token_file, secrets.token_urlsafe(32))
+        with self._lock:
+            for _ in range(workers):
+                self._members.append(self._spawn().name)
+            world = self._publish("start")
+        self._monitor.start()
+        return world
+
+    def scale(self, workers: int) -> None:
+        """A planned resize. Leavers (the last members) are dropped from the world at
+        once; newcomers are started now and appended to the world once all are ready."""
+        with self._lock:
+            while len(self._members) + len(self._joining) < workers:
+                self._joining.append(self._spawn().name)
+            while self._joining and len(self._members) + len(self._joining) > workers:
+                self._pods[self._joining.pop()].process.kill()
+            if len(self._members) > workers:
+                while len(self._members) > workers:
+                    self._pods[self._members.pop()].leaving = True
+                self._publish(f"scale to {workers}")
+
+    def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a worker (SIGKILL: a crash the runtime did not see coming)."""
+        with self._lock:
+            self._pods[pod].process.send_signal(sig)
+
+    def wait(self, timeout: float) -> dict[str, int]:
+        """Wait until every member has exited; their exit codes by pod."""
+        deadline = self._clock() + timeout
+        while self._clock() < deadline:
+            with self._lock:
+                if all(p.process.poll() is not None for p in self._pods.values()) \
+                        and self._pending_since is None:
+                    return {name: p.process.returncode for name, p in self._pods.items()
+                            if p.process.returncode is not None}
+            time.sleep(0.05)
+        raise TimeoutError(f"job still running after {timeout:.0f}s; world {self.world.epoch}")
+
+    def exit_codes(self) -> dict[str, int | None]:
+        """Exit code of every pod ever started (None while running)."""
+        with self._lock:
+            return {name: p.process.poll() for name, p in self._pods.items()}
+
+    def close(self) -> None:
+        """Stop watching and kill whatever still runs."""
+        self._stop.set()
+        if self._monitor.is_alive():
+            self._monitor.join(timeout=5)
+        with self._lock:
+            for p in self._pods.values():
+                if p.process.poll() is None:
+                    p.process.kill()
+            for p in self._pods.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.process.wait(timeout=10)
+
+    def __enter__(self) -> LocalJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self, index: int | None = None) -> LocalPod:
+        if index is None:
+            index = self._next_index
+            self._next_index += 1
+        name = f"{self.job.name}-worker-{index}"
+        ip, prefix, net_env = self.network.attach(index)
+        env = {
+            **os.environ,
+            **self.env,
+            **net_env,
+            Env.REPORTS_DIR: str(self.reports_dir),
+            Env.POD_NAME: name,
+            Env.POD_IP: ip,
+            Env.JOB_NAME: self.job.name,
+            Env.NAMESPACE: self.job.namespace,
+            Env.WORLD_FILE: str(self.world_file),
+            Env.HEALTH_FILE: str(self.health_path(name)),
+            Env.JOIN_TOKEN_FILE: str(self.token_file),
+        }
+        out: IO[bytes] | None = None
+        if self.capture_logs:
+            self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path(name), "ab")  # noqa: SIM115 - owned by the child
+        try:
+            proc = subprocess.Popen([*prefix, *self.command], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT if out else None)
+        finally:
+            if out is not None:
+                out.close()
+        rack = self.racks[index] if index < len(self.racks) else ""
+        pod = LocalPod(name=name, ip=ip, index=index, process=proc, rack=rack)
+        self._pods[name] = pod
+        log_event(_log, logging.INFO, "pod_started", pod=name, ip=ip, pid=proc.pid)
+        return pod
+
+    def _publish(self, why: str) -> World:
+        self._epoch += 1
+        members = tuple(
+            Member(rank=i, pod=name, ip=self._pods[name].ip, node="localhost",
+                   rack=self._pods[name].rack)
+            for i, name in enumerate(self._members)
+        )
+        address = members[0].ip if members else "127.0.0.1"
+        world = World(job=self.job, epoch=self._epoch, members=members, lr=self.lr,
+                      store=StoreAddress(address=address, port=self.store_port),
+                      checkpoint=self.checkpoint, topology=self.topology)
+        write_world_file(self.world_file, world)
+        self._world = world
+        self._restarted.clear()
+        log_event(_log, logging.INFO, "world_published", epoch=world.epoch, size=world.size,
+                  members=",".join(self._members), why=why)
+        return world
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02):
+            with self._lock:
+                self._check()
+
+    def _check(self) -> None:
+        for name in [p for p in self._joining if self._pods[p].process.poll() is not None]:
+            # Died while starting: it never joined, so there is nothing to republish.
+            self._joining.remove(name)
+            log_event(_log, logging.WARNING, "pod_failed_starting", pod=name,
+                      exit_code=self._pods[name].process.returncode)
+        if self._joining and all(self.health_path(p).exists() for p in self._joining):
+            self._members += self._joining
+            joined, self._joining = ",".join(self._joining), []
+            self._publish(f"ready {joined}")
+        for name in list(self._members):
+            code = self._pods[name].process.poll()
+            if code is None or name in self._failed or name in self._finished:
+                continue
+            if code == 0:
+                # A member that finished training; its peers finish at the same step.
+                # Processes still starting up would wait for a world that never forms.
+                self._finished[name] = code
+                for late in self._joining:
+                    self._pods[late].process.terminate()
+                self._joining = []
+                continue
+            if self.restart:
+                self._restart(name, code)
+                continue
+            self._failed[name] = code
+            self._pending_since = self._pending_since or self._clock()
+            log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
+        reports = self.reports()  # read once a round
+        self._follow_reports(reports)
+        if self._pending_since is not None and (
+                self._clock() - self._pending_since >= self.settle_s
+                or self._awaited(reports)):
+            gone = [m for m in self._members if m in self._failed]
+            self._members = [m for m in self._members if m not in self._failed]
+            self._pending_since = None
+            self._publish(f"lost {','.join(gone)}")
+        for pod in self._pods.values():
+            if pod.evicted_at is not None and pod.process.poll() is None \
+                    and self._clock() - pod.evicted_at >= self.evict_grace_s:
+                # Like deleting the pod: a frozen process cannot fence itself.
+                pod.process.kill()
+
+    def _awaited(self, reports: dict[str, Report]) -> bool:
+        """Every member that stays stopped training and waits for the next world (the
+        operator's rule: the settle window would keep them all waiting)."""
+        world = self._world
+        stay = [m for m in self._members if m not in self._failed]
+        return world is not None and all_waiting(world, reports, stay)
+
+    def _restart(self, name: str, code: int) -> None:
+        old = self._pods[name]
+        pod = self._spawn(old.index)
+        pod.restarts = old.restarts + 1
+        self._restarted.add(name)
+        log_event(_log, logging.WARNING, "pod_restarted", pod=name, exit_code=code,
+                  restarts=pod.restarts)
+
+    def _follow_reports(self, reports: dict[str, Report]) -> None:
+        """Drop members found dead or stalled; re-form around a member without state."""
+        world = self._world
+        if world is None or self._pending_since is not None:
+            return
+        stopped = {m for m in self._members if process_stopped(self._pods[m].process.pid)}
+        doomed = {e.pod: e.reason for e in judge(world, reports, stopped)}
+        doomed.update({pod: "it reports its training loop stalled"
+                       for pod, r in reports.items()
+                       if r.kind is ReportKind.STALLED and r.epoch == world.epoch
+                       and pod in self._members})
+        dropped = [m for m in self._members if m in doomed and m not in self._restarted]
+        for name in dropped:
+            self._pods[name].evicted_at = self._clock()
+            self._failed[name] = -1
+            log_event(_log, logging.WARNING, "pod_evicted", pod=name, why=doomed[name])
+        if dropped:
+            self._pending_since = self._clock()
+            return
+        why = needs_new_epoch(world, reports, self._wall(), self.verdict_wait_s)
+        if why is None and doomed.keys() & self._restarted:
+            why = f"{','.join(sorted(doomed.keys() & self._restarted))} restarted"
+        if why is not None:
+            self._publish(why)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: run a script as a local elastic job until it finishes."""
+    parser = argparse.ArgumentParser(
+        description="Run a training script as an elastic job of local processes.")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--job", default="local")
+    parser.add_argument("--workdir", type=Path, default=Path(".ringwright-local"))
+    parser.add_argument("--lr-rule", choices=[r.value for r in LRRule], default="linear")
+    parser.add_argument("--base-world-size", type=int, default=1)
+    parser.add_argument("--warmup-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-path", default="",
+                        help="the job's spec.checkpoint.path: checkpoints with no script code")
+    parser.add_argument("--checkpoint-interval-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-keep", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--restart", action="store_true",
+                        help="restart a crashed worker under the same name, like a kubelet")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the worker command, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the worker command after --")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(message)s")
+    lr = LRScaling(rule=LRRule(args.lr_rule), base_world_size=args.base_world_size,
+                   warmup_steps=args.warmup_steps)
+    checkpoint = CheckpointSettings(path=args.checkpoint_path, keep=args.checkpoint_keep,
+                                    intervalSteps=args.checkpoint_interval_steps)
+    with LocalJob(command, args.workdir, job=args.job, lr=lr, checkpoint=checkpoint,
+                  capture_logs=False, restart=args.restart) as job:
+        def resize(delta: int) -> Callable[[int, FrameType | None], None]:
+            def handler(signum: int, frame: FrameType | None) -> None:
+                # Off the signal handler: scaling takes the job's lock.
+                threading.Thread(target=job.scale,
+                                 args=(max(job.world.size + delta, 1),)).start()
+            return handler
+
+        signal.signal(signal.SIGUSR1, resize(+1))
+        signal.signal(signal.SIGUSR2, resize(-1))
+        job.start(args.workers)
+        codes = job.wait(args.timeout)
+        finished = all(codes.get(m.pod) == 0 for m in job.world.members)
+    log_event(_log, logging.INFO, "job_done", succeeded=finished,
+              exit_codes=",".join(f"{pod}:{code}" for pod, code in codes.items()))
+    return 0 if finished else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The rendezvous store of one world epoch, hosted by that epoch's rank 0.
+
+Rank 0 serves a TCPStore on the world's store address. The listening socket is
+bound by us to that address only (not to every interface), so several pods that
+share a machine, as local stand-ins on loopback addresses do, can each host a store
+on the same port. A pod that stays rank 0 at the same address keeps its server
+across epochs; every key lives under an epoch prefix, so members of an old epoch can
+never read or write the keys of a new one.
+
+Before the process group is created every member passes :func:`join_barrier`,
+which is abortable: while waiting it keeps asking whether a newer world has replaced
+this one, so a member that died before arriving costs one epoch bump rather than a
+full timeout. Every value of an epoch is tagged with the job's join token
+(:mod:`ringwright.runtime.membership.signed_store`): a process without the token cannot claim a
+rank, nor pass for a member in the library's own rendezvous. From the barrier on,
+every member heartbeats on the epoch's store (:mod:`ringwright.runtime.membership.liveness`)
+until it leaves the epoch.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.distributed as dist
+
+# torch.distributed re-exports these without declaring them, so type checkers only
+# see them in the extension module that defines them.
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+
+from ringwright.world import World
+
+from ..collectives.backend import CollectiveError, RankTaken, Superseded
+from ..settings import RuntimeSettings
+from .liveness import Heartbeat, LagListener, PeerFailure, heartbeat_key
+from .signed_store import ForgedValue, SignedStore, epoch_key
+
+WAIT_SLICE_S = 0.2
+"""Longest single store wait; bounds how late a newer world is noticed while joining."""
+
+
+def epoch_prefix(world: World) -> str:
+    """Key prefix of ``world``'s epoch (job-qualified, in case stores are ever shared)."""
+    return f"ringwright/{world.job.namespace}/{world.job.name}/epoch-{world.epoch}/"
+
+
+def epoch_store(raw: Store, world: World, token: bytes) -> SignedStore:
+    """``raw`` seen through ``world``'s epoch prefix, its values tagged with ``token``."""
+    prefix = epoch_prefix(world)
+    return SignedStore(PrefixStore(prefix, raw), epoch_key(token, prefix))
+
+
+def claim_key(store: SignedStore, rank: int) -> str:
+    """Key holding the claim of ``rank`` in an epoch (private to the job's token)."""
+    return store.private_key(f"claim/{rank}")
+
+
+class StoreHost:
+    """This pod's store server, kept while the pod stays rank 0 at the same address."""
+
+    def __init__(self) -> None:
+        self._address: tuple[str, int] | None = None
+        self._store: TCPStore | None = None
+
+    def serve(self, address: str, port: int, timeout_s: float) -> TCPStore:
+        """The server store at ``address:port``, started if not already running there."""
+        if self._store is not None and self._address == (address, port):
+            return self._store
+        self.close()
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # A store of a previous epoch at this address may leave TIME_WAIT sockets.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(1024)
+        except OSError as err:
+            sock.close()
+            raise CollectiveError(f"cannot host the store on {address}:{port}: {err}") from err
+        # The store owns the descriptor from here on and closes it when destroyed.
+        fd = sock.detach()
+        self._store = TCPStore(
+            address, port, None, True, timedelta(seconds=timeout_s),
+            wait_for_workers=False, master_listen_fd=fd,
+        )
+        self._address = (address, port)
+        return self._store
+
+    def close(self) -> None:
+        """Stop serving (members still connected see their next request fail)."""
+        self._store = None
+        self._address = None
+
+
+def connect_client(
+    address: str,
+    port: int,
+    *,
+    timeout_s: float,
+    attempt_s: float,
+    deadline: float,
+    superseded: Callable[[], bool],
+    clock: Callable[[], float] = time.monotonic,
+) -> TCPStore:
+    """Connect to rank 0's store, retrying in short attempts until ``deadline``."""
+    while True:
+        try:
+            store = TCPStore(address, port, None, False, timedelta(seconds=attempt_s),
+                                  wait_for_workers=False)
+        except dist.DistError as err:
+            if superseded():
+                raise Superseded from err
+            if clock() >= deadline:
+                raise CollectiveError(
+                    f"store {address}:{port} of rank 0 unreachable until the deadline: {err}"
+                ) from err
+            continue
+        store.set_timeout(timedelta(seconds=timeout_s))
+        return store
+
+
+def join_barrier(
+    store: SignedStore,
+    rank: int,
+    size: int,
+    *,
+    deadline: float,
+    superseded: Callable[[], bool],
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Claim ``rank`` in this epoch and wait until all ``size`` ranks hold a valid claim.
+
+    A claim is a tagged value: one without the job's token is overwritten, never
+    counted. Raises :class:`RankTaken` when another process with the token claimed
+    the rank first (a restarted container whose previous incarnation already joined
+    this epoch).
+    """
+    mine = secrets.token_hex(8)
+    try:
+        try:
+            held = store.compare_set(claim_key(store, rank), "", mine).decode()
+        except ForgedValue:
+            store.set(claim_key(store, rank), mine)
+            held = mine
+        if held != mine:
+            raise RankTaken(f"rank {rank} was already claimed in this epoch by another process")
+        # Every heartbeat exists once the barrier completes: peers read them all at once.
+        store.set(heartbeat_key(rank), "0")
+    except dist.DistNetworkError as err:
+        raise CollectiveError(f"store failed while joining: {err}") from err
+    claims = [claim_key(store, r) for r in range(size)]
+    while True:
+        try:
+            store.wait(claims, timedelta(seconds=WAIT_SLICE_S))
+            if _valid_claims(store, claims) == size:
+                return
+        except dist.DistNetworkError as err:
+            raise CollectiveError(f"lost the store while joining: {err}") from err
+        except dist.DistStoreError:
+            pass  # not every rank has a claim yet
+        # Not everyone has arrived yet; keep waiting unless the world moved on.
+        if superseded():
+            raise Superseded from None
+        if clock() >= deadline:
+            arrived = _valid_claims(store, claims)
+            raise CollectiveError(
+                f"only {arrived} of {size} members arrived before the rendezvous deadline")
+
+
+def _valid_claims(store: SignedStore, claims: list[str]) -> int:
+    """How many of ``claims`` exist with this job's tag."""
+    valid = 0
+    for key in claims:
+        if not store.check([key]):
+            continue
+        try:
+            store.get(key)
+            valid += 1
+        except ForgedValue:
+            pass
+    return valid
+
+
+class EpochStores:
+    """A member's side of the epoch stores: the server it hosts while rank 0, and the
+    connections of the current epoch. Every backend forms its group only after
+    :meth:`meet`, so a member that never arrives costs an epoch bump, not a library
+    timeout."""
+
+    def __init__(self, settings: RuntimeSettings,
+                 clock: Callable[[], float] = time.monotonic, *,
+                 on_heartbeat_lag: LagListener | None = None) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._on_lag = on_heartbeat_lag
+        self._host = StoreHost()
+        self._stores: list[Store] = []
+        self._heartbeat: Heartbeat | None = None
+
+    def meet(self, world: World, rank: int, superseded: Callable[[], bool],
+             on_failure: Callable[[PeerFailure], None] | None = None) -> Store:
+        """Reach ``world``'s store (hosting it as rank 0) and pass the join barrier;
+        then heartbeat, calling ``on_failure`` (from the heartbeat thread) when peers
+        are found dead.
+
+        Returns the store under the epoch's prefix, kept open until :meth:`release`.
+        """
+        self.release()
+        s, clock = self._settings, self._clock
+        deadline = clock() + s.rendezvous_timeout_s
+        at = world.store
+        if rank == 0:
+            raw: Store = self._host.serve(at.address, at.port, s.collective_timeout_s)
+        else:
+            # This pod no longer hosts the store: release its port and stale keys.
+            self._host.close()
+            raw = connect_client(at.address, at.port, timeout_s=s.collective_timeout_s,
+                                 attempt_s=s.connect_retry_s, deadline=deadline,
+                                 superseded=superseded, clock=clock)
+        store = epoch_store(raw, world, s.join_token.get_secret_value().encode())
+        self._stores = [raw, store]
+        join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded,
+                     clock=clock)
+        if on_failure is not None:
+            self._heartbeat = Heartbeat(
+                lambda timeout_s: self._connect(world, timeout_s), world, rank,
+                interval_s=s.heartbeat_interval_s, detect_s=s.failure_detect_s,
+                on_failure=on_failure, on_lag=self._on_lag, clock=clock)
+            self._heartbeat.start()
+        return store
+
+    def release(self, *, left_cleanly: bool = False) -> None:
+        """Stop heartbeating and drop this epoch's connections (the server, if hosted,
+        stays for the next). ``left_cleanly`` tells the peers not to wait for this
+        member: it finished, or every member agreed to move on."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop(left_cleanly=left_cleanly)
+            self._heartbeat = None
+        self._stores = []
+
+    def close(self) -> None:
+        """Drop the connections and stop hosting a store."""
+        self.release(left_cleanly=True)
+        self._host.close()
+
+    def _connect(self, world: World, timeout_s: float) -> Store:
+        at = world.store
+        raw = TCPStore(at.address, at.port, None, False, timedelta(seconds=timeout_s),
+                       wait_for_workers=False)
+        return epoch_store(raw, world, self._settings.join_token.get_secret_value().encode())

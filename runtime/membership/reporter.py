@@ -1,0 +1,145 @@
+"""The narrow channel from a pod back to the operator: one report per pod.
+
+Reports say what the API cannot see ("my collective failed in epoch E", "I hold no
+state", "I am stalled", "I left"). They are best effort: a report that cannot be
+delivered is logged and dropped, and never blocks or breaks the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.report_seal import seal
+from ringwright.world import Report, ReportKind
+
+from ..kvlog import log_event, runtime_logger
+
+_log = runtime_logger("reporter")
+
+
+class Reporter(Protocol):
+    """Sends this pod's latest report to whoever plays the operator."""
+
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
+        """Queue a report (``suspects``: pods found dead); returns at once."""
+        ...
+
+    def close(self) -> None:
+        """Deliver what is queued (briefly) and stop."""
+        ...
+
+
+class LogReporter:
+    """Reports as log lines only: for local runs, where the launcher reads exit codes."""
+
+    def __init__(self, pod: str) -> None:
+        self._pod = pod
+
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
+        """Log the report."""
+        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
+                  suspects=",".join(suspects), detail=detail)
+
+    def close(self) -> None:
+        """Nothing buffered."""
+
+
+class FileReporter:
+    """Reports as ``<dir>/<pod>.json``, replaced atomically: the local launcher's channel."""
+
+    def __init__(self, directory: Path, pod: str, *,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self._path = directory / f"{pod}.json"
+        self._pod = pod
+        self._wall = wall_clock
+        self._lock = threading.Lock()
+
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
+        """Write the report now (a small local file write)."""
+        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
+                  suspects=",".join(suspects), detail=detail)
+        text = Report(kind=kind, epoch=epoch, at=self._wall(), detail=detail[:1000],
+                      suspects=tuple(suspects)).to_json()
+        with self._lock:
+            try:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}")
+                tmp.write_text(text)
+                os.replace(tmp, self._path)
+            except OSError as err:
+                log_event(_log, logging.WARNING, "report_not_delivered", pod=self._pod,
+                          kind=kind.value, error=err)
+
+    def close(self) -> None:
+        """Nothing buffered."""
+
+
+class KubeReporter:
+    """Merge-patches key ``<pod>`` of the job's reports ConfigMap from a sender thread.
+
+    A merge patch touches only this pod's key, so pods never conflict with each
+    other and need no read-modify-write. Reports are sealed with ``key``, this pod's
+    own report key, so the operator can tell they are this pod's.
+    """
+
+    def __init__(
+        self,
+        client_factory: Callable[[], KubeClient],
+        namespace: str,
+        configmap: str,
+        pod: str,
+        *,
+        key: str = "",
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._factory = client_factory
+        self._key = key
+        self._path = api_path("v1", "configmaps", namespace=namespace, name=configmap)
+        self._pod = pod
+        self._wall = wall_clock
+        self._queue: queue.Queue[Report | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._send_all, name="ringwright-reporter",
+                                        daemon=True)
+        self._thread.start()
+
+    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+               suspects: Sequence[str] = ()) -> None:
+        """Queue ``kind`` for delivery; the newest report replaces older ones at the API."""
+        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
+                  suspects=",".join(suspects), detail=detail)
+        self._queue.put(Report(kind=kind, epoch=epoch, at=self._wall(), detail=detail[:1000],
+                               suspects=tuple(suspects)))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush queued reports for up to ``timeout`` seconds, then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _send_all(self) -> None:
+        client: KubeClient | None = None
+        try:
+            while (report := self._queue.get()) is not None:
+                try:
+                    client = client or self._factory()
+                    sealed = seal(self._pod, report, self._key)
+                    client.merge_patch(self._path, {"data": {self._pod: sealed.to_json()}})
+                except (ApiError, OSError, ValueError) as err:
+                    log_event(_log, logging.WARNING, "report_not_delivered", pod=self._pod,
+                              kind=report.kind.value, error=err)
+                    if client is not None:
+                        client.close()
+                    client = None
+        finally:
+            if client is not None:
+                client.close()

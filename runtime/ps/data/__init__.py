@@ -1,0 +1,1 @@
+"""The data-shard service: pieces of each epoch leased to workers, with exact accounting."""

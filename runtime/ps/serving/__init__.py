@@ -1,0 +1,1 @@
+"""What a parameter server does with its shards: updates, consistency, replicas."""

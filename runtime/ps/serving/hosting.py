@@ -1,0 +1,91 @@
+"""What a parameter server holds and says: the job's configuration, its hosted shards
+(primary or replica) and counters, and the errors a request can meet."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+from ..partition import Kind, Partition, TensorSpec, partition
+from ..wire.codec import Header
+from .consistency import Consistency
+from .optim import ServerOptimizer
+from .shard import ShardState
+
+
+class Role(StrEnum):
+    PRIMARY = "primary"
+    REPLICA = "replica"
+
+
+class NotServing(RuntimeError):
+    """A request for a shard this server does not serve as primary."""
+
+
+class IncompletePush(RuntimeError):
+    """A push named staged chunks that this server does not hold (they went to a server
+    that has since failed, or were abandoned): the worker must send it whole."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """What the first worker tells every PS: the model's tensors and how to train them."""
+
+    specs: tuple[TensorSpec, ...]
+    shards: int
+    optimizer: ServerOptimizer
+    consistency: Consistency
+    data: dict[str, Any]
+    """samples, pieceSize, epochs, requeueStale for the data-shard service."""
+
+    def partition(self) -> Partition:
+        return partition(self.specs, self.shards)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"specs": [[s.name, list(s.shape), s.itemsize, s.kind.value] for s in self.specs],
+                "shards": self.shards, "optimizer": self.optimizer.to_json(),
+                "consistency": self.consistency.to_json(), "data": self.data}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> JobConfig:
+        specs = tuple(TensorSpec(n, tuple(shape), size, Kind(kind))
+                      for n, shape, size, kind in doc["specs"])
+        return cls(specs, int(doc["shards"]), ServerOptimizer.from_json(doc["optimizer"]),
+                   Consistency.from_json(doc["consistency"]), dict(doc["data"]))
+
+
+Gradients = tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]
+"""Dense gradients by slice key, and (ids, rows) per table."""
+
+
+@dataclass
+class Hosted:
+    """One shard on this server, primary or replica."""
+
+    state: ShardState
+    version: int
+    role: Role
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    round: dict[str, Gradients | None] = field(default_factory=dict)
+    """Sync: pushes of the current round by worker (None: a worker without data)."""
+    replicated: int = -1
+    """Version last sent to (primary) or received from (replica) the other copy."""
+    pushes: dict[str, tuple[str, Header]] = field(default_factory=dict)
+    """Per worker: the id of its last push here and the reply it got, so that a push
+    retried after a lost reply is answered again, not applied twice."""
+
+
+@dataclass
+class Stats:
+    applied: int = 0
+    stale: int = 0
+    staleness: Counter[int] = field(default_factory=Counter)
+    """Applied pushes by staleness (versions behind)."""
+    stale_staleness: Counter[int] = field(default_factory=Counter)
+    """Dropped pushes by staleness."""

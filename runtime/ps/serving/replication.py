@@ -1,0 +1,117 @@
+"""A PS's primary shards sent to the server that keeps the other copy, and what a
+refusal means; and the journal of the data-shard service, sent change by change to the
+server that keeps shard 0's other copy.
+
+A replica host refuses a shard it serves as primary itself: some worker could not
+reach this server and promoted the replica while this one was still alive. Two
+primaries for one shard would let the two copies drift apart, so the home server
+(the one whose replica host refused) steps down and becomes the replica; the
+promoted copy then re-seeds it like any replacement.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from ...kvlog import log_event, runtime_logger
+from ..wire.codec import Header, Tensors
+from ..wire.routing import other_copy
+from ..wire.transport import DETECT_S, Stub
+from .server import ParameterServer
+
+_log = runtime_logger("ps.server")
+
+Send = Callable[[str, Header, Tensors], Header]
+"""Deliver a ``Replicate`` to the server at an address; its reply."""
+
+
+class GrpcSend:
+    """:data:`Send` over gRPC (a ``method`` of the server), one channel per address."""
+
+    def __init__(self, timeout: float = 30.0, method: str = "Replicate",
+                 detect_s: float = DETECT_S) -> None:
+        self.timeout, self.method, self.detect_s = timeout, method, detect_s
+        self._stubs: dict[str, Stub] = {}
+
+    def __call__(self, address: str, header: Header, tensors: Tensors) -> Header:
+        stub = self._stubs.get(address) or self._stubs.setdefault(
+            address, Stub(address, self.detect_s))
+        reply, _ = stub.call(self.method, header, tensors, timeout=self.timeout)
+        return reply
+
+
+class GrpcJournal:
+    """:data:`~.journal.JournalSend` over gRPC. The deadline is short: a change is not
+    answered until it is sent, and a failed send only costs a whole copy at the next
+    round."""
+
+    def __init__(self, timeout: float = 2.0, logger: logging.Logger = _log,
+                 detect_s: float = DETECT_S) -> None:
+        self.send = GrpcSend(timeout, "Journal", detect_s)
+        self.log = logger
+
+    def __call__(self, address: str, entries: list[Header]) -> bool:
+        try:
+            reply = self.send(address, {"entries": entries}, {})
+        except grpc.RpcError as exc:
+            log_event(self.log, logging.INFO, "ps_journal_failed", to=address,
+                      seq=entries[-1]["seq"], error=exc.code())
+            return False
+        return reply.get("accepted") is True
+
+
+class Replicator:
+    """Sends changed primary shards to the server that keeps their other copy."""
+
+    def __init__(self, ps: ParameterServer, servers: int, send: Send | None = None,
+                 logger: logging.Logger = _log) -> None:
+        self.ps, self.servers = ps, servers
+        self.send = send or GrpcSend()
+        self.log = logger
+        self._targets: dict[int, str] = {}
+
+    def target(self, shard: int) -> int:
+        """A home shard's replica goes to the next server; a shard served here after a
+        failover goes back to its home server (re-seeding a replacement)."""
+        return other_copy(shard, self.ps.index, self.servers)
+
+    def round(self, addresses: list[str]) -> None:
+        """Send every primary shard changed since its last replication."""
+        for shard in self.ps.primaries():
+            target = self.target(shard)
+            if target == self.ps.index:
+                continue
+            address = addresses[target]
+            if self._targets.get(shard) != address:
+                self.ps.resend(shard)  # a new server there: it holds nothing yet
+                self._targets[shard] = address
+            snap = self.ps.snapshot(shard, to=address)
+            if snap is None:
+                continue
+            try:
+                reply = self.send(address, *snap)
+            except grpc.RpcError as exc:
+                self.ps.resend(shard)
+                log_event(self.log, logging.DEBUG, "ps_replicate_failed", shard=shard,
+                          to=address, error=exc.code())
+                continue
+            if reply.get("accepted") is False:
+                self._refused(shard, target, int(reply["version"]))
+            else:
+                self.ps.copied(shard, address)
+
+    def _refused(self, shard: int, target: int, theirs: int) -> None:
+        """``target`` serves ``shard`` as primary too."""
+        if shard != self.ps.index:
+            # Promoted here, and the home server still claims the shard: it steps down
+            # when its own replication to this server is refused; send again then.
+            self.ps.resend(shard)
+            return
+        dropped = self.ps.step_down(shard)
+        if dropped is not None:
+            log_event(self.log, logging.WARNING, "ps_stepped_down", shard=shard,
+                      primary=target, version=dropped["version"], primary_version=theirs,
+                      round_dropped=dropped["roundDropped"])

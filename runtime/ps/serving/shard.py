@@ -1,0 +1,166 @@
+"""The parameters and optimizer state of one shard, as one PS holds it.
+
+A shard holds the dense slices and the embedding rows that the partition gives it.
+Everything here is plain tensor work with no locking and no transport: the server
+wraps it. Dense slices are keyed ``name@start`` and kept as one row each, so the
+optimizers treat them exactly like embedding rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..partition import Kind, Partition
+from .optim import ServerOptimizer
+
+
+def dense_key(name: str, start: int) -> str:
+    """Key of a dense slice in messages and payloads."""
+    return f"{name}@{start}"
+
+
+class Table:
+    """The rows of one embedding table that this shard holds."""
+
+    def __init__(self, rows: torch.Tensor, values: torch.Tensor, optimizer: ServerOptimizer,
+                 num_rows: int) -> None:
+        self.rows = rows
+        """Global row ids held, ascending."""
+        self.values = values
+        self.state = optimizer.new_state(values)
+        self.steps = torch.zeros(len(rows), dtype=torch.int64)
+        self.local = torch.full((num_rows,), -1, dtype=torch.int64)
+        self.local[rows] = torch.arange(len(rows))
+
+    def locate(self, ids: torch.Tensor) -> torch.Tensor:
+        """Local positions of global ``ids``; raises for ids this shard does not hold."""
+        pos = self.local[ids]
+        if len(pos) and int(pos.min()) < 0:
+            raise KeyError("rows requested from a shard that does not hold them")
+        return pos
+
+
+class ShardState:
+    """One shard's dense slices and embedding rows with their optimizer state."""
+
+    def __init__(self, partition: Partition, shard: int, optimizer: ServerOptimizer,
+                 initial: Mapping[str, torch.Tensor]) -> None:
+        """``initial``: each dense slice (by :func:`dense_key`) and each table's rows
+        held here (by table name, rows in ascending id order)."""
+        self.partition, self.shard, self.optimizer = partition, shard, optimizer
+        self.dense: dict[str, torch.Tensor] = {}
+        self.dense_state: dict[str, dict[str, torch.Tensor]] = {}
+        self.dense_steps: dict[str, torch.Tensor] = {}
+        for d in partition.dense_on(shard):
+            key = dense_key(d.name, d.start)
+            value = initial[key].detach().reshape(1, -1).to(torch.float32).clone()
+            if value.shape[1] != d.stop - d.start:
+                raise ValueError(f"{key}: expected {d.stop - d.start} elements")
+            self.dense[key] = value
+            self.dense_state[key] = optimizer.new_state(value)
+            self.dense_steps[key] = torch.zeros(1, dtype=torch.int64)
+        self.tables: dict[str, Table] = {}
+        for spec in partition.specs:
+            if spec.kind is not Kind.EMBEDDING:
+                continue
+            rows = torch.from_numpy(partition.rows_on(spec.name, shard))
+            values = initial[spec.name].detach().to(torch.float32).clone()
+            if values.shape != (len(rows), spec.shape[1]):
+                raise ValueError(f"{spec.name}: expected rows {len(rows)} x {spec.shape[1]}")
+            self.tables[spec.name] = Table(rows, values, optimizer, spec.shape[0])
+
+    def read(self, dense: bool | Sequence[str], rows: Mapping[str, torch.Tensor]
+             ) -> dict[str, torch.Tensor]:
+        """The dense slices (all when ``dense`` is True, else those named; views: encode
+        them before the next update) and copies of the given rows of each table."""
+        out: dict[str, torch.Tensor] = {}
+        if dense is True:
+            out.update({k: v.reshape(-1) for k, v in self.dense.items()})
+        elif dense:
+            out.update({k: self.dense[k].reshape(-1) for k in dense})
+        for name, ids in rows.items():
+            table = self.tables[name]
+            out[name] = table.values.index_select(0, table.locate(ids))
+        return out
+
+    def apply(self, grads: Mapping[str, torch.Tensor],
+              sparse: Mapping[str, tuple[torch.Tensor, torch.Tensor]], scale: float) -> None:
+        """Apply ``scale`` times the dense ``grads`` and the ``sparse`` (ids, rows) ones.
+
+        Sparse ids must be unique per table (a combined push is reduced first)."""
+        for key, grad in grads.items():
+            g = grad.reshape(1, -1).to(torch.float32)
+            g = g * scale if scale != 1.0 else g
+            self.optimizer.apply(self.dense[key], g, self.dense_state[key],
+                                 self.dense_steps[key])
+        for name, (ids, rows) in sparse.items():
+            if len(ids) == 0:
+                continue
+            table = self.tables[name]
+            pos = table.locate(ids)
+            param = table.values.index_select(0, pos)
+            state = {k: v.index_select(0, pos) for k, v in table.state.items()}
+            steps = table.steps.index_select(0, pos)
+            g = rows.to(torch.float32)
+            self.optimizer.apply(param, g * scale if scale != 1.0 else g, state, steps)
+            table.values.index_copy_(0, pos, param)
+            for k, v in state.items():
+                table.state[k].index_copy_(0, pos, v)
+            table.steps.index_copy_(0, pos, steps)
+
+    def payload(self) -> dict[str, Any]:
+        """Everything needed to rebuild this shard elsewhere (replica, checkpoint)."""
+        out: dict[str, Any] = {}
+        for key, value in self.dense.items():
+            out[f"d/{key}"] = value
+            out[f"n/{key}"] = self.dense_steps[key]
+            out.update({f"s/{key}/{k}": v for k, v in self.dense_state[key].items()})
+        for name, table in self.tables.items():
+            out[f"t/{name}"] = table.values
+            out[f"n/{name}"] = table.steps
+            out.update({f"s/{name}/{k}": v for k, v in table.state.items()})
+        return out
+
+    @classmethod
+    def from_payload(cls, partition: Partition, shard: int, optimizer: ServerOptimizer,
+                     payload: Mapping[str, torch.Tensor]) -> ShardState:
+        """Rebuild from :meth:`payload` (tensors are copied)."""
+        initial = {k[2:]: v for k, v in payload.items() if k[:2] in ("d/", "t/")}
+        state = cls(partition, shard, optimizer, initial)
+        for key in state.dense:
+            state.dense_steps[key] = payload[f"n/{key}"].clone()
+            for k in state.dense_state[key]:
+                state.dense_state[key][k] = payload[f"s/{key}/{k}"].clone()
+        for name, table in state.tables.items():
+            table.steps = payload[f"n/{name}"].clone()
+            for k in table.state:
+                table.state[k] = payload[f"s/{name}/{k}"].clone()
+        return state
+
+
+def initial_values(partition: Partition, shard: int,
+                   params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What :class:`ShardState` needs for ``shard``, cut from full parameters."""
+    out: dict[str, torch.Tensor] = {}
+    for d in partition.dense_on(shard):
+        out[dense_key(d.name, d.start)] = params[d.name].detach().reshape(-1)[d.start:d.stop]
+    for spec in partition.specs:
+        if spec.kind is Kind.EMBEDDING:
+            rows = torch.from_numpy(partition.rows_on(spec.name, shard))
+            out[spec.name] = params[spec.name].detach().index_select(0, rows)
+    return out
+
+
+def reduce_sparse(parts: list[tuple[torch.Tensor, torch.Tensor]]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum rows that share an id across several (ids, rows) pushes."""
+    ids = torch.cat([p[0] for p in parts])
+    rows = torch.cat([p[1].to(torch.float32) for p in parts])
+    unique, inverse = torch.unique(ids, return_inverse=True)
+    summed = torch.zeros((len(unique), rows.shape[1]), dtype=torch.float32)
+    summed.index_add_(0, inverse, rows)
+    return unique, summed
+

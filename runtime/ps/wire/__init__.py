@@ -1,0 +1,1 @@
+"""How workers and servers talk: messages, gRPC transport, routing and retries."""
