@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ringwright.kube import ApiError, KubeClient, Obj, api_path
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.objects import Obj
 from ringwright.operator.api.base import API_VERSION
 from ringwright.world import (
     DEFAULT_METRICS_PORT,

@@ -32,7 +32,8 @@ from typing import IO, Any
 
 import yaml
 
-from ringwright.kube import ApiError, KubeClient, Obj, api_path
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.objects import Obj
 from ringwright.world import Env
 
 log = logging.getLogger("ringwright.devcluster.podhost")

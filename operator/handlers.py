@@ -22,7 +22,8 @@ from typing import Any
 
 import kopf
 
-from ringwright.kube import ApiError, KubeClient, Obj
+from ringwright.kube import ApiError, KubeClient
+from ringwright.objects import Obj
 from ringwright.world import reports_configmap_name, world_configmap_name
 
 from .api.base import GROUP, VERSION

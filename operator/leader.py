@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ringwright.kube import ApiError, KubeClient, Obj, api_path
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.objects import Obj
 
 log = logging.getLogger("ringwright.operator.leader")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.world import ReportKind
 
 from .api.models import JobPhase

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 
 def rfc3339(ts: float) -> str:

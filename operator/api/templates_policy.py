@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 from .base import ApiModel, cel, validations
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ringwright.kube import ApiError, Obj, api_path
+from ringwright.kube import ApiError, api_path
+from ringwright.objects import Obj
 
 from ..api.conditions import rfc3339
 

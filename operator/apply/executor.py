@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Generic, TypeVar
 
-from ringwright.kube import ApiError, KubeClient, Obj, api_path
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.objects import Obj
 from ringwright.world import reports_configmap_name, world_configmap_name
 
 from ..api.base import API_VERSION

@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from ringwright.kube import ApiError, Obj
+from ringwright.kube import ApiError
+from ringwright.objects import Obj
 
 from ..api.conditions import condition, set_condition
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 from ..api.schedulingpolicy import NodeLabelKeys
 from ..plan.placement.inventory import Inventory

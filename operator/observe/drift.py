@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import logging
 
 from pydantic import ValidationError
 
-from ringwright.kube import Obj, api_path
+from ringwright.kube import api_path
+from ringwright.objects import Obj
 from ringwright.world import (
     WORLD_KEY,
     ContractError,

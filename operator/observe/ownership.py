@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 
 def controller_uid(obj: Obj | None) -> str | None:

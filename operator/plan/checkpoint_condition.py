@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.world import Report, ReportKind
 
 CONDITION = "CheckpointFailing"

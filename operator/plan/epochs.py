@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 EPOCH_ANNOTATION = "ringwright.dev/epoch"
 """On the world ConfigMap: the epoch of the document it holds."""

@@ -24,7 +24,7 @@ import logging
 import secrets
 from collections.abc import Mapping, Sequence
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.report_seal import written_by
 from ringwright.world import DEFAULT_METRICS_PORT, Env, Report
 

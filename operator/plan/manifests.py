@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.world import (
     DEFAULT_METRICS_PORT,
     Env,

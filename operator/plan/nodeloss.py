@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 from .pods import PodState, PodView
 

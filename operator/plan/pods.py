@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 from ..api.conditions import parse_time
 from .manifests import INDEX_LABEL, LEAVING_ANNOTATION, ROLE_LABEL

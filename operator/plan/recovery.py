@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 from ..api.conditions import parse_time
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.world import Report, World
 
 from ..api.models import TrainingJobSpec

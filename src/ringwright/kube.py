@@ -23,7 +23,6 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import urllib3
 import yaml
@@ -31,7 +30,8 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.watch.watch import iter_resp_lines
 
-Obj = dict[str, Any]
+from .objects import Obj
+
 Params = Mapping[str, str | int | bool]
 
 FIELD_MANAGER = "ringwright"

@@ -48,7 +48,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from ringwright.devcluster.control_plane import Cluster  # noqa: E402
 from ringwright.devcluster.install import install_api  # noqa: E402
 from ringwright.devcluster.inventory import Inventory, RackGroup, node_manifests  # noqa: E402
-from ringwright.kube import KubeClient, Obj, api_path  # noqa: E402
+from ringwright.kube import KubeClient, api_path  # noqa: E402
+from ringwright.objects import Obj  # noqa: E402
 from ringwright.operator.api.base import API_VERSION  # noqa: E402
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec  # noqa: E402
 from ringwright.operator.apply.executor import slow_start  # noqa: E402

@@ -12,7 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.devcluster.control_plane import Cluster
-from ringwright.kube import KubeClient, Obj, api_path
+from ringwright.kube import KubeClient, api_path
+from ringwright.objects import Obj
 from ringwright.operator.plan.manifests import JOB_LABEL
 from tests.cluster.test_operator import wait_world
 from tests.jobs import OperatorProcess, tj_path, training_job

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ringwright.devcluster.podhost import HttpProbe, ProbeRun
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 PROBE = HttpProbe(path="/readyz", port=1, period_s=5.0, failure_threshold=2,
                   success_threshold=1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ringwright.eviction import judge
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.plan.isolation import honest_reports, report_key, with_report_key
 from ringwright.report_seal import seal, written_by
 from ringwright.world import Env, JobRef, Member, Report, ReportKind, StoreAddress, World

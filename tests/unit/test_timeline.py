@@ -18,7 +18,7 @@ from ringwright.devcluster.timeline import (
     read_log,
     read_timeline,
 )
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 T0 = datetime(2026, 1, 2, 3, 4, 5).timestamp()
 

@@ -4,7 +4,7 @@ share (events, conditions, phase moves, the next epoch, the closing status).
 
 from __future__ import annotations
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 
 from ...api.conditions import rfc3339, set_condition
 from ...api.models import JobPhase, TrainingJobSpec

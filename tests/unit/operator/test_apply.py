@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ringwright.kube import ApiError, Obj
+from ringwright.kube import ApiError
+from ringwright.objects import Obj
 from ringwright.operator.apply.events import EventRecorder
 from ringwright.operator.apply.executor import slow_start
 

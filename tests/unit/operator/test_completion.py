@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.plan.completion import Completion, completion
 from ringwright.operator.plan.manifests import ROLE_LABEL
 from ringwright.operator.plan.pods import PodState, PodView

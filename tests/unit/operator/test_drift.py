@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.apply.executor import Applier
 from ringwright.operator.observe.cache import INDICES, JOB_CONFIGMAPS, Written, newer
 from ringwright.operator.observe.drift import SCAFFOLD_KINDS, covers, drifted, record, watched

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.observe.cache import Written
 from ringwright.operator.plan.epochs import (

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ringwright.kube import ApiError, Obj
+from ringwright.kube import ApiError
+from ringwright.objects import Obj
 from ringwright.operator.apply.events import EventRecorder
 from ringwright.operator.apply.executor import Applier
 from ringwright.operator.observe.cache import Written

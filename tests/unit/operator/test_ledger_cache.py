@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import NodeLabelKeys
 from ringwright.operator.observe.cache import (
     JOB_CONFIGMAPS,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.conditions import rfc3339
 from ringwright.operator.api.schedulingpolicy import NodeLoss, SchedulingPolicySpec
 from ringwright.operator.plan.nodeloss import (

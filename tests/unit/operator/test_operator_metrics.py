@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from ringwright.exposition import serve
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.metrics import LossCause, OperatorMetrics, effects
 from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import NodeLabelKeys
 from ringwright.operator.observe.job import observe
 from ringwright.operator.observe.ownership import controller_uid, owned_by

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.conditions import rfc3339
 from ringwright.operator.observe.job import observe
 from ringwright.operator.plan.reconcile import plan

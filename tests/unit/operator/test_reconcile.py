@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.models import JobPhase, TrainingJobSpec
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.plan.manifests import (

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ringwright.kube import ApiError, Obj
+from ringwright.kube import ApiError
+from ringwright.objects import Obj
 from ringwright.operator.apply.events import EventRecorder
 from ringwright.operator.apply.executor import Applier
 from ringwright.operator.apply.refusals import (

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.api.templates_policy import (
     TemplateLimits,

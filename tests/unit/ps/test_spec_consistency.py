@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ringwright.kube import Obj
+from ringwright.objects import Obj
 from ringwright.operator.plan.manifests import PS, WORKER, pod
 from ringwright.runtime.ps.api import with_spec
 from ringwright.runtime.ps.serving.consistency import DEFAULT_STALENESS, Consistency, Mode
