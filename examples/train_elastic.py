@@ -23,10 +23,8 @@ import sys
 
 import torch
 
-from ringwright.runtime.elastic import ElasticRuntime
+from ringwright.runtime import ElasticRuntime, ElasticSampler, State
 from ringwright.runtime.kvlog import log_event, runtime_logger
-from ringwright.runtime.sampler import ElasticSampler
-from ringwright.runtime.state import State
 
 log = runtime_logger("example")
 
