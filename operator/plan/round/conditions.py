@@ -4,12 +4,13 @@ conditions.
 
 from __future__ import annotations
 
-from ...api.conditions import condition
+from ...api.models import ConditionStatus
 from ...api.templates_policy import TEMPLATE_CONDITION, job_violations
 from ..checkpoint_condition import CONDITION as CHECKPOINT_CONDITION
 from ..checkpoint_condition import checkpoint_condition
 from ..nodeloss import CRASH_LOOP, crash_looping
 from .state import RoundState
+from .status import find_condition
 
 
 class ConditionSteps(RoundState):
@@ -43,7 +44,7 @@ class ConditionSteps(RoundState):
             self.event("TemplateRefused", message, warning=True)
             self.plan.soon(self.settings.resync_seconds)
             return True
-        if condition(list(self.status.get("conditions") or []), TEMPLATE_CONDITION) is not None:
+        if find_condition(self.status, TEMPLATE_CONDITION) is not None:
             self.condition(TEMPLATE_CONDITION, True, "TemplateAllowed",
                            f"the templates are within SchedulingPolicy {name!r}")
         return False
@@ -51,10 +52,10 @@ class ConditionSteps(RoundState):
     def crash_loops(self) -> None:
         """Pods whose containers wait in CrashLoopBackOff show as a condition."""
         looping = crash_looping(self.workers + self.ps)
-        current = condition(list(self.status.get("conditions") or []), CRASH_LOOP)
+        current = find_condition(self.status, CRASH_LOOP)
         if looping:
             message = f"{', '.join(looping)}: a container is waiting in {CRASH_LOOP}"
-            if current is None or current.get("status") != "True":
+            if current is None or current.status != ConditionStatus.TRUE:
                 self.event(CRASH_LOOP, message, warning=True)
             self.condition(CRASH_LOOP, True, CRASH_LOOP, message)
         elif current is not None:
@@ -62,10 +63,10 @@ class ConditionSteps(RoundState):
 
     def checkpoints(self) -> None:
         """Members' checkpoint-failure reports become the CheckpointFailing condition."""
-        current = condition(list(self.status.get("conditions") or []), CHECKPOINT_CONDITION)
+        current = find_condition(self.status, CHECKPOINT_CONDITION)
         change = checkpoint_condition(self.obs.reports, current)
         if change is None:
             return
-        if current is None or (current.get("status") == "True") != change.failing:
+        if current is None or (current.status == ConditionStatus.TRUE) != change.failing:
             self.event(change.reason, change.message, warning=change.failing)
         self.condition(CHECKPOINT_CONDITION, change.failing, change.reason, change.message)

@@ -11,6 +11,7 @@ from ...api.schedulingpolicy import SchedulingPolicySpec
 from ..nodeloss import lost_members, new_container_restarts
 from ..pods import PodState
 from .lifecycle import LifecycleSteps
+from .status import StatusChange
 
 
 class FailureSteps(LifecycleSteps):
@@ -55,21 +56,21 @@ class FailureSteps(LifecycleSteps):
             self.event(loss.reason, f"{loss.message}; replacing it", warning=True)
         if next_at is not None:
             self.plan.soon(next_at - self.now)
-        crashed, self.status["containerRestarts"] = new_container_restarts(
-            everyone, self.status.get("containerRestarts") or {})
-        known = set(self.status.get("lostPods") or [])
+        crashed, counted = new_container_restarts(everyone, self.status.container_restarts)
+        known = set(self.status.lost_pods)
         fresh = [key for key in dict.fromkeys(lost) if key not in known]
         # Remember what was counted while it is still visible, so each loss counts once.
-        self.status["lostPods"] = sorted((known | set(fresh)) & (present.keys() | members))
+        self.set(StatusChange(
+            container_restarts=counted,
+            lost_pods=sorted((known | set(fresh)) & (present.keys() | members))))
         for key in dict.fromkeys(lost):
             p = present.get(key)
             if p is not None and p.state != PodState.DELETING:
                 self.plan.delete.append(p.name)
         if not fresh and not crashed:
             return
-        restarts = int(self.status.get("restarts", 0)) + len(fresh) + sum(crashed.values())
-        self.status["restarts"] = restarts
-        self.status["lastFailureTime"] = rfc3339(self.now)
+        restarts = self.status.restarts + len(fresh) + sum(crashed.values())
+        self.set(StatusChange(restarts=restarts, last_failure_time=rfc3339(self.now)))
         limit = self.spec.run_policy.backoff_limit
         if fresh:
             names = ", ".join(key.split("/")[0] for key in fresh)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from ringwright.world import World
 
-from ...api.conditions import condition, parse_time, rfc3339
-from ...api.models import CleanPodPolicy, JobPhase
+from ...api.conditions import parse_time, rfc3339
+from ...api.models import CleanPodPolicy, ConditionStatus, JobPhase
 from ..completion import completion
 from ..pods import PodState
 from .state import RoundState
+from .status import StatusChange, find_condition
 
 
 def empty_world(current: World, epoch: int) -> World:
@@ -30,7 +31,7 @@ class LifecycleSteps(RoundState):
             if policy == CleanPodPolicy.ALL or (policy == CleanPodPolicy.RUNNING and p.alive):
                 self.plan.delete.append(p.name)
         ttl = self.spec.run_policy.ttl_seconds_after_finished
-        done = parse_time(self.status.get("completionTime")) or self.now
+        done = parse_time(self.status.completion_time) or self.now
         if ttl is not None:
             if self.now >= done + ttl:
                 self.plan.delete_job = True
@@ -46,15 +47,14 @@ class LifecycleSteps(RoundState):
             epoch = self.next_epoch()
             self.plan.world = empty_world(current, epoch)
             self.plan.world_version = self.obs.world_version
-            self.status["world"] = {**(self.status.get("world") or {}),
-                                    "epoch": epoch, "size": 0, "racks": 0,
-                                    "crossRackEdges": 0, "rackMembers": []}
+            self.set(StatusChange(world=self.status.world.model_copy(update={
+                "epoch": epoch, "size": 0, "racks": 0, "cross_rack_edges": 0,
+                "rack_members": []})))
             self.event("WorldPublished", f"epoch {epoch}: empty (suspended)")
         for p in self.workers + self.ps:
             if p.state != PodState.DELETING:
                 self.plan.delete_gracefully.append(p.name)
-        self.status["candidate"] = None
-        self.status["belowMinSince"] = None
+        self.set(StatusChange(candidate=None, below_min_since=None))
         if self.phase != JobPhase.SUSPENDED:
             self.move(JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true; "
                       "pods stop with their grace period, restarts are kept")
@@ -65,16 +65,17 @@ class LifecycleSteps(RoundState):
         Suspended too: a job that never becomes schedulable still ends, and says why."""
         limit = self.spec.run_policy.active_deadline_seconds
         start = parse_time(self.meta.get("creationTimestamp")) or parse_time(
-            self.status.get("startTime"))
+            self.status.start_time)
         if limit is None or start is None:
             return False
         if self.now - start < limit:
             self.plan.soon(start + limit - self.now)
             return False
-        placed = condition(list(self.status.get("conditions") or []), "Schedulable")
-        if self.status.get("startTime") is None and self.phase == JobPhase.PENDING:
-            why = (f"{placed.get('reason')}: {placed.get('message')}" if placed is not None
-                   and placed.get("status") == "False" else "its pods never all became ready")
+        placed = find_condition(self.status, "Schedulable")
+        if self.status.start_time is None and self.phase == JobPhase.PENDING:
+            why = (f"{placed.reason}: {placed.message}" if placed is not None
+                   and placed.status == ConditionStatus.FALSE
+                   else "its pods never all became ready")
             self.move(JobPhase.FAILED, "NeverSchedulable",
                       f"not running {limit}s after creation "
                       f"(spec.runPolicy.activeDeadlineSeconds): {why}")
@@ -88,10 +89,10 @@ class LifecycleSteps(RoundState):
         """The completion rule of the job's mode: True when the job just succeeded; sets
         ``finishing`` while the work is done but pods are still ending."""
         verdict = completion(self.spec.mode, self.obs.world, self.workers, self.ps,
-                             parse_time(self.status.get("workersFinishedTime")), self.now,
+                             parse_time(self.status.workers_finished_time), self.now,
                              self.settings.ps_exit_grace_seconds)
         if verdict.workers_finished_at is not None:
-            self.status["workersFinishedTime"] = rfc3339(verdict.workers_finished_at)
+            self.set(StatusChange(workers_finished_time=rfc3339(verdict.workers_finished_at)))
         if verdict.wait is not None:
             self.plan.soon(verdict.wait)
         self.finishing = verdict.finishing
@@ -101,10 +102,10 @@ class LifecycleSteps(RoundState):
         return verdict.succeeded
 
     def below_min(self, ready: int) -> None:
-        since = parse_time(self.status.get("belowMinSince"))
+        since = parse_time(self.status.below_min_since)
         if since is None:
             since = self.now
-            self.status["belowMinSince"] = rfc3339(self.now)
+            self.set(StatusChange(below_min_since=rfc3339(self.now)))
         if self.phase == JobPhase.RUNNING:
             self.move(JobPhase.RESTARTING, "BelowMinimum",
                       f"{ready} ready workers, below spec.workers.min="

@@ -12,6 +12,7 @@ from ..manifests import PS, WORKER, pod
 from ..nodeloss import with_node_loss_tolerations
 from ..pods import PodState, PodView
 from .state import RoundState
+from .status import StatusChange
 
 
 def backoff(restarts: int, base: float, cap: float) -> float:
@@ -82,9 +83,9 @@ class PlacementSteps(RoundState):
         if hold is not None and self.now < hold:
             self.plan.soon(hold - self.now)  # a refused create waits out its backoff
             return
-        last_failure = parse_time(self.status.get("lastFailureTime"))
+        last_failure = parse_time(self.status.last_failure_time)
         if last_failure is not None:
-            ready_at = last_failure + backoff(int(self.status.get("restarts", 0)),
+            ready_at = last_failure + backoff(self.status.restarts,
                                               self.settings.backoff_base_seconds,
                                               self.settings.backoff_cap_seconds)
             if self.now < ready_at:
@@ -119,5 +120,5 @@ class PlacementSteps(RoundState):
                         fragment, self.job["spec"], role == WORKER,
                         self.obs.policy.node_loss.toleration_seconds))))
         if placed.gpu_model:
-            self.status["world"] = {**(self.status.get("world") or {}),
-                                    "gpuModel": placed.gpu_model}
+            self.set(StatusChange(world=self.status.world.model_copy(
+                update={"gpu_model": placed.gpu_model})))

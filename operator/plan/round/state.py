@@ -4,19 +4,15 @@ share (events, conditions, phase moves, the next epoch, the closing status).
 
 from __future__ import annotations
 
-from ringwright.objects import Obj
-
-from ...api.conditions import rfc3339, set_condition
-from ...api.models import JobPhase, TrainingJobSpec
+from ...api.conditions import rfc3339
+from ...api.models import JobPhase, ReplicaStatus, TrainingJobSpec
 from ...settings import OperatorSettings
-from ..epochs import EpochsSeen, next_epoch, status_epoch
+from ..epochs import EpochsSeen, next_epoch
 from ..manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER
 from ..phases import TERMINAL, check_transition
 from ..pods import PodState, view
 from ..types import Event, Observed, Placer, Plan
-
-PHASE_HISTORY = 32
-"""Phase transitions kept in status.phaseHistory (the oldest go first)."""
+from .status import StatusChange, changed, read_status, with_condition, with_transition
 
 
 class RoundState:
@@ -28,9 +24,9 @@ class RoundState:
         self.job = obs.job
         self.meta = obs.job["metadata"]
         self.spec = TrainingJobSpec.model_validate(obs.job["spec"])
-        self.status: Obj = dict(obs.job.get("status") or {})
+        self.status = read_status(obs.job)
         self.generation = int(self.meta.get("generation", 0))
-        self.phase = JobPhase(self.status.get("phase", JobPhase.PENDING))
+        self.phase = self.status.phase
         self.plan = Plan()
         views = [v for v in (view(p) for p in obs.pods) if v is not None]
         self.workers = [v for v in views if v.role == WORKER]
@@ -43,10 +39,12 @@ class RoundState:
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.plan.events.append(Event("Warning" if warning else "Normal", reason, message))
 
+    def set(self, change: StatusChange) -> None:
+        self.status = changed(self.status, change)
+
     def condition(self, type_: str, ok: bool, reason: str, message: str) -> None:
-        self.status["conditions"] = set_condition(
-            list(self.status.get("conditions") or []), type_, ok, reason, message, self.now,
-            self.generation)
+        self.status = self.status.model_copy(update={"conditions": with_condition(
+            self.status.conditions, type_, ok, reason, message, self.now, self.generation)})
 
     def move(self, phase: JobPhase, reason: str, message: str) -> None:
         if phase == self.phase:
@@ -54,13 +52,12 @@ class RoundState:
         check_transition(self.phase, phase)
         self.event(reason, f"{self.phase} -> {phase}: {message}",
                    warning=phase in (JobPhase.FAILED, JobPhase.RESTARTING))
-        self.status["phaseHistory"] = [
-            *(self.status.get("phaseHistory") or []),
-            {"phase": phase.value, "reason": reason, "time": rfc3339(self.now)},
-        ][-PHASE_HISTORY:]
+        self.status = self.status.model_copy(update={
+            "phase_history": with_transition(self.status.phase_history, phase, reason,
+                                             self.now)})
         self.phase = phase
         if phase in TERMINAL:
-            self.status["completionTime"] = rfc3339(self.now)
+            self.status = self.status.model_copy(update={"completion_time": rfc3339(self.now)})
             self.condition(phase.value, True, reason, message)
 
     def next_epoch(self) -> int:
@@ -69,27 +66,25 @@ class RoundState:
         return next_epoch(EpochsSeen(
             document=current.epoch if current else 0,
             annotation=self.obs.world_annotation_epoch,
-            status=status_epoch(self.status)))
+            status=self.status.world.epoch))
 
     def finish(self) -> Plan:
-        st = self.status
-        st["phase"] = self.phase.value
-        st["observedGeneration"] = self.generation
-        name = self.meta["name"]
-        st["selector"] = f"{JOB_LABEL}={name},{ROLE_LABEL}={WORKER}"
         deleted = set(self.plan.delete) | set(self.plan.delete_gracefully)
         live = [p for p in self.workers if p.alive and p.name not in deleted]
-        st["workers"] = {
-            "desired": self.spec.workers.replicas,
-            "active": len(live) + sum(1 for o in self.plan.create
-                                      if o["metadata"]["labels"][ROLE_LABEL] == WORKER),
-            "ready": sum(1 for p in live if p.state == PodState.READY),
-            "succeeded": sum(1 for p in self.workers if p.state == PodState.SUCCEEDED),
-            "failed": sum(1 for p in self.workers if p.state == PodState.FAILED),
-        }
+        self.set(StatusChange(
+            observed_generation=self.generation,
+            selector=f"{JOB_LABEL}={self.meta['name']},{ROLE_LABEL}={WORKER}",
+            workers=ReplicaStatus(
+                desired=self.spec.workers.replicas,
+                active=len(live) + sum(1 for o in self.plan.create
+                                       if o["metadata"]["labels"][ROLE_LABEL] == WORKER),
+                ready=sum(1 for p in live if p.state == PodState.READY),
+                succeeded=sum(1 for p in self.workers if p.state == PodState.SUCCEEDED),
+                failed=sum(1 for p in self.workers if p.state == PodState.FAILED))))
         if self.spec.ps is not None:
-            st["ps"] = {"desired": self.spec.ps.replicas,
-                        "active": sum(1 for p in self.ps if p.alive),
-                        "ready": sum(1 for p in self.ps if p.state == PodState.READY)}
-        self.plan.status = st
+            self.set(StatusChange(ps=ReplicaStatus(
+                desired=self.spec.ps.replicas,
+                active=sum(1 for p in self.ps if p.alive),
+                ready=sum(1 for p in self.ps if p.state == PodState.READY))))
+        self.plan.status = self.status.model_copy(update={"phase": self.phase}).to_wire()
         return self.plan

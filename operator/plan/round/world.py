@@ -13,8 +13,7 @@ from ringwright.world import (
 )
 
 from ...api.conditions import rfc3339
-from ...api.models import JobPhase
-from ..epochs import status_epoch
+from ...api.models import JobPhase, PendingMembership, RackMembers
 from ..pods import PodState, PodView
 from ..recovery import recovery
 from ..worldplan import (
@@ -26,6 +25,7 @@ from ..worldplan import (
     world_digest,
 )
 from .lifecycle import LifecycleSteps
+from .status import StatusChange
 
 VERDICT_MARGIN_S = 2.0
 """Beyond failureDetectSeconds, how long a failed collective waits for a member's
@@ -49,22 +49,21 @@ class WorldSteps(LifecycleSteps):
                 r.kind == ReportKind.COLLECTIVE_FAILED and r.epoch == current.epoch
                 and not r.suspects for r in self.obs.reports.values()):
             self.plan.soon(verdict_wait)
-        pending_doc = self.status.get("candidate") or {}
-        pending = (Candidate(pending_doc["digest"], float(pending_doc["since"]))
-                   if pending_doc.get("digest") else None)
+        seen = self.status.candidate
+        pending = Candidate(seen.digest, seen.since) if seen and seen.digest else None
         ready_ps = [p for p in self.ps if p.state == PodState.READY and p.name not in doomed]
         awaited = current is not None and all_waiting(
             current, self.obs.reports, [p.name for p in ready])
         publish, candidate, wait = decide(
             current, ready, self.spec.workers.replicas, self.spec.workers.min, pending,
             self.now, self.settings.settle_seconds, force, ready_ps, awaited)
-        self.status["candidate"] = (
-            {"digest": candidate.digest, "since": candidate.since} if candidate else None)
+        self.set(StatusChange(candidate=PendingMembership(
+            digest=candidate.digest, since=candidate.since) if candidate else None))
         if wait is not None:
             self.plan.soon(wait)
         if publish:
             self.publish(ready, ready_ps)
-        elif (current is not None and status_epoch(self.status) < current.epoch
+        elif (current is not None and self.status.world.epoch < current.epoch
               and world_digest(current) == membership_digest([*ready, *ready_ps])):
             # The world went out but the status write after it did not (the operator
             # died, or the API server went away, in between): catch up with it.
@@ -73,7 +72,7 @@ class WorldSteps(LifecycleSteps):
         if running and len(ready) < self.spec.workers.min:
             self.below_min(len(ready))
         else:
-            self.status["belowMinSince"] = None
+            self.set(StatusChange(below_min_since=None))
 
     def publish(self, ready: list[PodView], ready_ps: list[PodView]) -> None:
         current = self.obs.world
@@ -110,11 +109,10 @@ class WorldSteps(LifecycleSteps):
         if self.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
             self.move(JobPhase.RUNNING, "Running", f"world epoch {world.epoch} has "
                       f"{world.size} workers (min {self.spec.workers.min})")
-            self.status.setdefault("startTime", rfc3339(self.now))
+            if self.status.start_time is None:
+                self.set(StatusChange(start_time=rfc3339(self.now)))
         if (recovered := recovery(self.status, self.now)) is not None:
-            self.status["lastRecovery"] = recovered
-        self.status["world"] = {
-            **(self.status.get("world") or {}),
-            "epoch": world.epoch, "size": world.size, "racks": racks, "crossRackEdges": edges,
-            "rackMembers": [{"rack": r, "members": n} for r, n in per_rack],
-        }
+            self.set(StatusChange(last_recovery=recovered))
+        self.set(StatusChange(world=self.status.world.model_copy(update={
+            "epoch": world.epoch, "size": world.size, "racks": racks, "cross_rack_edges": edges,
+            "rack_members": [RackMembers(rack=r, members=n) for r, n in per_rack]})))
