@@ -21,6 +21,7 @@ from ...api.models import (
     JobPhase,
     PendingMembership,
     PhaseTransition,
+    RackMembers,
     RecoveryStatus,
     ReplicaStatus,
     TrainingJobStatus,
@@ -54,14 +55,41 @@ class StatusChange(TypedDict, total=False):
     container_restarts: dict[str, int]
 
 
+class LifecycleChange(TypedDict, total=False):
+    """The status fields that phase moves and conditions set (the draft's, not a step's)."""
+
+    phase: JobPhase
+    phase_history: list[PhaseTransition]
+    completion_time: str | None
+    conditions: list[Condition]
+
+
+class WorldChange(TypedDict, total=False):
+    """Fields of status.world a step sets, by their names and types in
+    :class:`WorldSummary`."""
+
+    epoch: int
+    size: int
+    gpu_model: str
+    racks: int
+    cross_rack_edges: int
+    rack_members: list[RackMembers]
+
+
 def read_status(job: Obj) -> TrainingJobStatus:
     """The job's status as the operator last wrote it (defaults where it has none)."""
     return TrainingJobStatus.model_validate(job.get("status") or {})
 
 
-def changed(status: TrainingJobStatus, change: StatusChange) -> TrainingJobStatus:
+def changed(status: TrainingJobStatus, change: StatusChange | LifecycleChange
+            ) -> TrainingJobStatus:
     """``status`` with the fields of ``change`` set."""
     return status.model_copy(update=change)
+
+
+def world_changed(summary: WorldSummary, change: WorldChange) -> WorldSummary:
+    """``summary`` with the fields of ``change`` set."""
+    return summary.model_copy(update=change)
 
 
 def find_condition(status: TrainingJobStatus, type_: str) -> Condition | None:

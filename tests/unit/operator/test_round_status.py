@@ -9,8 +9,13 @@ import pytest
 
 from ringwright.objects import Obj
 from ringwright.operator.api.conditions import rfc3339
-from ringwright.operator.api.models import TrainingJobSpec, TrainingJobStatus
-from ringwright.operator.plan.round.status import PHASE_HISTORY, StatusChange
+from ringwright.operator.api.models import TrainingJobSpec, TrainingJobStatus, WorldSummary
+from ringwright.operator.plan.round.status import (
+    PHASE_HISTORY,
+    LifecycleChange,
+    StatusChange,
+    WorldChange,
+)
 from ringwright.operator.plan.round.world import VERDICT_MARGIN_S
 from ringwright.world import Report, ReportKind
 from tests.unit.operator.test_reconcile import NOW, job, pod, run, world_of
@@ -55,9 +60,13 @@ def test_a_failed_collective_waits_failure_detect_seconds_plus_the_margin() -> N
     assert round_at(NOW + wait).world is not None
 
 
-def test_a_status_change_names_status_fields_with_their_types() -> None:
-    fields = TrainingJobStatus.model_fields
-    for name, hint in get_type_hints(StatusChange).items():
+@pytest.mark.parametrize(("change", "model"), [(StatusChange, TrainingJobStatus),
+                                               (LifecycleChange, TrainingJobStatus),
+                                               (WorldChange, WorldSummary)])
+def test_a_change_names_fields_of_its_model_with_their_types(change: type,
+                                                              model: type[Any]) -> None:
+    fields = model.model_fields
+    for name, hint in get_type_hints(change).items():
         assert name in fields, name
         assert fields[name].annotation == hint, name
 
