@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ringwright.objects import Obj
 from ringwright.world import Report, ReportKind
+
+from ..api.models import Condition, ConditionStatus
 
 CONDITION = "CheckpointFailing"
 
@@ -24,7 +25,7 @@ class ConditionChange(NamedTuple):
     message: str
 
 
-def checkpoint_condition(reports: Mapping[str, Report], current: Obj | None
+def checkpoint_condition(reports: Mapping[str, Report], current: Condition | None
                          ) -> ConditionChange | None:
     """What ``CheckpointFailing`` should say; None leaves it as it is (or absent).
 
@@ -38,7 +39,7 @@ def checkpoint_condition(reports: Mapping[str, Report], current: Obj | None
         return ConditionChange(True, "CheckpointWriteFailed",
                                f"{pod} (world epoch {report.epoch}): {report.detail}; "
                                "training continues from memory and the write is retried")
-    if current is None or current.get("status") != "True":
+    if current is None or current.status != ConditionStatus.TRUE:
         return None
     ok = [(r.at, pod, r) for pod, r in reports.items() if r.kind == ReportKind.CHECKPOINT_OK]
     message = f"{max(ok)[1]}: {max(ok)[2].detail}" if ok else \

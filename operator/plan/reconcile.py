@@ -3,58 +3,68 @@
 No API calls, no clock, no globals: everything comes in as arguments and the result
 is data (pods to create and delete, the next world, the next status, events). The
 apply layer performs it; tests assert on it directly.
+
+A round is a list of steps (:mod:`.round`), each a function of what it reads that returns
+what it decides; the draft records their outcomes in this order.
 """
 
 from __future__ import annotations
 
-from ..api.models import JobPhase
 from ..settings import OperatorSettings
 from .phases import TERMINAL
-from .round.conditions import ConditionSteps
-from .round.failures import FailureSteps
-from .round.placement import PlacementSteps, backoff
-from .round.world import WorldSteps
+from .round.conditions import checkpoints, crash_loops, policy_found, templates
+from .round.counts import counts
+from .round.draft import Draft
+from .round.failures import failures
+from .round.lifecycle import (
+    clean_up,
+    completed,
+    deadline,
+    left_behind,
+    resumption,
+    suspension,
+)
+from .round.placement import backoff, gang_timeout, resize
+from .round.state import Round
+from .round.world import world
 from .types import Event, Observed, Placement, Placer, Plan
 
 # The types and backoff live beside the steps; importers keep reading them from here.
 __all__ = ["Event", "Observed", "Placement", "Placer", "Plan", "backoff", "plan"]
 
 
-class _Round(ConditionSteps, FailureSteps, PlacementSteps, WorldSteps):
-    """One planning round: the steps of each phase (their own modules), in order."""
-
-    def run(self) -> Plan:
-        # They hold the names this job's pods need; not members, never counted.
-        self.plan.delete_left_behind = [
-            (p["metadata"]["name"], p["metadata"]["uid"]) for p in self.obs.left_behind
-            if not p["metadata"].get("deletionTimestamp")]
-        if self.phase in TERMINAL:
-            self.finished()
-            return self.finish()
-        self.policy_condition()
-        if self.deadline_passed():
-            return self.finish()
-        if self.obs.policy is not None and self.template_refused():
-            return self.finish()
-        if self.spec.run_policy.suspend:
-            self.suspended()
-            return self.finish()
-        if self.phase == JobPhase.SUSPENDED:
-            self.move(JobPhase.PENDING, "Resumed", "spec.runPolicy.suspend is false")
-            self.condition("Suspended", False, "Resumed", "pods are recreated")
-        if self.completed():
-            return self.finish()
-        self.failures()
-        if self.phase in TERMINAL:
-            return self.finish()
-        self.crash_loops()
-        self.checkpoints()
-        if not self.finishing:
-            self.resize()
-            self.world()
-        return self.finish()
-
-
 def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Placer) -> Plan:
     """Decide everything for one job from what was observed; performs nothing."""
-    return _Round(observed, settings, now, placer).run()
+    r = Round.of(observed, settings, now, placer)
+    d = Draft.of(r)
+    d.take(left_behind(r))
+    if d.phase in TERMINAL:
+        return _close(r, d)
+    d.take(policy_found(r))
+    if d.take(deadline(r, d.status)).stop:
+        return _close(r, d)
+    if observed.policy is not None and d.take(templates(r, observed.policy, d.status)).stop:
+        return _close(r, d)
+    if r.spec.run_policy.suspend:
+        d.take(suspension(r, d.status))
+        return _close(r, d)
+    d.take(resumption(d.status))
+    if d.take(completed(r, d.status)).stop:
+        return _close(r, d)
+    if d.take(failures(r, d.status)).stop:
+        return _close(r, d)
+    d.take(crash_loops(r, d.status))
+    d.take(checkpoints(r, d.status))
+    if not d.finishing:
+        if observed.policy is None or not d.take(gang_timeout(r, observed.policy)).stop:
+            d.take(resize(r, d.status, doomed=frozenset(d.plan.delete)))
+        d.take(world(r, d.status, doomed=frozenset(d.plan.delete + d.plan.mark_leaving)))
+    return _close(r, d)
+
+
+def _close(r: Round, d: Draft) -> Plan:
+    """End the round: a finished job's clean-up, then the counts every status carries."""
+    if d.phase in TERMINAL:
+        d.take(clean_up(r, d.status))
+    d.take(counts(r, d.plan))
+    return d.done()

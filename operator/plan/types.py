@@ -86,6 +86,8 @@ class Plan:
     world_version: str = ""
     """Write ``world`` only over this resourceVersion (empty: only if none exists)."""
     status: Obj = field(default_factory=dict)
+    """The job's status in its wire form (camelCase, unset optionals left out), made once
+    from the round's typed ``TrainingJobStatus`` when the round ends."""
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     delete_job: bool = False

@@ -1,4 +1,4 @@
-"""The round step that counts failures and deletes the failed, within backoffLimit."""
+"""The step that counts failures and deletes the failed, within backoffLimit."""
 
 from __future__ import annotations
 
@@ -6,80 +6,98 @@ from ringwright.eviction import judge
 from ringwright.world import ReportKind
 
 from ...api.conditions import rfc3339
-from ...api.models import JobPhase
+from ...api.models import JobPhase, TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
 from ..nodeloss import lost_members, new_container_restarts
 from ..pods import PodState
-from .lifecycle import LifecycleSteps
+from ..types import Event
+from .state import Move, Outcome, Round, event, merged
+from .status import StatusChange
 
 
-class FailureSteps(LifecycleSteps):
-    """Lost pods and members, counted once each; too many end the job."""
+def failures(r: Round, status: TrainingJobStatus) -> Outcome:
+    """Failed pods and members that vanished, were judged dead by their peers, stalled or
+    lost their node are replaced, each counted once, within backoffLimit.
 
-    def failures(self) -> None:
-        """Failed pods and members that vanished are replaced within backoffLimit.
+    Pods are tracked as ``name/uid``: a replacement reuses its predecessor's name.
+    Sets: status.lostPods, containerRestarts, restarts, lastFailureTime; phase Failed past
+    backoffLimit, which stops the round; the plan's delete and clear_reports."""
+    lost, found = _lost(r)
+    return merged(found, _counted(r, status, lost))
 
-        Pods are tracked as ``name/uid``: a replacement reuses its predecessor's name.
-        """
-        world = self.obs.world
-        members = {f"{m.pod}/{m.pod_uid}" for m in world.members} if world else set()
-        everyone = self.workers + self.ps
-        present = {f"{p.name}/{p.uid}": p for p in everyone}
-        lost = [key for key, p in present.items() if p.state == PodState.FAILED]
-        lost += sorted(members - present.keys())
-        if world is not None:
-            # Peers' word, corroborated: several reporters, or one and the pod not Ready.
-            unhealthy = {p.name for p in everyone if p.state != PodState.READY}
-            for e in judge(world, self.obs.reports, unhealthy):
-                pod_ = next((p for p in everyone if p.name == e.pod), None)
-                if pod_ is not None and pod_.state != PodState.DELETING:
-                    lost.append(f"{pod_.name}/{pod_.uid}")
-                    self.event("MemberDead", f"{e.pod} is dead: {e.reason} "
-                               f"({', '.join(e.reporters)}); replacing it", warning=True)
-        for name, report in self.obs.reports.items():
-            pod_ = next((p for p in everyone if p.name == name), None)
-            if (report.kind == ReportKind.STALLED and world is not None
-                    and report.epoch == world.epoch and pod_ is not None
-                    and pod_.state != PodState.DELETING):
+
+def _lost(r: Round) -> tuple[list[str], Outcome]:
+    """The pods and members lost (``name/uid``, in the order found, repeats possible), and
+    what finding them decided: events, stall reports answered, when a node is due."""
+    world = r.obs.world
+    members = {f"{m.pod}/{m.pod_uid}" for m in world.members} if world else set()
+    everyone = r.pods
+    present = {f"{p.name}/{p.uid}": p for p in everyone}
+    lost = [key for key, p in present.items() if p.state == PodState.FAILED]
+    lost += sorted(members - present.keys())
+    told: list[Event] = []
+    cleared: list[str] = []
+    if world is not None:
+        # Peers' word, corroborated: several reporters, or one and the pod not Ready.
+        unhealthy = {p.name for p in everyone if p.state != PodState.READY}
+        for e in judge(world, r.obs.reports, unhealthy):
+            pod_ = next((p for p in everyone if p.name == e.pod), None)
+            if pod_ is not None and pod_.state != PodState.DELETING:
                 lost.append(f"{pod_.name}/{pod_.uid}")
-                self.plan.clear_reports.append(name)
-                self.event("MemberStalled",
-                           f"{name} reports its training loop stalled; replacing it",
-                           warning=True)
-        # Without a usable policy losses still count, with the default thresholds.
-        node_loss = (self.obs.policy or SchedulingPolicySpec()).node_loss
-        losses, next_at = lost_members(everyone, self.obs.node_down_since,
-                                       node_loss.unready_seconds, self.now)
-        for loss in losses:
-            lost.append(f"{loss.pod.name}/{loss.pod.uid}")
-            self.event(loss.reason, f"{loss.message}; replacing it", warning=True)
-        if next_at is not None:
-            self.plan.soon(next_at - self.now)
-        crashed, self.status["containerRestarts"] = new_container_restarts(
-            everyone, self.status.get("containerRestarts") or {})
-        known = set(self.status.get("lostPods") or [])
-        fresh = [key for key in dict.fromkeys(lost) if key not in known]
-        # Remember what was counted while it is still visible, so each loss counts once.
-        self.status["lostPods"] = sorted((known | set(fresh)) & (present.keys() | members))
-        for key in dict.fromkeys(lost):
-            p = present.get(key)
-            if p is not None and p.state != PodState.DELETING:
-                self.plan.delete.append(p.name)
-        if not fresh and not crashed:
-            return
-        restarts = int(self.status.get("restarts", 0)) + len(fresh) + sum(crashed.values())
-        self.status["restarts"] = restarts
-        self.status["lastFailureTime"] = rfc3339(self.now)
-        limit = self.spec.run_policy.backoff_limit
-        if fresh:
-            names = ", ".join(key.split("/")[0] for key in fresh)
-            self.event("MemberLost", f"lost {names} (restart {restarts} of backoffLimit "
-                       f"{limit})", warning=True)
-        if crashed:
-            names = ", ".join(f"{key.split('/')[0]} ({n})" for key, n in crashed.items())
-            self.event("ContainerRestarted", f"containers restarted in {names} (restart "
-                       f"{restarts} of backoffLimit {limit})", warning=True)
-        if restarts > limit:
-            self.move(JobPhase.FAILED, "BackoffLimitExceeded",
-                      f"{restarts} pod failures exceed spec.runPolicy.backoffLimit={limit}")
-            self.finished()
+                told.append(event("MemberDead", f"{e.pod} is dead: {e.reason} "
+                                  f"({', '.join(e.reporters)}); replacing it", warning=True))
+    for name, report in r.obs.reports.items():
+        pod_ = next((p for p in everyone if p.name == name), None)
+        if (report.kind == ReportKind.STALLED and world is not None
+                and report.epoch == world.epoch and pod_ is not None
+                and pod_.state != PodState.DELETING):
+            lost.append(f"{pod_.name}/{pod_.uid}")
+            cleared.append(name)
+            told.append(event("MemberStalled",
+                              f"{name} reports its training loop stalled; replacing it",
+                              warning=True))
+    # Without a usable policy losses still count, with the default thresholds.
+    node_loss = (r.obs.policy or SchedulingPolicySpec()).node_loss
+    losses, next_at = lost_members(everyone, r.obs.node_down_since,
+                                   node_loss.unready_seconds, r.now)
+    for loss in losses:
+        lost.append(f"{loss.pod.name}/{loss.pod.uid}")
+        told.append(event(loss.reason, f"{loss.message}; replacing it", warning=True))
+    return lost, Outcome(events=tuple(told), clear_reports=tuple(cleared),
+                         requeue=next_at - r.now if next_at is not None else None)
+
+
+def _counted(r: Round, status: TrainingJobStatus, lost: list[str]) -> Outcome:
+    """Delete the lost pods still present; count what was not counted before, with the
+    containers that restarted; fail the job past backoffLimit."""
+    members = {f"{m.pod}/{m.pod_uid}" for m in r.obs.world.members} if r.obs.world else set()
+    present = {f"{p.name}/{p.uid}": p for p in r.pods}
+    crashed, counted = new_container_restarts(r.pods, status.container_restarts)
+    known = set(status.lost_pods)
+    fresh = [key for key in dict.fromkeys(lost) if key not in known]
+    # Remember what was counted while it is still visible, so each loss counts once.
+    change = StatusChange(container_restarts=counted,
+                          lost_pods=sorted((known | set(fresh)) & (present.keys() | members)))
+    doomed = tuple(p.name for p in (present.get(key) for key in dict.fromkeys(lost))
+                   if p is not None and p.state != PodState.DELETING)
+    if not fresh and not crashed:
+        return Outcome(status=change, delete=doomed)
+    restarts = status.restarts + len(fresh) + sum(crashed.values())
+    change["restarts"] = restarts
+    change["last_failure_time"] = rfc3339(r.now)
+    limit = r.spec.run_policy.backoff_limit
+    told: list[Event] = []
+    if fresh:
+        names = ", ".join(key.split("/")[0] for key in fresh)
+        told.append(event("MemberLost", f"lost {names} (restart {restarts} of backoffLimit "
+                          f"{limit})", warning=True))
+    if crashed:
+        names = ", ".join(f"{key.split('/')[0]} ({n})" for key, n in crashed.items())
+        told.append(event("ContainerRestarted", f"containers restarted in {names} (restart "
+                          f"{restarts} of backoffLimit {limit})", warning=True))
+    if restarts <= limit:
+        return Outcome(status=change, delete=doomed, events=tuple(told))
+    exceeded = Move(JobPhase.FAILED, "BackoffLimitExceeded",
+                    f"{restarts} pod failures exceed spec.runPolicy.backoffLimit={limit}")
+    return Outcome(status=change, delete=doomed, events=tuple(told), moves=(exceeded,),
+                   stop=True)

@@ -1,16 +1,18 @@
-"""Round steps that move the job through its lifecycle: finished, suspended, deadline,
-completion, below the minimum.
+"""Steps that move the job through its lifecycle: left-behind pods, clean-up of a
+finished job, suspend and resume, the deadline, completion, below the minimum.
 """
 
 from __future__ import annotations
 
 from ringwright.world import World
 
-from ...api.conditions import condition, parse_time, rfc3339
-from ...api.models import CleanPodPolicy, JobPhase
+from ...api.conditions import parse_time, rfc3339
+from ...api.models import CleanPodPolicy, ConditionStatus, JobPhase, TrainingJobStatus
 from ..completion import completion
 from ..pods import PodState
-from .state import RoundState
+from ..types import Event
+from .state import NOTHING, Move, Outcome, Round, SetCondition, epoch_after, event
+from .status import StatusChange, WorldChange, find_condition, world_changed
 
 
 def empty_world(current: World, epoch: int) -> World:
@@ -19,101 +21,135 @@ def empty_world(current: World, epoch: int) -> World:
                                       "store": current.store.model_copy(update={"address": ""})})
 
 
-class LifecycleSteps(RoundState):
-    """Suspend, deadline, completion and their consequences for the pods."""
+def left_behind(r: Round) -> Outcome:
+    """Pods an earlier job of the same name left: they hold the names this job's pods
+    need; never members, never counted.
 
-    def finished(self) -> None:
-        policy = self.spec.run_policy.clean_pod_policy
-        for p in self.workers + self.ps:
-            if p.state == PodState.DELETING:
-                continue
-            if policy == CleanPodPolicy.ALL or (policy == CleanPodPolicy.RUNNING and p.alive):
-                self.plan.delete.append(p.name)
-        ttl = self.spec.run_policy.ttl_seconds_after_finished
-        done = parse_time(self.status.get("completionTime")) or self.now
-        if ttl is not None:
-            if self.now >= done + ttl:
-                self.plan.delete_job = True
-            else:
-                self.plan.soon(done + ttl - self.now)
+    Sets: the plan's delete_left_behind (by UID)."""
+    return Outcome(delete_left_behind=tuple(
+        (p["metadata"]["name"], p["metadata"]["uid"]) for p in r.obs.left_behind
+        if not p["metadata"].get("deletionTimestamp")))
 
-    def suspended(self) -> None:
-        """Members learn from an empty world that they are out, then their pods get their
-        own grace period (SIGTERM: the final checkpoint is written). Nothing here is a
-        failure: no member is lost, restarts and backoffLimit are untouched."""
-        current = self.obs.world
-        if current is not None and (current.members or current.ps):
-            epoch = self.next_epoch()
-            self.plan.world = empty_world(current, epoch)
-            self.plan.world_version = self.obs.world_version
-            self.status["world"] = {**(self.status.get("world") or {}),
-                                    "epoch": epoch, "size": 0, "racks": 0,
-                                    "crossRackEdges": 0, "rackMembers": []}
-            self.event("WorldPublished", f"epoch {epoch}: empty (suspended)")
-        for p in self.workers + self.ps:
-            if p.state != PodState.DELETING:
-                self.plan.delete_gracefully.append(p.name)
-        self.status["candidate"] = None
-        self.status["belowMinSince"] = None
-        if self.phase != JobPhase.SUSPENDED:
-            self.move(JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true; "
-                      "pods stop with their grace period, restarts are kept")
-        self.condition("Suspended", True, "Suspended", "pods deleted; the job is kept")
 
-    def deadline_passed(self) -> bool:
-        """activeDeadlineSeconds counts from the job's creation, through Pending and
-        Suspended too: a job that never becomes schedulable still ends, and says why."""
-        limit = self.spec.run_policy.active_deadline_seconds
-        start = parse_time(self.meta.get("creationTimestamp")) or parse_time(
-            self.status.get("startTime"))
-        if limit is None or start is None:
-            return False
-        if self.now - start < limit:
-            self.plan.soon(start + limit - self.now)
-            return False
-        placed = condition(list(self.status.get("conditions") or []), "Schedulable")
-        if self.status.get("startTime") is None and self.phase == JobPhase.PENDING:
-            why = (f"{placed.get('reason')}: {placed.get('message')}" if placed is not None
-                   and placed.get("status") == "False" else "its pods never all became ready")
-            self.move(JobPhase.FAILED, "NeverSchedulable",
-                      f"not running {limit}s after creation "
-                      f"(spec.runPolicy.activeDeadlineSeconds): {why}")
-        else:
-            self.move(JobPhase.FAILED, "DeadlineExceeded",
-                      f"more than spec.runPolicy.activeDeadlineSeconds={limit} since creation")
-        self.finished()
-        return True
+def clean_up(r: Round, status: TrainingJobStatus) -> Outcome:
+    """A finished job's pods go as cleanPodPolicy says; the job itself after its TTL.
 
-    def completed(self) -> bool:
-        """The completion rule of the job's mode: True when the job just succeeded; sets
-        ``finishing`` while the work is done but pods are still ending."""
-        verdict = completion(self.spec.mode, self.obs.world, self.workers, self.ps,
-                             parse_time(self.status.get("workersFinishedTime")), self.now,
-                             self.settings.ps_exit_grace_seconds)
-        if verdict.workers_finished_at is not None:
-            self.status["workersFinishedTime"] = rfc3339(verdict.workers_finished_at)
-        if verdict.wait is not None:
-            self.plan.soon(verdict.wait)
-        self.finishing = verdict.finishing
-        if verdict.succeeded:
-            self.move(JobPhase.SUCCEEDED, "Completed", verdict.message)
-            self.finished()
-        return verdict.succeeded
+    Sets: the plan's delete, delete_job; a requeue for the TTL."""
+    policy = r.spec.run_policy.clean_pod_policy
+    doomed = tuple(
+        p.name for p in r.pods if p.state != PodState.DELETING and (
+            policy == CleanPodPolicy.ALL or (policy == CleanPodPolicy.RUNNING and p.alive)))
+    ttl = r.spec.run_policy.ttl_seconds_after_finished
+    if ttl is None:
+        return Outcome(delete=doomed)
+    done = parse_time(status.completion_time) or r.now
+    if r.now >= done + ttl:
+        return Outcome(delete=doomed, delete_job=True)
+    return Outcome(delete=doomed, requeue=done + ttl - r.now)
 
-    def below_min(self, ready: int) -> None:
-        since = parse_time(self.status.get("belowMinSince"))
-        if since is None:
-            since = self.now
-            self.status["belowMinSince"] = rfc3339(self.now)
-        if self.phase == JobPhase.RUNNING:
-            self.move(JobPhase.RESTARTING, "BelowMinimum",
-                      f"{ready} ready workers, below spec.workers.min="
-                      f"{self.spec.workers.min}; waiting for replacements")
-        grace = self.settings.below_min_grace_seconds
-        if self.phase == JobPhase.RESTARTING and self.now - since >= grace:
-            self.move(JobPhase.FAILED, "BelowMinimum",
-                      f"fewer than spec.workers.min={self.spec.workers.min} workers for "
-                      f"{grace:.0f}s")
-            self.finished()
-        else:
-            self.plan.soon(max(grace - (self.now - since), 0.5))
+
+def suspension(r: Round, status: TrainingJobStatus) -> Outcome:
+    """Members learn from an empty world that they are out, then their pods get their own
+    grace period (SIGTERM: the final checkpoint is written). Nothing here is a failure: no
+    member is lost, restarts and backoffLimit are untouched.
+
+    Sets: status.world, candidate, belowMinSince; phase Suspended, condition Suspended;
+    the plan's world and delete_gracefully."""
+    change = StatusChange(candidate=None, below_min_since=None)
+    emptied: World | None = None
+    told: tuple[Event, ...] = ()
+    current = r.obs.world
+    if current is not None and (current.members or current.ps):
+        epoch = epoch_after(r, status)
+        emptied = empty_world(current, epoch)
+        change["world"] = world_changed(status.world, WorldChange(
+            epoch=epoch, size=0, racks=0, cross_rack_edges=0, rack_members=[]))
+        told = (event("WorldPublished", f"epoch {epoch}: empty (suspended)"),)
+    return Outcome(
+        status=change, world=emptied, world_version=r.obs.world_version, events=told,
+        delete_gracefully=tuple(p.name for p in r.pods if p.state != PodState.DELETING),
+        moves=(Move(JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true; "
+                    "pods stop with their grace period, restarts are kept"),),
+        conditions=(SetCondition("Suspended", True, "Suspended",
+                                 "pods deleted; the job is kept"),))
+
+
+def resumption(status: TrainingJobStatus) -> Outcome:
+    """A suspended job whose spec no longer suspends it starts over from Pending.
+
+    Sets: phase Pending, condition Suspended (False)."""
+    if status.phase != JobPhase.SUSPENDED:
+        return NOTHING
+    return Outcome(moves=(Move(JobPhase.PENDING, "Resumed", "spec.runPolicy.suspend is false"),),
+                   conditions=(SetCondition("Suspended", False, "Resumed",
+                                            "pods are recreated"),))
+
+
+def deadline(r: Round, status: TrainingJobStatus) -> Outcome:
+    """activeDeadlineSeconds counts from the job's creation, through Pending and Suspended
+    too: a job that never becomes schedulable still ends, and says why.
+
+    Sets: phase Failed (DeadlineExceeded or NeverSchedulable), which stops the round; or a
+    requeue for when the deadline passes."""
+    limit = r.spec.run_policy.active_deadline_seconds
+    start = parse_time(r.meta.get("creationTimestamp")) or parse_time(status.start_time)
+    if limit is None or start is None:
+        return NOTHING
+    if r.now - start < limit:
+        return Outcome(requeue=start + limit - r.now)
+    placed = find_condition(status, "Schedulable")
+    if status.start_time is None and status.phase == JobPhase.PENDING:
+        why = (f"{placed.reason}: {placed.message}"
+               if placed is not None and placed.status == ConditionStatus.FALSE
+               else "its pods never all became ready")
+        move = Move(JobPhase.FAILED, "NeverSchedulable", f"not running {limit}s after "
+                    f"creation (spec.runPolicy.activeDeadlineSeconds): {why}")
+    else:
+        move = Move(JobPhase.FAILED, "DeadlineExceeded",
+                    f"more than spec.runPolicy.activeDeadlineSeconds={limit} since creation")
+    return Outcome(moves=(move,), stop=True)
+
+
+def completed(r: Round, status: TrainingJobStatus) -> Outcome:
+    """The completion rule of the job's mode.
+
+    Sets: status.workersFinishedTime; phase Succeeded, which stops the round; ``finishing``
+    while the work is done but pods are still ending."""
+    verdict = completion(r.spec.mode, r.obs.world, r.workers, r.ps,
+                         parse_time(status.workers_finished_time), r.now,
+                         r.settings.ps_exit_grace_seconds)
+    change = StatusChange()
+    if verdict.workers_finished_at is not None:
+        change["workers_finished_time"] = rfc3339(verdict.workers_finished_at)
+    moves = ((Move(JobPhase.SUCCEEDED, "Completed", verdict.message),)
+             if verdict.succeeded else ())
+    return Outcome(status=change, moves=moves, requeue=verdict.wait,
+                   finishing=verdict.finishing, stop=verdict.succeeded)
+
+
+def below_min(r: Round, status: TrainingJobStatus, phase: JobPhase, ready: int) -> Outcome:
+    """A running job with fewer than spec.workers.min ready workers is Restarting, and
+    Failed once that lasts longer than the grace period.
+
+    ``phase`` is the job's phase by now (the world step may have moved it).
+    Sets: status.belowMinSince; phase Restarting, then Failed; a requeue for the grace."""
+    if phase not in (JobPhase.RUNNING, JobPhase.RESTARTING) or ready >= r.spec.workers.min:
+        return Outcome(status=StatusChange(below_min_since=None))
+    change = StatusChange()
+    since = parse_time(status.below_min_since)
+    if since is None:
+        since = r.now
+        change["below_min_since"] = rfc3339(r.now)
+    minimum = r.spec.workers.min
+    moves: list[Move] = []
+    if phase == JobPhase.RUNNING:
+        moves.append(Move(JobPhase.RESTARTING, "BelowMinimum",
+                          f"{ready} ready workers, below spec.workers.min={minimum}; "
+                          "waiting for replacements"))
+    grace = r.settings.below_min_grace_seconds
+    if r.now - since >= grace:
+        moves.append(Move(JobPhase.FAILED, "BelowMinimum",
+                          f"fewer than spec.workers.min={minimum} workers for {grace:.0f}s"))
+        return Outcome(status=change, moves=tuple(moves))
+    return Outcome(status=change, moves=tuple(moves),
+                   requeue=max(grace - (r.now - since), 0.5))

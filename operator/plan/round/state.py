@@ -1,95 +1,171 @@
-"""The values every step of a reconcile round reads and writes, and the helpers they
-share (events, conditions, phase moves, the next epoch, the closing status).
+"""What the steps of a round read (:class:`Round`) and the form of what they decide
+(:class:`Outcome`).
+
+A step is a plain function: it takes the round, and the status or plan so far where it
+reads them, and returns an :class:`Outcome`. It changes nothing itself; the draft
+(:mod:`.draft`) records outcomes in the order ``plan()`` lists the steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
 from ringwright.objects import Obj
+from ringwright.world import World
 
-from ...api.conditions import rfc3339, set_condition
-from ...api.models import JobPhase, TrainingJobSpec
+from ...api.models import JobPhase, TrainingJobSpec, TrainingJobStatus
 from ...settings import OperatorSettings
-from ..epochs import EpochsSeen, next_epoch, status_epoch
-from ..manifests import JOB_LABEL, PS, ROLE_LABEL, WORKER
-from ..phases import TERMINAL, check_transition
-from ..pods import PodState, view
-from ..types import Event, Observed, Placer, Plan
-
-PHASE_HISTORY = 32
-"""Phase transitions kept in status.phaseHistory (the oldest go first)."""
+from ..epochs import EpochsSeen, next_epoch
+from ..manifests import PS, WORKER
+from ..pods import PodView, view
+from ..types import Event, Observed, Placer
+from .status import StatusChange
 
 
-class RoundState:
-    """One planning round; a class only to share the values every step reads."""
+@dataclass(frozen=True)
+class Round:
+    """What every step reads: the observation, the settings, the clock and the job's
+    spec and pods, fixed for the whole round."""
 
-    def __init__(self, obs: Observed, settings: OperatorSettings, now: float,
-                 placer: Placer) -> None:
-        self.obs, self.settings, self.now, self.placer = obs, settings, now, placer
-        self.job = obs.job
-        self.meta = obs.job["metadata"]
-        self.spec = TrainingJobSpec.model_validate(obs.job["spec"])
-        self.status: Obj = dict(obs.job.get("status") or {})
-        self.generation = int(self.meta.get("generation", 0))
-        self.phase = JobPhase(self.status.get("phase", JobPhase.PENDING))
-        self.plan = Plan()
+    obs: Observed
+    settings: OperatorSettings
+    now: float
+    placer: Placer
+    spec: TrainingJobSpec
+    generation: int
+    """The job's metadata.generation, which the status and its conditions answer."""
+    workers: tuple[PodView, ...]
+    ps: tuple[PodView, ...]
+
+    @classmethod
+    def of(cls, obs: Observed, settings: OperatorSettings, now: float,
+           placer: Placer) -> Round:
+        """The round for ``obs``: the spec parsed, the pods sorted by role."""
         views = [v for v in (view(p) for p in obs.pods) if v is not None]
-        self.workers = [v for v in views if v.role == WORKER]
-        self.ps = [v for v in views if v.role == PS]
-        self.finishing = False
-        """The work is done, pods are ending: nothing is replaced or published."""
+        return cls(obs=obs, settings=settings, now=now, placer=placer,
+                   spec=TrainingJobSpec.model_validate(obs.job["spec"]),
+                   generation=int(obs.job["metadata"].get("generation", 0)),
+                   workers=tuple(v for v in views if v.role == WORKER),
+                   ps=tuple(v for v in views if v.role == PS))
 
-    # -- helpers -------------------------------------------------------------------
+    @property
+    def job(self) -> Obj:
+        """The TrainingJob as observed (its spec feeds the pod manifests)."""
+        return self.obs.job
 
-    def event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.plan.events.append(Event("Warning" if warning else "Normal", reason, message))
+    @property
+    def meta(self) -> Obj:
+        """The job's metadata (name, namespace, uid, creationTimestamp)."""
+        meta: Obj = self.obs.job["metadata"]
+        return meta
 
-    def condition(self, type_: str, ok: bool, reason: str, message: str) -> None:
-        self.status["conditions"] = set_condition(
-            list(self.status.get("conditions") or []), type_, ok, reason, message, self.now,
-            self.generation)
+    @property
+    def pods(self) -> tuple[PodView, ...]:
+        """Workers, then parameter servers."""
+        return self.workers + self.ps
 
-    def move(self, phase: JobPhase, reason: str, message: str) -> None:
-        if phase == self.phase:
-            return
-        check_transition(self.phase, phase)
-        self.event(reason, f"{self.phase} -> {phase}: {message}",
-                   warning=phase in (JobPhase.FAILED, JobPhase.RESTARTING))
-        self.status["phaseHistory"] = [
-            *(self.status.get("phaseHistory") or []),
-            {"phase": phase.value, "reason": reason, "time": rfc3339(self.now)},
-        ][-PHASE_HISTORY:]
-        self.phase = phase
-        if phase in TERMINAL:
-            self.status["completionTime"] = rfc3339(self.now)
-            self.condition(phase.value, True, reason, message)
 
-    def next_epoch(self) -> int:
-        """The next world's epoch: above the document, its annotation and the status."""
-        current = self.obs.world
-        return next_epoch(EpochsSeen(
-            document=current.epoch if current else 0,
-            annotation=self.obs.world_annotation_epoch,
-            status=status_epoch(self.status)))
+@dataclass(frozen=True)
+class Move:
+    """A phase transition a step asks for; the draft checks it against the lifecycle."""
 
-    def finish(self) -> Plan:
-        st = self.status
-        st["phase"] = self.phase.value
-        st["observedGeneration"] = self.generation
-        name = self.meta["name"]
-        st["selector"] = f"{JOB_LABEL}={name},{ROLE_LABEL}={WORKER}"
-        deleted = set(self.plan.delete) | set(self.plan.delete_gracefully)
-        live = [p for p in self.workers if p.alive and p.name not in deleted]
-        st["workers"] = {
-            "desired": self.spec.workers.replicas,
-            "active": len(live) + sum(1 for o in self.plan.create
-                                      if o["metadata"]["labels"][ROLE_LABEL] == WORKER),
-            "ready": sum(1 for p in live if p.state == PodState.READY),
-            "succeeded": sum(1 for p in self.workers if p.state == PodState.SUCCEEDED),
-            "failed": sum(1 for p in self.workers if p.state == PodState.FAILED),
-        }
-        if self.spec.ps is not None:
-            st["ps"] = {"desired": self.spec.ps.replicas,
-                        "active": sum(1 for p in self.ps if p.alive),
-                        "ready": sum(1 for p in self.ps if p.state == PodState.READY)}
-        self.plan.status = st
-        return self.plan
+    phase: JobPhase
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class SetCondition:
+    """A condition a step sets (True when ``ok``)."""
+
+    type: str
+    ok: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one step decided; a step fills only what it changes.
+
+    The status changes through ``status`` (named fields), ``moves`` (the phase, its
+    history, the completion time, a finished job's condition) and ``conditions``; the
+    rest is the plan's, for the apply layer. Events are recorded before the moves' own.
+    """
+
+    status: StatusChange = field(default_factory=lambda: StatusChange())
+    moves: tuple[Move, ...] = ()
+    conditions: tuple[SetCondition, ...] = ()
+    events: tuple[Event, ...] = ()
+    create: tuple[Obj, ...] = ()
+    mark_leaving: tuple[str, ...] = ()
+    delete: tuple[str, ...] = ()
+    delete_gracefully: tuple[str, ...] = ()
+    delete_left_behind: tuple[tuple[str, str], ...] = ()
+    clear_reports: tuple[str, ...] = ()
+    world: World | None = None
+    world_version: str = ""
+    """The world ConfigMap's resourceVersion ``world`` is written over."""
+    delete_job: bool = False
+    requeue: float | None = None
+    """Run the round again within this many seconds."""
+    stop: bool = False
+    """``plan()`` skips what it guards with this: the rest of the round, or for the gang
+    timeout the resize."""
+    finishing: bool = False
+    """The work is done and pods are ending: nothing is replaced or published."""
+
+
+NOTHING = Outcome()
+"""The outcome of a step with nothing to do."""
+
+
+def merged(*parts: Outcome) -> Outcome:
+    """One outcome from the parts of a step, in order (a later world or status field wins;
+    the earliest requeue stands)."""
+    status = StatusChange()
+    for part in parts:
+        status.update(part.status)
+    worlds = [p for p in parts if p.world is not None]
+    return Outcome(
+        status=status,
+        moves=tuple(m for p in parts for m in p.moves),
+        conditions=tuple(c for p in parts for c in p.conditions),
+        events=tuple(e for p in parts for e in p.events),
+        create=tuple(o for p in parts for o in p.create),
+        mark_leaving=tuple(n for p in parts for n in p.mark_leaving),
+        delete=tuple(n for p in parts for n in p.delete),
+        delete_gracefully=tuple(n for p in parts for n in p.delete_gracefully),
+        delete_left_behind=tuple(n for p in parts for n in p.delete_left_behind),
+        clear_reports=tuple(n for p in parts for n in p.clear_reports),
+        world=worlds[-1].world if worlds else None,
+        world_version=worlds[-1].world_version if worlds else "",
+        delete_job=any(p.delete_job for p in parts),
+        requeue=earliest(*(p.requeue for p in parts)),
+        stop=any(p.stop for p in parts),
+        finishing=any(p.finishing for p in parts))
+
+
+def phase_after(status: TrainingJobStatus, parts: Sequence[Outcome]) -> JobPhase:
+    """The job's phase once ``parts`` are recorded: where their last move leads."""
+    moves = [m for p in parts for m in p.moves]
+    return moves[-1].phase if moves else status.phase
+
+
+def earliest(*waits: float | None) -> float | None:
+    """The shortest of ``waits`` that are set; None when none is."""
+    return min((w for w in waits if w is not None), default=None)
+
+
+def event(reason: str, message: str, warning: bool = False) -> Event:
+    """A Normal event, or a Warning."""
+    return Event("Warning" if warning else "Normal", reason, message)
+
+
+def epoch_after(r: Round, status: TrainingJobStatus) -> int:
+    """The next world's epoch: above the document, its annotation and the status."""
+    current = r.obs.world
+    return next_epoch(EpochsSeen(document=current.epoch if current else 0,
+                                 annotation=r.obs.world_annotation_epoch,
+                                 status=status.world.epoch))

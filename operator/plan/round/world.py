@@ -1,4 +1,4 @@
-"""Round steps that decide the next world, publish it and mirror it into the status."""
+"""The step that decides the next world, publishes it and mirrors it into the status."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from ringwright.world import (
 )
 
 from ...api.conditions import rfc3339
-from ...api.models import JobPhase
-from ..epochs import status_epoch
+from ...api.models import JobPhase, PendingMembership, RackMembers, TrainingJobStatus
 from ..pods import PodState, PodView
 from ..recovery import recovery
 from ..worldplan import (
@@ -25,96 +24,100 @@ from ..worldplan import (
     ring_summary,
     world_digest,
 )
-from .lifecycle import LifecycleSteps
+from .lifecycle import below_min
+from .state import Move, Outcome, Round, earliest, epoch_after, event, merged, phase_after
+from .status import StatusChange, WorldChange, world_changed
 
 VERDICT_MARGIN_S = 2.0
 """Beyond failureDetectSeconds, how long a failed collective waits for a member's
 heartbeat verdict before the operator re-forms the same membership."""
 
 
-class WorldSteps(LifecycleSteps):
-    """The next world from the ready pods; the job's phase follows it."""
+def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcome:
+    """The next world from the ready pods, once their membership settled; the job's phase
+    follows the world its pods follow.
 
-    def world(self) -> None:
-        doomed = set(self.plan.delete) | set(self.plan.mark_leaving)
-        ready = [p for p in self.workers if p.state == PodState.READY and p.name not in doomed
-                 and p.leaving_since is None]
-        current = self.obs.world
-        # Members waiting for a world that only a bump would bring: one restarted
-        # without state, or a collective failed and no member was found dead.
-        verdict_wait = self.spec.fault_tolerance.failure_detect_seconds + VERDICT_MARGIN_S
-        force = current is not None and needs_new_epoch(
-            current, self.obs.reports, self.now, verdict_wait) is not None
-        if current is not None and not force and any(
-                r.kind == ReportKind.COLLECTIVE_FAILED and r.epoch == current.epoch
-                and not r.suspects for r in self.obs.reports.values()):
-            self.plan.soon(verdict_wait)
-        pending_doc = self.status.get("candidate") or {}
-        pending = (Candidate(pending_doc["digest"], float(pending_doc["since"]))
-                   if pending_doc.get("digest") else None)
-        ready_ps = [p for p in self.ps if p.state == PodState.READY and p.name not in doomed]
-        awaited = current is not None and all_waiting(
-            current, self.obs.reports, [p.name for p in ready])
-        publish, candidate, wait = decide(
-            current, ready, self.spec.workers.replicas, self.spec.workers.min, pending,
-            self.now, self.settings.settle_seconds, force, ready_ps, awaited)
-        self.status["candidate"] = (
-            {"digest": candidate.digest, "since": candidate.since} if candidate else None)
-        if wait is not None:
-            self.plan.soon(wait)
-        if publish:
-            self.publish(ready, ready_ps)
-        elif (current is not None and status_epoch(self.status) < current.epoch
-              and world_digest(current) == membership_digest([*ready, *ready_ps])):
-            # The world went out but the status write after it did not (the operator
-            # died, or the API server went away, in between): catch up with it.
-            self.mirror(current)
-        running = self.phase in (JobPhase.RUNNING, JobPhase.RESTARTING)
-        if running and len(ready) < self.spec.workers.min:
-            self.below_min(len(ready))
-        else:
-            self.status["belowMinSince"] = None
+    ``doomed``: the pods earlier steps delete or mark leaving. Sets: status.candidate, then
+    what :func:`publish`, :func:`mirror` and :func:`below_min` set."""
+    ready = [p for p in r.workers if p.state == PodState.READY and p.name not in doomed
+             and p.leaving_since is None]
+    current = r.obs.world
+    # Members waiting for a world that only a bump would bring: one restarted
+    # without state, or a collective failed and no member was found dead.
+    verdict_wait = r.spec.fault_tolerance.failure_detect_seconds + VERDICT_MARGIN_S
+    force = current is not None and needs_new_epoch(
+        current, r.obs.reports, r.now, verdict_wait) is not None
+    awaiting_verdict = current is not None and not force and any(
+        rep.kind == ReportKind.COLLECTIVE_FAILED and rep.epoch == current.epoch
+        and not rep.suspects for rep in r.obs.reports.values())
+    seen = status.candidate
+    pending = Candidate(seen.digest, seen.since) if seen and seen.digest else None
+    ready_ps = [p for p in r.ps if p.state == PodState.READY and p.name not in doomed]
+    awaited = current is not None and all_waiting(
+        current, r.obs.reports, [p.name for p in ready])
+    go, candidate, wait = decide(
+        current, ready, r.spec.workers.replicas, r.spec.workers.min, pending, r.now,
+        r.settings.settle_seconds, force, ready_ps, awaited)
+    parts = [Outcome(
+        status=StatusChange(candidate=PendingMembership(
+            digest=candidate.digest, since=candidate.since) if candidate else None),
+        requeue=earliest(wait, verdict_wait if awaiting_verdict else None))]
+    if go:
+        parts += publish(r, status, ready, ready_ps)
+    elif (current is not None and status.world.epoch < current.epoch
+          and world_digest(current) == membership_digest([*ready, *ready_ps])):
+        # The world went out but the status write after it did not (the operator
+        # died, or the API server went away, in between): catch up with it.
+        parts.append(mirror(r, status, current))
+    parts.append(below_min(r, status, phase_after(status, parts), len(ready)))
+    return merged(*parts)
 
-    def publish(self, ready: list[PodView], ready_ps: list[PodView]) -> None:
-        current = self.obs.world
-        epoch = self.next_epoch()
-        spec = self.spec
-        world = build_world(
-            JobRef(namespace=self.meta["namespace"], name=self.meta["name"],
-                   uid=self.meta.get("uid", "")),
-            epoch, ready, current,
-            self.obs.inventory.by_name,
-            backend=spec.backend.value, mode=spec.mode.value,
-            store_port=self.settings.store_port,
-            lr=LRScaling(rule=spec.lr_scaling.rule,
-                         base_world_size=spec.lr_scaling.base_world_size,
-                         warmup_steps=spec.lr_scaling.warmup_steps),
-            checkpoint=CheckpointSettings(
-                path=spec.checkpoint.path, interval_steps=spec.checkpoint.interval_steps,
-                interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),
-            ps=ready_ps,
-            ps_replicas=spec.ps.replicas if spec.ps else 0,
-            topology=TopologySettings(
-                hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
-        )
-        self.plan.world = world
-        self.plan.world_version = self.obs.world_version
-        racks, edges, _ = ring_summary(world)
-        self.event("WorldPublished", f"epoch {epoch}: {world.size} workers in {racks} racks "
-                   f"({edges} cross-rack ring edges)")
-        self.mirror(world)
 
-    def mirror(self, world: World) -> None:
-        """The job's phase and status follow ``world``, the world its pods now follow."""
-        racks, edges, per_rack = ring_summary(world)
-        if self.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
-            self.move(JobPhase.RUNNING, "Running", f"world epoch {world.epoch} has "
-                      f"{world.size} workers (min {self.spec.workers.min})")
-            self.status.setdefault("startTime", rfc3339(self.now))
-        if (recovered := recovery(self.status, self.now)) is not None:
-            self.status["lastRecovery"] = recovered
-        self.status["world"] = {
-            **(self.status.get("world") or {}),
-            "epoch": world.epoch, "size": world.size, "racks": racks, "crossRackEdges": edges,
-            "rackMembers": [{"rack": r, "members": n} for r, n in per_rack],
-        }
+def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
+            ready_ps: list[PodView]) -> list[Outcome]:
+    """A new world of the ready pods, at the next epoch, written over the one read.
+
+    Sets: the plan's world, an event; then what :func:`mirror` sets."""
+    spec = r.spec
+    epoch = epoch_after(r, status)
+    new = build_world(
+        JobRef(namespace=r.meta["namespace"], name=r.meta["name"], uid=r.meta.get("uid", "")),
+        epoch, ready, r.obs.world,
+        r.obs.inventory.by_name,
+        backend=spec.backend.value, mode=spec.mode.value,
+        store_port=r.settings.store_port,
+        lr=LRScaling(rule=spec.lr_scaling.rule,
+                     base_world_size=spec.lr_scaling.base_world_size,
+                     warmup_steps=spec.lr_scaling.warmup_steps),
+        checkpoint=CheckpointSettings(
+            path=spec.checkpoint.path, interval_steps=spec.checkpoint.interval_steps,
+            interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),
+        ps=ready_ps,
+        ps_replicas=spec.ps.replicas if spec.ps else 0,
+        topology=TopologySettings(
+            hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
+    )
+    racks, edges, _ = ring_summary(new)
+    published = Outcome(world=new, world_version=r.obs.world_version, events=(event(
+        "WorldPublished", f"epoch {epoch}: {new.size} workers in {racks} racks "
+        f"({edges} cross-rack ring edges)"),))
+    return [published, mirror(r, status, new)]
+
+
+def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
+    """The job's phase and status follow ``followed``, the world its pods now follow.
+
+    Sets: status.world, startTime (once), lastRecovery (once per loss); phase Running."""
+    racks, edges, per_rack = ring_summary(followed)
+    change = StatusChange(world=world_changed(status.world, WorldChange(
+        epoch=followed.epoch, size=followed.size, racks=racks, cross_rack_edges=edges,
+        rack_members=[RackMembers(rack=rack, members=n) for rack, n in per_rack])))
+    moves: tuple[Move, ...] = ()
+    if status.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
+        moves = (Move(JobPhase.RUNNING, "Running", f"world epoch {followed.epoch} has "
+                      f"{followed.size} workers (min {r.spec.workers.min})"),)
+        if status.start_time is None:
+            change["start_time"] = rfc3339(r.now)
+    if (recovered := recovery(status, r.now)) is not None:
+        change["last_recovery"] = recovered
+    return Outcome(status=change, moves=moves)

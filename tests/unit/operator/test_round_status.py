@@ -3,12 +3,19 @@ worker counts in the status, and how long a failed collective waits for a verdic
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
-from ringwright.operator.api.models import TrainingJobSpec
-from ringwright.operator.plan.round.state import PHASE_HISTORY
+from ringwright.objects import Obj
+from ringwright.operator.api.conditions import rfc3339
+from ringwright.operator.api.models import TrainingJobSpec, TrainingJobStatus, WorldSummary
+from ringwright.operator.plan.round.status import (
+    PHASE_HISTORY,
+    LifecycleChange,
+    StatusChange,
+    WorldChange,
+)
 from ringwright.operator.plan.round.world import VERDICT_MARGIN_S
 from ringwright.world import Report, ReportKind
 from tests.unit.operator.test_reconcile import NOW, job, pod, run, world_of
@@ -51,3 +58,50 @@ def test_a_failed_collective_waits_failure_detect_seconds_plus_the_margin() -> N
     assert first.requeue_after == pytest.approx(wait)
     assert round_at(NOW + wait - 0.1).world is None
     assert round_at(NOW + wait).world is not None
+
+
+@pytest.mark.parametrize(("change", "model"), [(StatusChange, TrainingJobStatus),
+                                               (LifecycleChange, TrainingJobStatus),
+                                               (WorldChange, WorldSummary)])
+def test_a_change_names_fields_of_its_model_with_their_types(change: type,
+                                                              model: type[Any]) -> None:
+    fields = model.model_fields
+    for name, hint in get_type_hints(change).items():
+        assert name in fields, name
+        assert fields[name].annotation == hint, name
+
+
+def _nones(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [k for k, v in value.items() if v is None] + [
+            n for v in value.values() for n in _nones(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _nones(v)]
+    return []
+
+
+def test_the_status_is_written_in_its_wire_form_with_what_the_round_leaves_alone() -> None:
+    before: Obj = {"phase": "Running", "candidate": None,
+                   "lastCheckpoint": {"path": "/ckpt/7", "step": 7},
+                   "world": {"epoch": 4, "size": 4, "configMap": "tj-world"}}
+    result = run(job(status=before), pods=[pod(i) for i in range(4)],
+                 world=world_of(range(4), epoch=4))
+    st = result.status
+    assert st == TrainingJobStatus.model_validate(st).to_wire()
+    assert _nones(st) == []  # unset optionals are left out, never written as null
+    assert st["lastCheckpoint"] == {"path": "/ckpt/7", "step": 7}
+    assert st["world"]["configMap"] == "tj-world" and st["world"]["epoch"] == 4
+    assert st["observedGeneration"] == 3 and st["selector"].startswith("ringwright.dev/")
+
+
+def test_a_condition_keeps_its_transition_time_until_it_flips() -> None:
+    def found(result: Any) -> Obj:
+        return next(c for c in result.status["conditions"] if c["type"] == "PolicyFound")
+
+    first = run(job())
+    assert found(first)["lastTransitionTime"] == rfc3339(NOW)
+    again = run(job(status=first.status), now=NOW + 10)
+    assert found(again)["lastTransitionTime"] == rfc3339(NOW)
+    flipped = run(job(status=again.status), policy=False, now=NOW + 20)
+    assert found(flipped)["status"] == "False"
+    assert found(flipped)["lastTransitionTime"] == rfc3339(NOW + 20)
