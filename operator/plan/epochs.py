@@ -63,8 +63,3 @@ def annotated_epoch(configmap: Obj | None) -> int:
     """The epoch annotation of a world ConfigMap (0 when absent or unreadable)."""
     annotations = ((configmap or {}).get("metadata") or {}).get("annotations") or {}
     return _count(annotations.get(EPOCH_ANNOTATION, 0))
-
-
-def status_epoch(status: Obj) -> int:
-    """``status.world.epoch`` of a job's status (0 when absent or unreadable)."""
-    return _count((status.get("world") or {}).get("epoch", 0))

@@ -13,7 +13,6 @@ from ringwright.operator.plan.epochs import (
     EpochsSeen,
     annotated_epoch,
     next_epoch,
-    status_epoch,
 )
 from ringwright.operator.plan.manifests import world_configmap
 from ringwright.operator.plan.reconcile import Observed, Plan, plan
@@ -43,13 +42,6 @@ def test_the_annotation_is_read_defensively(annotations: dict[str, str] | None,
         cm["metadata"]["annotations"] = annotations
     assert annotated_epoch(cm) == expected
     assert annotated_epoch(None) == 0
-
-
-def test_status_epoch_tolerates_missing_and_odd_values() -> None:
-    assert status_epoch({}) == 0
-    assert status_epoch({"world": {"gpuModel": "H100"}}) == 0
-    assert status_epoch({"world": {"epoch": 11}}) == 11
-    assert status_epoch({"world": {"epoch": "bad"}}) == 0
 
 
 def test_the_world_configmap_carries_its_epoch_as_an_annotation() -> None:
