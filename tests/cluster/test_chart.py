@@ -27,8 +27,7 @@ from ringwright.devcluster.control_plane import Cluster, free_port
 from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
 from ringwright.world import WORLD_KEY, parse_world, world_configmap_name
 from tests.jobs import tj_path, training_job
-from tests.unit.test_chart_notes import Cluster as NotesCluster
-from tests.unit.test_chart_notes import check_notes
+from tests.unit.test_chart_notes import Target, check_notes
 from tests.unit.test_chart_render import CHART, IN_CI, find_helm
 from tests.waiting import wait_for
 
@@ -226,7 +225,7 @@ def test_install_notes_name_live_objects(kube: KubeClient, release: Release) -> 
 
     crds = [kube.get(api_path("apiextensions.k8s.io/v1", "customresourcedefinitions",
                               name=crd)) for crd in CRDS]
-    commands = check_notes(notes, NotesCluster([deployment, policy], crds, [], exists))
+    commands = check_notes(notes, Target([deployment, policy], crds, [], exists))
     [logs] = [c for c in commands if c.args[:1] == ["logs"]]
     pods = wait_for(lambda: kube.list(api_path("v1", "pods", logs.options["n"]),
                                       labelSelector=logs.options["l"]),

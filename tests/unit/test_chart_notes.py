@@ -33,9 +33,8 @@ __all__ = ["helm"]  # the fixture, shared with the chart render tests
 
 Obj = dict[str, Any]
 DEMO = "examples/trainingjob-demo.yaml"
-BUILTIN = {"deployment": "Deployment", "deployments": "Deployment", "node": "Node",
-           "nodes": "Node", "service": "Service", "svc": "Service", "lease": "Lease"}
-NAMESPACED = {"Deployment", "Service", "Lease", "TrainingJob", "Pod"}
+BUILTIN = {"deployment": "Deployment", "node": "Node"}
+"""The built-in resources the notes name, as kubectl spells them."""
 
 
 _NOTES_PROBE = """\
@@ -88,7 +87,7 @@ _VALUED = {"-n", "--namespace", "-l", "--selector", "-f", "--filename", "-o", "-
 
 
 def commands(notes: str) -> list[Command]:
-    """The indented command lines (kubectl, helm, curl), comments and `&` dropped."""
+    """The indented command lines (kubectl, curl), comments and `&` dropped."""
     found = []
     for line in notes.splitlines():
         stripped = line.strip()
@@ -109,8 +108,8 @@ def commands(notes: str) -> list[Command]:
 
 
 @dataclass
-class Cluster:
-    """What the commands may name: the rendered release, plus what they create."""
+class Target:
+    """What the commands may name: the release's objects, plus the ones they create."""
 
     objs: list[Obj]
     crds: list[Obj]
@@ -134,14 +133,18 @@ class Cluster:
         return next(c for c in self.crds if c["spec"]["names"]["kind"] == kind)
 
     def namespaced(self, kind: str) -> bool:
-        if kind in NAMESPACED:
-            return True
-        return kind in {c["spec"]["names"]["kind"] for c in self.crds
-                        if c["spec"]["scope"] == "Namespaced"}
+        return kind == "Deployment" or kind in {c["spec"]["names"]["kind"] for c in self.crds
+                                                if c["spec"]["scope"] == "Namespaced"}
 
 
-def check_command(cmd: Command, cluster: Cluster, previous: Command | None) -> None:
-    """Fail when ``cmd`` would not work against ``cluster``."""
+def _typed_name(word: str) -> tuple[str, str]:
+    """``deployment/x`` -> (deployment, x)."""
+    kind, _, name = word.partition("/")
+    return kind, name
+
+
+def check_command(cmd: Command, target: Target, previous: Command | None) -> None:
+    """Fail when ``cmd`` would not work against ``target``."""
     if cmd.words[0] == "curl":
         assert previous is not None and "port-forward" in previous.args, cmd.line
         port = previous.args[-1].split(":")[0]
@@ -152,28 +155,28 @@ def check_command(cmd: Command, cluster: Cluster, previous: Command | None) -> N
     targets: list[tuple[str, str]] = []
     if verb == "rollout":
         assert rest[0] == "status", cmd.line
-        targets.append(tuple(rest[1].split("/", 1)))  # type: ignore[arg-type]
+        targets.append(_typed_name(rest[1]))
     elif verb in ("get", "describe"):
         targets.append((rest[0], rest[1]) if len(rest) > 1 else (rest[0], ""))
     elif verb in ("scale", "port-forward"):
-        targets.append(tuple(rest[0].split("/", 1)))  # type: ignore[arg-type]
+        targets.append(_typed_name(rest[0]))
     elif verb == "explain":
-        kind = cluster.kind(rest[0])
-        schema = cluster.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        kind = target.kind(rest[0])
+        schema = target.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for part in rest[0].split(".")[1:]:
             assert part in schema["properties"], cmd.line
             schema = schema["properties"][part]
     elif verb == "label":
         assert rest[0] == "node" and rest[1].isupper(), cmd.line  # NODE: a placeholder
         keys = {label.split("=", 1)[0] for label in rest[2:]}
-        policy = one(cluster.objs, "SchedulingPolicy")["spec"]["nodeLabels"]
+        policy = one(target.objs, "SchedulingPolicy")["spec"]["nodeLabels"]
         assert keys == {policy[k] for k in ("rack", "nvlinkDomain", "gpuModel")}, cmd.line
     elif verb == "logs":
         selector = dict(p.split("=", 1) for p in cmd.options["l"].split(","))
-        deployment = one(cluster.objs, "Deployment")
+        deployment = one(target.objs, "Deployment")
         assert namespace == deployment["metadata"]["namespace"], cmd.line
         assert selector == deployment["spec"]["selector"]["matchLabels"], cmd.line
-        assert cluster.exists("Deployment", namespace, deployment["metadata"]["name"])
+        assert target.exists("Deployment", namespace, deployment["metadata"]["name"])
     elif verb == "apply":
         path = cmd.options["f"]
         if "--server-side" in cmd.flags:  # the CRDs, from the chart or the repository
@@ -182,45 +185,46 @@ def check_command(cmd: Command, cluster: Cluster, previous: Command | None) -> N
             assert "--force-conflicts" in cmd.flags, "helm owns the CRDs' fields"
             return
         obj = yaml.safe_load((REPO / path).read_text())
-        _check_job_namespace(cmd, cluster, obj["kind"])
-        cluster.applied[(obj["kind"], namespace, obj["metadata"]["name"])] = obj
+        assert obj["kind"] == "TrainingJob", cmd.line
+        _check_job_namespace(cmd, target)
+        target.applied[(obj["kind"], namespace, obj["metadata"]["name"])] = obj
     else:
         raise AssertionError(f"no check for {cmd.line}")
     for word, name in targets:
-        kind = cluster.kind(word)
+        kind = target.kind(word)
         if kind == "TrainingJob":
-            _check_job_namespace(cmd, cluster, kind)
-        elif cluster.namespaced(kind):
+            _check_job_namespace(cmd, target)
+        elif target.namespaced(kind):
             assert namespace, f"{cmd.line}: no namespace"
         if not name:
             continue
-        key = (kind, namespace if cluster.namespaced(kind) else None, name)
-        assert key in cluster.applied or cluster.exists(*key), f"{cmd.line}: no {key}"
+        key = (kind, namespace if target.namespaced(kind) else None, name)
+        assert key in target.applied or target.exists(*key), f"{cmd.line}: no {key}"
         if verb == "scale":
-            assert cluster.crd(kind)["spec"]["versions"][0]["subresources"]["scale"]
-            job = cluster.applied[key]["spec"]["workers"]
+            assert target.crd(kind)["spec"]["versions"][0]["subresources"]["scale"]
+            job = target.applied[key]["spec"]["workers"]
             replicas = int(next(f for f in cmd.flags if f.startswith("--replicas=")).split("=")[1])
             assert job["min"] <= replicas <= job["max"], cmd.line
         if verb == "port-forward":
-            deployment = one(cluster.objs, kind, name)
+            deployment = one(target.objs, kind, name)
             ports = {p["containerPort"] for c in deployment["spec"]["template"]["spec"]
                      ["containers"] for p in c["ports"]}
             assert int(rest[1].split(":")[-1]) in ports, cmd.line
 
 
-def _check_job_namespace(cmd: Command, cluster: Cluster, kind: str) -> None:
-    namespace = cmd.options.get("n")
-    if cluster.served:
-        assert namespace in cluster.served, f"{cmd.line}: the operator serves {cluster.served}"
-    assert kind == "TrainingJob" or cluster.namespaced(kind), cmd.line
+def _check_job_namespace(cmd: Command, target: Target) -> None:
+    """A job goes where the operator serves it (with every namespace served, anywhere)."""
+    if target.served:
+        assert cmd.options.get("n") in target.served, (
+            f"{cmd.line}: the operator serves {target.served}")
 
 
-def check_notes(notes: str, cluster: Cluster) -> list[Command]:
+def check_notes(notes: str, target: Target) -> list[Command]:
     """Check every command of ``notes``; returns them."""
     found = commands(notes)
     previous = None
     for cmd in found:
-        check_command(cmd, cluster, previous)
+        check_command(cmd, target, previous)
         previous = cmd
     return found
 
@@ -229,11 +233,11 @@ def chart_crds() -> list[Obj]:
     return [yaml.safe_load(p.read_text()) for p in sorted(CHART_CRDS.glob("*.yaml"))]
 
 
-def rendered_cluster(objs: list[Obj], served: list[str]) -> Cluster:
+def rendered_target(objs: list[Obj], served: list[str]) -> Target:
     def exists(kind: str, namespace: str | None, name: str) -> bool:
         return any(o["kind"] == kind and o["metadata"].get("namespace") == namespace
                    and o["metadata"]["name"] == name for o in objs)
-    return Cluster(objs, chart_crds(), served, exists)
+    return Target(objs, chart_crds(), served, exists)
 
 
 # ------------------------------------------------------------------ tests
@@ -255,7 +259,7 @@ def test_notes_commands_name_the_rendered_objects(
     notes = render_notes(helm, tmp_path, values)
     objs = render(helm, tmp_path, values)
     served = values.get("operator", {}).get("watchNamespaces", [])
-    found = check_notes(notes, rendered_cluster(objs, served))
+    found = check_notes(notes, rendered_target(objs, served))
     verbs = {c.args[0] for c in found if c.words[0] == "kubectl"}
     assert {"rollout", "logs", "apply", "get", "describe", "scale"} <= verbs
     assert f"release {RELEASE} in namespace {RELEASE_NS}" in notes
@@ -288,11 +292,11 @@ def test_the_check_refuses_a_wrong_command(helm: Path, tmp_path: Path) -> None:
     ]
     for line in wrong:
         with pytest.raises(AssertionError):
-            check_notes(line, rendered_cluster(objs, []))
+            check_notes(line, rendered_target(objs, []))
     scaled = ("     kubectl apply -f examples/trainingjob-demo.yaml\n"
               "     kubectl scale tj/resnet --replicas=20\n")
     with pytest.raises(AssertionError):
-        check_notes(scaled, rendered_cluster(objs, []))
+        check_notes(scaled, rendered_target(objs, []))
     confined = "     kubectl apply -f examples/trainingjob-demo.yaml\n"
     with pytest.raises(AssertionError):
-        check_notes(confined, rendered_cluster(objs, ["team-a"]))
+        check_notes(confined, rendered_target(objs, ["team-a"]))
