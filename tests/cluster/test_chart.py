@@ -27,6 +27,7 @@ from ringwright.devcluster.control_plane import Cluster, free_port
 from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
 from ringwright.world import WORLD_KEY, parse_world, world_configmap_name
 from tests.jobs import tj_path, training_job
+from tests.unit.test_chart_notes import Target, check_notes
 from tests.unit.test_chart_render import CHART, IN_CI, find_helm
 from tests.waiting import wait_for
 
@@ -193,6 +194,9 @@ def test_install_creates_crds_operator_rbac_priority_classes_and_policy(
     ps = kube.get(api_path("scheduling.k8s.io/v1", "priorityclasses", name=ps_name))
     worker = kube.get(api_path("scheduling.k8s.io/v1", "priorityclasses", name=worker_name))
     assert ps["value"] > worker["value"]
+    # Workers never evict other workloads; ps pods may evict lower-priority pods.
+    assert worker["preemptionPolicy"] == "Never"
+    assert ps["preemptionPolicy"] == "PreemptLowerPriority"
 
     # The API server accepted the policy through the CRD's schema and CEL rules.
     policy = kube.get(api_path("ringwright.dev/v1alpha1", "schedulingpolicies",
@@ -201,6 +205,32 @@ def test_install_creates_crds_operator_rbac_priority_classes_and_policy(
     assert policy["spec"]["rackPacking"] == "Required"
 
     assert "kubectl get tj" in release.install_output
+
+
+_PATHS = {"Deployment": ("apps/v1", "deployments"),
+          "SchedulingPolicy": ("ringwright.dev/v1alpha1", "schedulingpolicies")}
+
+
+def test_install_notes_name_live_objects(kube: KubeClient, release: Release) -> None:
+    """The commands `helm install` printed name what the install made."""
+    _, found, notes = release.install_output.partition("\nNOTES:\n")
+    assert found, release.install_output
+    deployment = kube.get(api_path("apps/v1", "deployments", release.namespace,
+                                   release.fullname))
+    policy = kube.get(api_path(*_PATHS["SchedulingPolicy"], name=release.policy))
+
+    def exists(kind: str, namespace: str | None, name: str) -> bool:
+        version, plural = _PATHS[kind]
+        return kube.get_or_none(api_path(version, plural, namespace, name)) is not None
+
+    crds = [kube.get(api_path("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                              name=crd)) for crd in CRDS]
+    commands = check_notes(notes, Target([deployment, policy], crds, [], exists))
+    [logs] = [c for c in commands if c.args[:1] == ["logs"]]
+    pods = wait_for(lambda: kube.list(api_path("v1", "pods", logs.options["n"]),
+                                      labelSelector=logs.options["l"]),
+                    "the operator pods the logs command selects")
+    assert {p["metadata"]["namespace"] for p in pods} == {release.namespace}
 
 
 def test_operator_token_can_do_its_work_and_nothing_more(

@@ -39,8 +39,28 @@ app.kubernetes.io/part-of: ringwright
 {{- end }}
 {{- end }}
 
+{{/*
+The operator image: [registry/]repository, then @digest when one is set (a digest
+names one image for good; a tag can be moved), else :tag (default: appVersion).
+*/}}
 {{- define "ringwright.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $image := .Values.image }}
+{{- $name := $image.repository }}
+{{- with $image.registry }}
+{{- $name = printf "%s/%s" . $name }}
+{{- end }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $name $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $name (default .Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* imagePullSecrets entries: a Secret's name, or a {name: ...} reference. */}}
+{{- define "ringwright.imagePullSecrets" -}}
+{{- range . }}
+- name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+{{- end }}
 {{- end }}
 
 {{/*
