@@ -41,7 +41,7 @@ from .versions import cache_root
 __all__ = [
     "APT_PACKAGES", "REAL_NODE_LABEL", "RealNodeError", "RealNodeSet", "RealNodeSpec",
     "missing_requirements", "node_ready", "pause_image", "requirements_message",
-    "start_real_nodes", "stop_real_nodes",
+    "start_real_nodes", "stop_real_nodes", "sweep_stale_real_nodes",
 ]
 
 log = logging.getLogger("ringwright.devcluster.realnode")
@@ -177,6 +177,16 @@ def stop_real_nodes(cluster_dir: Path, registry: Registry | None = None) -> None
         for record in registry.records():
             if Path(record.cluster_dir) == cluster_dir.resolve():
                 registry.teardown(record)
+
+
+def sweep_stale_real_nodes(registry: Registry | None = None) -> list[int]:
+    """Remove every set of real nodes on this machine whose starter is gone (a crashed
+    or killed run), whichever cluster it belonged to; the slots freed."""
+    registry = registry or Registry()
+    if not registry.folder.is_dir():
+        return []
+    with registry.locked():
+        return registry.sweep()
 
 
 def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs: Path, *,

@@ -6,9 +6,9 @@ every process started for them, with the process that owns the set. The record a
 is enough to remove the set: :func:`teardown` kills the kubelets, every process in
 the nodes' cgroups, containerd's shims, containerd and the holder of each node's mount
 namespace (whose mounts go with it), then deletes the network namespaces (their links
-go with them), the cgroups and the nodes' folders, and last the record. A record whose
-owner is gone is torn down by the next :func:`claim_slot` on the machine, from any
-cluster.
+go with them), the cgroups and the nodes' folders, and last the record. A set whose
+owner is gone is torn down by the next :meth:`Registry.sweep` on the machine (every
+start runs one), whichever cluster it belonged to.
 
 Every node runs in two namespaces of its own:
 
@@ -422,11 +422,8 @@ class Registry:
     def claim(self, cluster_dir: Path) -> SetRecord:
         """Tear down sets whose owner is gone and what no record accounts for, then
         take a free slot for a new set owned by this process. Call it locked."""
-        for record in self.records():
-            if not record.owner_alive():
-                self.teardown(record)
+        self.sweep()
         used = {r.slot for r in self.records()}
-        remove_unrecorded(used)
         free = next((s for s in range(SLOTS) if s not in used), None)
         if free is None:
             raise HostError(f"all {SLOTS} slots for sets of real nodes are taken on this "
@@ -436,6 +433,15 @@ class Registry:
                            owner=(me, start_ticks(me) or 0))
         self.save(record)
         return record
+
+    def sweep(self) -> list[int]:
+        """Tear down every set whose owner is gone, and what no record accounts for;
+        the slots freed. Call it locked."""
+        stale = [r for r in self.records() if not r.owner_alive()]
+        for record in stale:
+            self.teardown(record)
+        remove_unrecorded({r.slot for r in self.records()})
+        return [r.slot for r in stale]
 
     def teardown(self, record: SetRecord) -> None:
         """Remove everything ``record``'s set made; idempotent. Call it locked."""
