@@ -171,7 +171,7 @@ def stop_real_nodes(cluster_dir: Path, registry: Registry | None = None) -> None
     """Remove every set of real nodes of the cluster in ``cluster_dir`` (host side
     only: the cluster may be gone). Nothing to do where none ever ran."""
     registry = registry or Registry()
-    if not registry.folder.is_dir():
+    if not _usable(registry):
         return
     with registry.locked():
         for record in registry.records():
@@ -183,10 +183,16 @@ def sweep_stale_real_nodes(registry: Registry | None = None) -> list[int]:
     """Remove every set of real nodes on this machine whose starter is gone (a crashed
     or killed run), whichever cluster it belonged to; the slots freed."""
     registry = registry or Registry()
-    if not registry.folder.is_dir():
+    if not _usable(registry):
         return []
     with registry.locked():
         return registry.sweep()
+
+
+def _usable(registry: Registry) -> bool:
+    """Whether sets may be recorded there: none ever ran on the machine when the folder
+    is missing, and only root (who made it) may change them."""
+    return registry.folder.is_dir() and os.access(registry.folder, os.W_OK)
 
 
 def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs: Path, *,
