@@ -34,8 +34,8 @@ from ringwright.objects import Obj
 from .build import ensure_binaries
 from .inventory import GPU_RESOURCE
 from .node import configs, host, image
-from .node.host import Registry, SetRecord
 from .node.layout import REAL_NODE_LABEL, NodeLayout, RealNodeSpec, layouts
+from .node.registry import Registry, SetRecord
 from .versions import cache_root
 
 __all__ = [

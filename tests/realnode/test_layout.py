@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ringwright.devcluster.node import configs, image
-from ringwright.devcluster.node.host import Proc, SetRecord
+from ringwright.devcluster.node.host import Proc
 from ringwright.devcluster.node.layout import (
     KUBELET_SYSCTLS,
     NODES_PER_SLOT,
@@ -20,6 +20,7 @@ from ringwright.devcluster.node.layout import (
     RealNodeSpec,
     layouts,
 )
+from ringwright.devcluster.node.registry import SetRecord
 from ringwright.devcluster.realnode import APT_PACKAGES, COMMANDS
 from ringwright.devcluster.versions import COMPONENTS
 

@@ -14,7 +14,7 @@ import pytest
 
 from ringwright.devcluster.control_plane import NODE_DOWN_ANNOTATION, Cluster
 from ringwright.devcluster.inventory import GPU_RESOURCE, KWOK_NODE_ANNOTATION
-from ringwright.devcluster.node import host
+from ringwright.devcluster.node import host, registry
 from ringwright.devcluster.node.layout import NodeLayout
 from ringwright.devcluster.realnode import (
     REAL_NODE_LABEL,
@@ -177,7 +177,7 @@ def test_a_crashed_runs_real_node_is_removed_without_a_trace(
          name], env=env, capture_output=True, text=True, timeout=400, check=False)
     assert started.returncode == 0, started.stderr[-4000:]
     slot = int(started.stdout.split()[-1])
-    record = next(r for r in host.Registry().records() if r.slot == slot)
+    record = next(r for r in registry.Registry().records() if r.slot == slot)
     assert not record.owner_alive()
     layout = record.layouts()[0]
     kube.create(api_path("v1", "pods", namespace), _pod("sleeper", name))
@@ -193,9 +193,9 @@ def test_a_crashed_runs_real_node_is_removed_without_a_trace(
 
     assert not any(_leftovers(layout, record.processes).values()), \
         _leftovers(layout, record.processes)
-    assert not host.Registry().path(slot).exists()
+    assert not registry.Registry().path(slot).exists()
     # Removing it again (as Cluster.down would) is harmless; it also forgets the Node.
-    RealNodeSet(record, host.Registry()).stop(kube)
+    RealNodeSet(record, registry.Registry()).stop(kube)
     assert kube.get_or_none(api_path("v1", "nodes", name=name)) is None
     assert kube.get_or_none(api_path("v1", "pods", namespace, "sleeper")) is None
     # The module's own real node, whose starter lives, was left running.
