@@ -1,7 +1,7 @@
 """Real nodes beside the KWOK nodes: a real kubelet registers with its labels and GPUs,
-runs a container of the local image as a non-root user and serves its logs through the
-API server; KWOK leaves it alone; and removing a set of real nodes, also one whose
-starter crashed, leaves nothing behind on the host."""
+runs a container of the local image as a non-root user, serves its logs and exec
+through the API server; KWOK leaves it alone; and removing a set of real nodes, also
+one whose starter crashed, leaves nothing behind on the host."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ import sys
 from ipaddress import ip_address, ip_network
 
 import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.stream import stream
 
 from ringwright.devcluster.control_plane import NODE_DOWN_ANNOTATION, Cluster
 from ringwright.devcluster.inventory import GPU_RESOURCE, KWOK_NODE_ANNOTATION
@@ -105,6 +108,21 @@ def test_a_pod_of_the_local_image_runs_as_its_user_and_its_logs_are_served(
     # What `kubectl logs` asks: the API server fetches it from the kubelet.
     log = kube.get_text(api_path("v1", "pods", namespace, "whoami", subresource="log"))
     assert log == f"uid={USER} gid={USER}\n"
+
+
+def test_exec_runs_a_command_in_a_running_container(
+    cluster: Cluster, kube: KubeClient, namespace: str, real_nodes: RealNodeSet,
+) -> None:
+    """What `kubectl exec` does: the API server asks the kubelet, which streams from
+    containerd's streaming server in the node's namespace."""
+    kube.create(api_path("v1", "pods", namespace), _pod("target", real_nodes.nodes[0].name))
+    wait_for(lambda: kube.get(api_path("v1", "pods", namespace, "target"))
+             ["status"].get("phase") == "Running", "the pod to run", timeout=120)
+    with k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig)) as api:
+        out = stream(k8s_client.CoreV1Api(api).connect_get_namespaced_pod_exec, "target",
+                     namespace, command=["/pause", "echo", "from", "exec"], stdout=True,
+                     stderr=True, stdin=False, tty=False)
+    assert out == "from exec\n"
 
 
 def _set_down(kube: KubeClient, node: str, down: bool) -> None:
