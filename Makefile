@@ -3,7 +3,7 @@
 #   make test   lint, type-check and every test (unit, cluster, e2e)
 # Expensive things are cached outside the checkout, keyed by version:
 #   $(CACHE)/venv/<digest>   Python deps (torch, ...)   digest of pyproject.toml's dependencies + python version
-#   $(CACHE)/bin/<name>-<version>-<digest>   control-plane binaries built from Go modules
+#   $(CACHE)/bin/<name>-<version>-<digest>   control-plane binaries (and the kubelet) built from Go modules
 #   $(CACHE)/wheels/         horovod built from source against our torch
 
 SHELL := /bin/bash
@@ -38,7 +38,10 @@ env: $(VENV)/.ready
 # The Go build needs only the standard library: it runs with the system Python, in
 # parallel with the venv install (jobs=2 below), so a cold run overlaps pip's download
 # with the compile. -P keeps the checkout's folders off sys.path.
+# Also the host packages of the cluster's real nodes (containerd, runc, CNI plugins): installed
+# when missing and this is root with apt-get, else named (scripts/install_host_packages.sh).
 binaries: build/typecheck/ringwright
+	bash scripts/install_host_packages.sh
 	PYTHONPATH=build/typecheck $(PYTHON) -P -m ringwright.devcluster.build
 
 # mypy cannot follow the folder -> package mapping (operator/ is ringwright.operator),

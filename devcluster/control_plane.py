@@ -26,8 +26,9 @@ import yaml
 from ringwright.kube import ApiError, KubeClient, RetryPolicy, api_path, load_kubeconfig
 
 from .build import Binaries, ensure_binaries
-from .inventory import load_inventory, node_manifests
+from .inventory import KWOK_NODE_ANNOTATION, load_inventory, node_manifests
 from .pki import Pki, ensure_pki
+from .realnode import stop_real_nodes
 from .versions import CONTROL_PLANE, cache_root
 
 log = logging.getLogger("ringwright.devcluster")
@@ -150,7 +151,8 @@ class Cluster:
         log.info("cluster %s up: export KUBECONFIG=%s", self.name, self.kubeconfig)
 
     def down(self) -> None:
-        """Stop every component (TERM, then KILL after a few seconds)."""
+        """Stop every component (TERM, then KILL after a few seconds), real nodes first."""
+        stop_real_nodes(self.dir)
         pids = self._pids()
         for pid in pids.values():
             _signal(pid, signal.SIGTERM)
@@ -218,6 +220,9 @@ class Cluster:
             # node lifecycle controller removes; KWOK nodes are ready from the start.
             "--disable-admission-plugins=TaintNodesByCondition",
             "--allow-privileged=true", "--profiling=false",
+            # A real node's kubelet (realnode.py) is reached at its address: its host
+            # name resolves nowhere.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--cert-dir={self.dir / 'pki'}",
         ]
 
@@ -241,7 +246,9 @@ class Cluster:
     def _kwok_cmd(self, bins: Binaries, ports: dict[str, int]) -> list[str]:
         return [
             str(bins["kwok"]), f"--kubeconfig={self.kubeconfig}", f"--config={STAGES}",
-            "--manage-all-nodes=true", f"--server-address=127.0.0.1:{ports['kwok']}",
+            # Only the inventory's nodes: a real node (realnode.py) has its own kubelet.
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
             "--node-ip=127.1.0.1", "--cidr=127.9.0.0/16",
             f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         ]

@@ -15,6 +15,8 @@ RACK_LABEL = "ringwright.dev/rack"
 NVLINK_LABEL = "nvidia.com/gpu.clique"
 GPU_MODEL_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+"""KWOK manages the nodes carrying this annotation (value "fake"), and no others."""
 
 
 class RackGroup(BaseModel):
@@ -88,7 +90,7 @@ def node_manifests(inventory: Inventory) -> list[dict[str, Any]]:
                             NVLINK_LABEL: f"{rack}-nvl-{n // group.nodes_per_nvlink_domain}",
                             GPU_MODEL_LABEL: group.gpu_model,
                         },
-                        "annotations": {"kwok.x-k8s.io/node": "fake"},
+                        "annotations": {KWOK_NODE_ANNOTATION: "fake"},
                     },
                     "spec": {"podCIDR": pod_cidr(index), "podCIDRs": [pod_cidr(index)]},
                     "status": {

@@ -33,7 +33,8 @@ class Component:
     package: str
     ldflags: tuple[str, ...] = ()
     control_plane: bool = True
-    """Needed to start the local cluster; False for test tools (Prometheus)."""
+    """Needed to start the local cluster; False for what only some tests run (Prometheus,
+    the kubelet of real nodes)."""
 
     def key(self) -> str:
         """Version plus a digest of our build inputs, so editing them rebuilds."""
@@ -70,6 +71,10 @@ COMPONENTS: tuple[Component, ...] = (
         "helm", HELM, "", f"helm.sh/helm/v3/cmd/helm@{HELM}",
         (f"-X helm.sh/helm/v3/internal/version.version={HELM}",),
     ),
+    # The node agent of the real nodes (devcluster/realnode.py) that run containers
+    # beside the KWOK nodes; a cluster starts without it.
+    Component("kubelet", KUBERNETES, "kube", "./cmd/kubelet", _kube_ldflags(),
+              control_plane=False),
     # A real Prometheus for the metrics tests. Its module carries replace directives,
     # which `go install pkg@version` refuses, so it builds inside our own go.mod.
     Component("prometheus", PROMETHEUS, "prometheus",

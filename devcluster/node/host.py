@@ -1,0 +1,339 @@
+"""What a real node creates on the host, piece by piece, and removing each piece:
+processes, the node's mount namespace, its network namespace and link, its cgroups.
+
+Every node runs in two namespaces of its own:
+
+* a private mount namespace, held open by a ``sleep`` process, shared by its
+  containerd and kubelet: the mounts they make (overlay root filesystems, volumes,
+  pod network namespaces) never appear on the host, and the host paths they insist on
+  are bound over with the node's folders (:meth:`NodeLayout.binds`);
+* a network namespace for containerd (so the CNI bridge and the pods' links live
+  there) joined to the host by a veth pair whose host end carries the node's address.
+
+The kubelet itself stays in the host's network namespace, where the API server is.
+:mod:`.registry` records what was made and removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from .layout import (
+    KUBELET_SYSCTLS,
+    LINK_PREFIX,
+    LINK_PREFIX_LEN,
+    NAME_PREFIX,
+    NodeLayout,
+)
+
+HOST_PATHS_MADE = ("/var/lib/cni", "/run/containerd")
+"""Bind targets that may be missing on the host; created empty when they are."""
+
+
+class HostError(RuntimeError):
+    """A host resource of a real node could not be created."""
+
+
+def run(argv: Sequence[str]) -> None:
+    """Run a command; fail with its output."""
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise HostError(f"{' '.join(argv)} failed: {(done.stderr or done.stdout).strip()}")
+
+
+# -- processes -------------------------------------------------------------------------
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot); None when there is none.
+    A pid with another start time is another process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process started for a node: which one (its role) and how to recognise it."""
+
+    role: str
+    node: str
+    pid: int
+    start: int
+
+    def alive(self) -> bool:
+        """Whether the process still runs (a zombie child of ours is reaped, not alive)."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+        return start_ticks(self.pid) == self.start
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+def spawn(role: str, node: str, argv: Sequence[str], log: Path) -> Proc:
+    """Start ``argv`` in a session of its own (it outlives its starter, as the control
+    plane does), its output appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out: IO[bytes] = log.open("ab")
+    try:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        out.close()
+    started = start_ticks(proc.pid)
+    if started is None:
+        raise HostError(f"{role} of {node} exited at once; see {log}")
+    return Proc(role, node, proc.pid, started)
+
+
+def stop(procs: Sequence[Proc], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL whatever is still alive after ``grace`` seconds."""
+    for p in procs:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in procs:
+        p.signal(signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while any(p.alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def kill_pids(pids: Sequence[int]) -> None:
+    """SIGKILL each of ``pids`` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (a path only our processes use)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_for_socket(path: Path, proc: Proc, log: Path, timeout: float) -> None:
+    """Wait until something accepts connections on unix socket ``path``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise HostError(f"{proc.role} of {proc.node} exited; last lines of {log}:\n"
+                            f"{tail(log)}")
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(str(path))
+                return
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise HostError(f"{proc.role} of {proc.node} did not listen on {path} within "
+                    f"{timeout:.0f}s; last lines of {log}:\n{tail(log)}")
+
+
+def tail(log: Path, lines: int = 30) -> str:
+    """The last lines of a log file."""
+    if not log.exists():
+        return "(no log)"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+# -- the node's mount namespace --------------------------------------------------------
+
+
+def start_mount_holder(layout: NodeLayout, log: Path, timeout: float = 10.0) -> Proc:
+    """A process holding the node's new private mount namespace, with the node's
+    binds made in it; containerd and the kubelet join it (:func:`in_node`)."""
+    for src, dst in layout.binds():
+        if dst.startswith("/proc/sys/"):
+            src.parent.mkdir(parents=True, exist_ok=True)
+            src.write_text(KUBELET_SYSCTLS[dst.removeprefix("/proc/sys/")] + "\n")
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+    for path in HOST_PATHS_MADE:
+        os.makedirs(path, exist_ok=True)
+    holder = spawn("mount-holder", layout.name,
+                   ["unshare", "--mount", "--propagation", "private", "--",
+                    "sleep", "infinity"], log)
+    ours = os.readlink("/proc/self/ns/mnt")
+    deadline = time.monotonic() + timeout
+    while _mount_ns(holder.pid) in (ours, None) or _comm(holder.pid) != "sleep":
+        if not holder.alive() or time.monotonic() > deadline:
+            stop([holder])
+            raise HostError(f"unshare did not make a mount namespace for {layout.name}; "
+                            f"see {log}:\n{tail(log)}")
+        time.sleep(0.02)
+    for src, dst in layout.binds():
+        run(["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--",
+             "mount", "--bind", str(src), dst])
+    return holder
+
+
+def _mount_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def in_node(holder: Proc, argv: Sequence[str], netns: str | None = None) -> list[str]:
+    """``argv`` run in the node's mount namespace (and network namespace ``netns``)."""
+    net = [f"--net=/run/netns/{netns}"] if netns else []
+    return ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", *net, "--", *argv]
+
+
+def mounts_under(folder: Path) -> list[str]:
+    """Mount points at or below ``folder`` in the host's mount namespace."""
+    prefix = str(folder.resolve())
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == prefix or point.startswith(prefix + "/"):
+                points.append(point)
+    return points
+
+
+# -- the node's network ----------------------------------------------------------------
+
+
+def create_network(layout: NodeLayout) -> None:
+    """The node's namespace, its link to the host and the route to its pods."""
+    ns, link = layout.netns, layout.host_link
+    run(["ip", "netns", "add", ns])
+    for argv in (
+        ["ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns],
+        ["ip", "addr", "add", f"{layout.node_ip}/{LINK_PREFIX_LEN}", "dev", link],
+        ["ip", "link", "set", link, "up"],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "addr", "add", f"{layout.peer_ip}/{LINK_PREFIX_LEN}", "dev", "eth0"],
+        ["ip", "-n", ns, "link", "set", "eth0", "up"],
+        ["ip", "route", "add", layout.pod_cidr, "via", layout.peer_ip, "dev", link],
+    ):
+        run(argv)
+
+
+def network_namespaces() -> list[str]:
+    """Every real node's network namespace on the machine (any cluster)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                         check=False).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.strip() and line.split()[0].startswith(NAME_PREFIX)]
+
+
+def host_links() -> list[str]:
+    """Every real node's host-side link on the machine (any cluster)."""
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                         check=False).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()
+             if line.count(":") >= 2]
+    return [n for n in names if n.startswith(LINK_PREFIX) and not n.startswith(NAME_PREFIX)]
+
+
+def remove_network(netns: str, link: str) -> None:
+    """Delete a node's namespace (after killing what still runs in it) and its link."""
+    if netns in network_namespaces():
+        pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True,
+                              text=True, check=False).stdout.split()
+        kill_pids([int(p) for p in pids if p.isdigit()])
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True, check=False)
+    if link in host_links():
+        subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
+
+
+# -- cgroups ---------------------------------------------------------------------------
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """Mount points of every cgroup hierarchy (v1 controllers, and v2 where mounted)."""
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            fstype = fields[fields.index("-") + 1]
+            if fstype in ("cgroup", "cgroup2"):
+                points.append(Path(fields[4]))
+    return points
+
+
+def create_cgroup(name: str) -> None:
+    """The kubelet's cgroup root ``name`` in every hierarchy (it must exist first)."""
+    for root in cgroup_hierarchies():
+        path = root / name.lstrip("/")
+        path.mkdir(exist_ok=True)
+        # A new v1 cpuset has no CPUs or memory nodes; nothing could run in it.
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (path / knob).exists() and not (path / knob).read_text().strip():
+                (path / knob).write_text((root / knob).read_text())
+
+
+def cgroup_pids(name: str) -> list[int]:
+    """Every process in cgroup ``name`` or below it, in any hierarchy."""
+    pids: set[int] = set()
+    for root in cgroup_hierarchies():
+        top = root / name.lstrip("/")
+        if not top.is_dir():
+            continue
+        for folder, _, _ in os.walk(top):
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in (Path(folder) / "cgroup.procs").read_text().split())
+    return sorted(pids)
+
+
+def remove_cgroup(name: str, timeout: float = 10.0) -> None:
+    """Kill every process in cgroup ``name`` and remove it, deepest folder first."""
+    deadline = time.monotonic() + timeout
+    while (pids := cgroup_pids(name)) and time.monotonic() < deadline:
+        kill_pids(pids)
+        time.sleep(0.05)
+    for root in cgroup_hierarchies():
+        top = root / name.lstrip("/")
+        while top.is_dir():
+            for folder, _, _ in os.walk(top, topdown=False):
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            if not top.is_dir() or time.monotonic() > deadline:
+                break
+            # A cgroup whose last task just died stays busy for a moment.
+            time.sleep(0.05)
+
+
+def cgroups_named(prefix: str) -> list[str]:
+    """Top-level cgroups whose name starts with ``prefix``, in any hierarchy."""
+    names: set[str] = set()
+    for root in cgroup_hierarchies():
+        with contextlib.suppress(OSError):
+            names.update(p.name for p in root.iterdir() if p.is_dir()
+                         and p.name.startswith(prefix))
+    return sorted(names)

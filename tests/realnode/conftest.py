@@ -1,0 +1,48 @@
+"""Real nodes (a kubelet and containerd each) in the run's one local cluster.
+
+They need root and host packages; the check says which. With ``CI=true`` a machine
+without them fails the tests, elsewhere they skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.realnode import (
+    RealNodeSet,
+    RealNodeSpec,
+    missing_requirements,
+    requirements_message,
+    start_real_nodes,
+)
+from tests.conftest import IN_CI
+
+SPECS = (RealNodeSpec("real-rack-r0-node-0", rack="rack-r0", nvlink_domain="rack-r0-nvl-3",
+                      gpu_model="NVIDIA-A100-SXM4-40GB", gpus=4),)
+"""The module's real nodes: labels and GPUs unlike the spec's defaults, so a test sees
+that they come from the spec."""
+
+
+@pytest.fixture(scope="session")
+def can_run_real_nodes() -> None:
+    """This machine can run real nodes: a skip locally when not, a failure in CI."""
+    missing = missing_requirements()
+    if missing:
+        if IN_CI:
+            pytest.fail(requirements_message(missing))
+        pytest.skip(requirements_message(missing))
+
+
+@pytest.fixture(scope="module")
+def real_nodes(cluster: Cluster, can_run_real_nodes: None) -> Iterator[RealNodeSet]:
+    """:data:`SPECS` as real nodes of the cluster for one test module, removed after it
+    (Node objects too), so the cluster's other tests never see them."""
+    with cluster.client() as kube:
+        nodes = start_real_nodes(kube, cluster.dir, cluster.kubeconfig, SPECS)
+        try:
+            yield nodes
+        finally:
+            nodes.stop(kube)
