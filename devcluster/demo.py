@@ -4,14 +4,14 @@
 2. install the CRDs and the default policy, start the operator;
 3. apply a TrainingJob; real runtime processes stand in for its pods (127.x pod IPs);
 4. show where each worker landed and the ring order;
-5. delete one worker's pod mid-training and show the new epoch, the rebuilt ring, the
+5. delete one worker's pod mid-training and show the new generation, the rebuilt ring, the
    rescaled learning rate, training continuing from the last commit, and the replacement
    joining again;
 6. print the log lines of every process merged by time, the recovery as the runtime's
    and the operator's Prometheus metrics count it, and draw a PNG timeline.
 The cluster is left running (``python -m ringwright.devcluster down`` stops it).
 Every step waits for what it reads: the world ConfigMap and the job's status are
-written one after the other, so neither is read before it shows the awaited epoch.
+written one after the other, so neither is read before it shows the awaited generation.
 """
 
 from __future__ import annotations
@@ -90,20 +90,20 @@ def current_world(kube: KubeClient, namespace: str, name: str) -> World | None:
     return parse_world(text) if text else None
 
 
-def world_summary(job: Obj | None, epoch: int) -> Obj | None:
-    """The job's status.world once the operator has written it for ``epoch`` (or later).
+def world_summary(job: Obj | None, generation: int) -> Obj | None:
+    """The job's status.world once the operator has written it for ``generation`` (or later).
 
     The operator publishes the world ConfigMap before it writes the status, so a
     reader that saw the world must wait for the status to catch up.
     """
     summary: Obj = ((job or {}).get("status") or {}).get("world") or {}
-    if summary.get("epoch", 0) >= epoch and "crossRackEdges" in summary:
+    if summary.get("generation", 0) >= generation and "crossRackEdges" in summary:
         return summary
     return None
 
 
 def show_world(world: World, edges: int) -> None:
-    print(f"world epoch {world.epoch}: {world.size} workers, store at "
+    print(f"world generation {world.generation}: {world.size} workers, store at "
           f"{world.store.address}:{world.store.port}")
     print(f"  {'RANK':<5}{'POD':<22}{'IP':<16}{'RACK':<9}{'NVLINK':<14}{'NODE':<18}GPU")
     for m in world.members:
@@ -146,7 +146,7 @@ class DemoRun:
 
     png: Path
     failure_at: float
-    epochs: list[int]
+    generations: list[int]
     runtime: dict[str, Scrape] = field(default_factory=dict)
     """The runtime metrics of every training process, by pod."""
     operator: Scrape | None = None
@@ -156,7 +156,7 @@ def show_metrics(run: DemoRun) -> None:
     """The recovery as the runtime and the operator count it."""
     for pod, got in sorted(run.runtime.items()):
         cause = ReportKind.COLLECTIVE_FAILED.value
-        print(f"  {pod:<18} world epoch {got.get('ringwright_runtime_world_epoch'):.0f} "
+        print(f"  {pod:<18} world generation {got.get('ringwright_runtime_world_generation'):.0f} "
               f"size {got.get('ringwright_runtime_world_size'):.0f}, "
               f"recoveries {got.get('ringwright_runtime_recoveries_total', cause=cause):.0f} "
               f"({got.get('ringwright_runtime_recovery_seconds_sum', cause=cause):.2f} s), "
@@ -164,8 +164,9 @@ def show_metrics(run: DemoRun) -> None:
               f"mean step {_mean(got, 'ringwright_runtime_step_seconds') * 1000:.0f} ms")
     if run.operator is not None:
         op = run.operator
-        print(f"  operator           epochs published "
-              f"{op.get('ringwright_operator_world_epochs_published_total'):.0f}, members lost "
+        print(f"  operator           generations published "
+              f"{op.get('ringwright_operator_world_generations_published_total'):.0f}, "
+              "members lost "
               f"{op.get('ringwright_operator_members_lost_total'):.0f}, pods created "
               f"{op.get('ringwright_operator_pods_created_total'):.0f}, reconcile rounds "
               f"{op.get('ringwright_operator_reconcile_seconds_count'):.0f}")
@@ -258,28 +259,28 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
     def next_world(after: int, size: int | None = None) -> World:
         def probe() -> World | None:
             w = current_world(kube, namespace, name)
-            ok = w is not None and w.epoch > after and (size is None or w.size == size)
+            ok = w is not None and w.generation > after and (size is None or w.size == size)
             return w if ok else None
 
-        what = f"a world after epoch {after}" + (f" with {size} workers" if size else "")
+        what = f"a world after generation {after}" + (f" with {size} workers" if size else "")
         return wait(probe, what, host)
 
     def show(world: World) -> None:
-        summary = wait(lambda: world_summary(kube.get_or_none(job_path), world.epoch),
-                       f"the job status to show epoch {world.epoch}", host)
+        summary = wait(lambda: world_summary(kube.get_or_none(job_path), world.generation),
+                       f"the job status to show generation {world.generation}", host)
         show_world(world, int(summary["crossRackEdges"]))
 
-    def trained_in(epoch: int, epochs_done: int) -> None:
+    def trained_in(generation: int, epochs_done: int) -> None:
         def started() -> float | None:
             for line in grep_logs(host, r" world_ready "):
                 found = fields(line.text, "world_ready")
-                if found is not None and int(found.get("epoch", -1)) >= epoch:
+                if found is not None and int(found.get("generation", -1)) >= generation:
                     return line.at
             return None
 
-        ready = wait(started, f"training in epoch {epoch}", host)
+        ready = wait(started, f"training in generation {generation}", host)
         wait(lambda: sum(1 for line in grep_logs(host, PROGRESS) if line.at > ready)
-             >= epochs_done, f"{epochs_done} data epochs in world epoch {epoch}", host)
+             >= epochs_done, f"{epochs_done} data epochs in world generation {generation}", host)
 
     try:
         world = next_world(0, replicas)
@@ -289,20 +290,20 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
         kubectl(cluster, "-n", namespace, "get", "pods", "-o", "wide")
 
         say("training: waiting for a few data epochs")
-        trained_in(world.epoch, 3)
+        trained_in(world.generation, 3)
         if before_failure is not None:
             before_failure(world)
         victim = world.members[-1].pod
         say(f"failure: kubectl delete pod {victim} (rank {world.members[-1].rank})")
         failure_at = time.time()
         kube.delete(api_path("v1", "pods", namespace, victim), grace=0)
-        shrunk = next_world(world.epoch)
+        shrunk = next_world(world.generation)
         show(shrunk)
-        trained_in(shrunk.epoch, 1)
-        healed = shrunk if shrunk.size == replicas else next_world(shrunk.epoch, replicas)
+        trained_in(shrunk.generation, 1)
+        healed = shrunk if shrunk.size == replicas else next_world(shrunk.generation, replicas)
         say("the replacement joined; the ring is whole again")
         show(healed)
-        trained_in(healed.epoch, 3)
+        trained_in(healed.generation, 3)
 
         say("what every process logged, merged by time")
         logs = pod_lines(host)
@@ -310,7 +311,7 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
             else logs
         show_merged(everything, since=failure_at - 2)
         run = DemoRun(png=png or work / "timeline.png", failure_at=failure_at,
-                      epochs=[world.epoch, shrunk.epoch, healed.epoch])
+                      generations=[world.generation, shrunk.generation, healed.generation])
         say("the recovery in Prometheus metrics (runtime on each pod, and the operator)")
         for pod, hosted in sorted(host.pods.items()):
             got = scrape(f"http://{hosted.ip}:{DEFAULT_METRICS_PORT}/metrics")
@@ -320,7 +321,7 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
         show_metrics(run)
 
         timeline = read_timeline(logs, SAMPLES)
-        draw(timeline, run.png, failure_at=failure_at, rejoin_epoch=healed.epoch,
+        draw(timeline, run.png, failure_at=failure_at, rejoin_generation=healed.generation,
              title=f"TrainingJob {name}: {victim} deleted, world {world.size} -> "
                    f"{shrunk.size} -> {healed.size}")
         kubectl(cluster, "-n", namespace, "get", "tj", "-o", "wide")

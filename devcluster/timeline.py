@@ -3,9 +3,9 @@
 Every process (operator and training pods) logs ``<date> <time>,<ms> ...`` lines;
 the runtime's are ``event key=value ...`` (see ``runtime/kvlog.py``). From the pods'
 lines :func:`read_timeline` takes the loss and the pace of each data epoch
-(``epoch_done``, logged by rank 0) and the first ``world_ready`` of each world epoch;
+(``epoch_done``, logged by rank 0) and the first ``world_ready`` of each world generation;
 :func:`draw` plots loss, samples/s and world size against wall time, with marks for
-the failure, every new epoch and the rejoin.
+the failure, every new generation and the rejoin.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ class Point:
 
 @dataclass(frozen=True)
 class WorldMark:
-    """The first member of a world epoch started training in it."""
+    """The first member of a world generation started training in it."""
 
     at: float
-    epoch: int
+    generation: int
     size: int
 
 
@@ -101,14 +101,14 @@ def read_timeline(lines: Sequence[LogLine], samples_per_epoch: int) -> Timeline:
                 timeline.points.append(Point(line.at, float(done["loss"]), rate))
             last_done = line.at
         ready = fields(line.text, "world_ready")
-        if ready is not None and int(ready["epoch"]) not in seen:
-            seen.add(int(ready["epoch"]))
-            timeline.worlds.append(WorldMark(line.at, int(ready["epoch"]), int(ready["size"])))
+        if ready is not None and int(ready["generation"]) not in seen:
+            seen.add(int(ready["generation"]))
+            timeline.worlds.append(WorldMark(line.at, int(ready["generation"]), int(ready["size"])))
     return timeline
 
 
 def draw(timeline: Timeline, path: Path, *, title: str, failure_at: float,
-         rejoin_epoch: int) -> Path:
+         rejoin_generation: int) -> Path:
     """Write the timeline as a PNG at ``path`` and return it."""
     start = min([failure_at] + [p.at for p in timeline.points]
                 + [w.at for w in timeline.worlds])
@@ -139,7 +139,7 @@ def draw(timeline: Timeline, path: Path, *, title: str, failure_at: float,
         ax.grid(alpha=0.3)
         ax.axvline(failure_at - start, color="tab:red", ls="--", lw=1.5)
         for w in timeline.worlds[1:]:
-            rejoin = w.epoch == rejoin_epoch
+            rejoin = w.generation == rejoin_generation
             ax.axvline(w.at - start, color="tab:green" if rejoin else "0.4",
                        ls="--" if rejoin else ":", lw=1.5 if rejoin else 1)
     top_y = loss_ax.get_ylim()[1]
@@ -147,10 +147,10 @@ def draw(timeline: Timeline, path: Path, *, title: str, failure_at: float,
                      rotation=90, va="top", ha="right", fontsize=8,
                      textcoords="offset points", xytext=(-2, -2))
     for w in timeline.worlds[1:]:
-        label = f"epoch {w.epoch}: {w.size} workers" + (" (rejoin)" if w.epoch == rejoin_epoch
-                                                          else "")
+        rejoined = w.generation == rejoin_generation
+        label = f"generation {w.generation}: {w.size} workers" + (" (rejoin)" if rejoined else "")
         loss_ax.annotate(label, (w.at - start, top_y), rotation=90, va="top", ha="left",
-                         fontsize=8, color="tab:green" if w.epoch == rejoin_epoch else "0.3",
+                         fontsize=8, color="tab:green" if rejoined else "0.3",
                          textcoords="offset points", xytext=(2, -2))
     fig.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)

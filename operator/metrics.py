@@ -108,8 +108,8 @@ class OperatorMetrics:
         self.jobs = Gauge(
             "ringwright_operator_jobs", "TrainingJobs this operator reconciles, by phase.",
             ["phase"], registry=r)
-        self.epochs_published = Counter(
-            "ringwright_operator_world_epochs_published", "World epochs published.",
+        self.generations_published = Counter(
+            "ringwright_operator_world_generations_published", "World generations published.",
             registry=r)
         self.members_lost = Counter(
             "ringwright_operator_members_lost", "Pods counted as lost, by cause.", ["cause"],
@@ -155,7 +155,7 @@ class OperatorMetrics:
         for role, n in done.deleted.items():
             self.pods_deleted.labels(role).inc(n)
         if done.published:
-            self.epochs_published.inc()
+            self.generations_published.inc()
         for cause in done.lost:
             self.members_lost.labels(cause).inc()
         if done.unschedulable:

@@ -14,7 +14,7 @@ class OperatorSettings(BaseModel):
 
     settle_seconds: float = Field(
         default=1.5, ge=0, description="A changed membership must hold this long before it is "
-        "published, so a burst of pod events yields one epoch (not after a failure once every "
+        "published, so a burst of pod events yields one generation (not after a failure once every "
         "remaining member waits for the next world).")
     drain_seconds: float = Field(
         default=30.0, ge=0, description="How long a pod removed by a scale-down may take to "

@@ -81,7 +81,7 @@ _log = runtime_logger("elastic")
 INIT_ABANDONED_EXIT = 70
 """Exit status (EX_SOFTWARE) of a member that gave up a Horovod init in which a peer
 died: nothing can interrupt ``hvd.init()``, so its container restarts without state
-and rejoins a later epoch, from the last commit, which one survivor checkpointed."""
+and rejoins a later generation, from the last commit, which one survivor checkpointed."""
 
 R = TypeVar("R")
 
@@ -235,7 +235,7 @@ class ElasticRuntime:
         self._start_health(manager)
         stop = self._termination_signal()
         state.stop = stop
-        after = manager.epoch
+        after = manager.generation
         try:
             while True:
                 # The watchdog keeps running: joining beats it while it waits alive,
@@ -244,8 +244,9 @@ class ElasticRuntime:
                     with self._interrupter.armed_while(stop):
                         self._form(manager, state, after)
                 except _StopWaiting:
-                    log_event(_log, logging.INFO, "stop_while_forming", epoch=manager.epoch,
-                              step=state.step, committed_epoch=state.synced_epoch)
+                    log_event(_log, logging.INFO, "stop_while_forming",
+                              generation=manager.generation, step=state.step,
+                              committed_generation=state.synced_generation)
                     state.stop_if_signalled(committed=True)
                 try:
                     return train_fn(state)
@@ -260,19 +261,19 @@ class ElasticRuntime:
                     state.restore()
                     self.metrics.rolled_back(ReportKind.COLLECTIVE_FAILED.value,
                                              before - state.step)
-                    log_event(_log, logging.WARNING, "rolled_back", epoch=manager.epoch,
+                    log_event(_log, logging.WARNING, "rolled_back", generation=manager.generation,
                               step=state.step, error=err)
                     # Peers failing because the whole job is being stopped: keep the
                     # last commit rather than wait for a world that will not come.
                     state.stop_if_signalled(committed=True)
-                after = manager.epoch
+                after = manager.generation
         except LeftWorld as left:
             log_event(_log, logging.INFO, "left_world", pod=self.pod, message=left.message)
-            self.reporter.report(ReportKind.LEFT, max(manager.epoch, 0), left.message)
+            self.reporter.report(ReportKind.LEFT, max(manager.generation, 0), left.message)
             raise
         except Fenced as fenced:
             log_event(_log, logging.WARNING, "fenced", pod=self.pod, message=fenced.message)
-            self.reporter.report(ReportKind.LEFT, max(manager.epoch, 0), fenced.message)
+            self.reporter.report(ReportKind.LEFT, max(manager.generation, 0), fenced.message)
             raise
         except Terminated as term:
             log_event(_log, logging.INFO, "terminated", pod=self.pod, signal=term.signum,
@@ -300,7 +301,7 @@ class ElasticRuntime:
             flushed = saved and guard is not None and guard.flush(
                 timeout=self.settings.termination_grace_s)
             log_event(_log, logging.WARNING, "init_abandoned", pod=self.pod,
-                      epoch=failure.epoch, dead=",".join(failure.pods), step=state.step,
+                      generation=failure.generation, dead=",".join(failure.pods), step=state.step,
                       checkpoint_saved=flushed, exit_code=INIT_ABANDONED_EXIT)
             self.reporter.close()
             for handler in logging.getLogger().handlers:
@@ -346,11 +347,11 @@ class ElasticRuntime:
         backend = manager.backend
         while True:
             world = manager.join(after)
-            after = world.epoch
+            after = world.generation
             self._checkpoint_from(world, state, manager)
             try:
                 infos = backend.allgather_object(
-                    MemberInfo(self.pod, state.synced_epoch, state.synced_rank, state.step))
+                    MemberInfo(self.pod, state.synced_generation, state.synced_rank, state.step))
                 src = choose_source(infos)
                 restored = False
                 if src is None:
@@ -361,7 +362,7 @@ class ElasticRuntime:
                 skip = shared_commit(infos)
                 if not skip:
                     # Marks the start of a possibly long transfer (tests wait for it).
-                    log_event(_log, logging.INFO, "sync_started", epoch=world.epoch,
+                    log_event(_log, logging.INFO, "sync_started", generation=world.generation,
                               rank=manager.rank, source_rank=src)
                 state.sync(src, skip=skip)
             except RuntimeError as raised:
@@ -369,16 +370,17 @@ class ElasticRuntime:
                 if err is None:
                     raise
                 manager.failed(CollectiveError(f"syncing state: {err}"))
-                log_event(_log, logging.WARNING, "sync_failed", epoch=world.epoch, error=err)
-                if state.synced_epoch >= 0:
+                log_event(_log, logging.WARNING, "sync_failed", generation=world.generation,
+                          error=err)
+                if state.synced_generation >= 0:
                     state.restore()
                 continue
             state.follow_world(world, manager.rank)
             self.metrics.world_ready(world, manager.rank, state.lr.factor(state.step))
-            log_event(_log, logging.INFO, "world_ready", epoch=world.epoch, size=world.size,
-                      rank=manager.rank, source_rank=src, source_pod=infos[src].pod,
-                      from_checkpoint=restored, step=state.step, synced_bytes=state.sync_bytes,
-                      lr=state.lr.scaled_lrs()[0])
+            log_event(_log, logging.INFO, "world_ready", generation=world.generation,
+                      size=world.size, rank=manager.rank, source_rank=src,
+                      source_pod=infos[src].pod, from_checkpoint=restored, step=state.step,
+                      synced_bytes=state.sync_bytes, lr=state.lr.scaled_lrs()[0])
             return world
 
     def _checkpoint_from(self, world: World, state: State, manager: GroupManager) -> None:

@@ -62,7 +62,8 @@ class RuntimeMetrics:
                                         "Global samples per second over the last step.",
                                         registry=r)
         self.world_size = Gauge(f"{p}world_size", "Members of the current world.", registry=r)
-        self.world_epoch = Gauge(f"{p}world_epoch", "Epoch of the current world.", registry=r)
+        self.world_generation = Gauge(f"{p}world_generation", "Generation of the current world.",
+                                      registry=r)
         self.rank = Gauge(f"{p}rank", "This member's rank in the current world.", registry=r)
         self.rollbacks = Counter(f"{p}rollbacks", "Rollbacks to the last commit.", registry=r)
         self.steps_lost = Counter(f"{p}steps_lost", "Steps undone by rollbacks.", registry=r)
@@ -84,7 +85,7 @@ class RuntimeMetrics:
                                         registry=r)
         self.heartbeat_lag = Gauge(
             "ringwright_runtime_heartbeat_lag_seconds", "Time since the stalest peer of this "
-            "member's epoch last heartbeat, as this member's liveness judge last saw it.",
+            "member's generation last heartbeat, as this member's liveness judge last saw it.",
             registry=r)
         self.lr_factor = Gauge(f"{p}lr_factor", "Learning-rate multiplier for the world size "
                                "(and warmup).", registry=r)
@@ -126,7 +127,7 @@ class RuntimeMetrics:
             # Steps are timed within one world: the pause in between is not a step.
             self._last = None
         self.world_size.set(world.size)
-        self.world_epoch.set(world.epoch)
+        self.world_generation.set(world.generation)
         self.rank.set(rank)
         self.lr_factor.set(lr_factor)
         if failure is not None:

@@ -84,11 +84,11 @@ class RuntimeSettings(BaseModel):
 
     join_token: SecretStr = SecretStr("")
     """The job's join token (read from the file named by ``RINGWRIGHT_JOIN_TOKEN_FILE``):
-    it tags every value in the epoch stores, so a process without it cannot claim a
+    it tags every value in the generation stores, so a process without it cannot claim a
     rank. Empty only in runs that launch no untrusted neighbours."""
 
     connect_retry_s: Annotated[float, Field(gt=0)] = 1.0
-    """Attempt length when connecting to this epoch's store; between attempts the
+    """Attempt length when connecting to this generation's store; between attempts the
     runtime checks whether a newer world has replaced the one it is joining."""
 
     @model_validator(mode="after")

@@ -158,8 +158,8 @@ class State:
         self.lr = LRScaler(optimizer)
         self.checkpoint_policy = checkpoint_policy
         """When to checkpoint; None follows the job's intervals (``spec.checkpoint``)."""
-        self.synced_epoch = -1
-        """World epoch whose group this state was last synced in; -1 holds no state."""
+        self.synced_generation = -1
+        """World generation whose group this state was last synced in; -1 holds no state."""
         self.synced_rank = -1
         """This member's rank in that world."""
         self.synced_members: tuple[str, ...] = ()
@@ -280,7 +280,7 @@ class State:
         """Re-partition the data and rescale the LR for ``world``, then commit locally."""
         self.sampler.set_world(rank, world.size)
         self.lr.set_world(world.lr, world.size, self.step)
-        self.synced_epoch, self.synced_rank = world.epoch, rank
+        self.synced_generation, self.synced_rank = world.generation, rank
         self.synced_members = tuple(m.pod for m in world.members)
         self._reseed_per_rank()
         if self._committed is None or self._commit_stale:

@@ -122,5 +122,5 @@ def shared_commit(infos: Sequence[MemberInfo]) -> bool:
     data-parallel steps. A member with no state, or from another world, needs a sync.
     """
     first = infos[0]
-    return first.state_epoch >= 0 and all(
-        i.state_epoch == first.state_epoch and i.step == first.step for i in infos)
+    return first.state_generation >= 0 and all(
+        i.state_generation == first.state_generation and i.step == first.step for i in infos)

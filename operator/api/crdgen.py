@@ -216,7 +216,8 @@ def trainingjob_crd() -> dict[str, Any]:
             _column("Phase", ".status.phase", "string", "Where the job is in its life."),
             _column("Ready", ".status.workers.ready", "integer", "Ready worker pods."),
             _column("Desired", ".spec.workers.replicas", "integer", "Workers wanted."),
-            _column("Epoch", ".status.world.epoch", "integer", "Current world epoch."),
+            _column("Generation", ".status.world.generation", "integer",
+                    "Current world generation."),
             _column("Racks", ".status.world.racks", "integer", "Racks the workers span."),
             age,
             _column("Mode", ".spec.mode", "string", "AllReduce or ParameterServer.", wide=True),
@@ -229,7 +230,7 @@ def trainingjob_crd() -> dict[str, Any]:
             _column("Restarts", ".status.restarts", "integer", "Pods replaced.", wide=True),
             _column(
                 "Recovery", ".status.lastRecovery.seconds", "number",
-                "Seconds from the last pod loss to the next world epoch.", wide=True,
+                "Seconds from the last pod loss to the next world generation.", wide=True,
             ),
         ],
     )

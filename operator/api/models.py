@@ -11,10 +11,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_serializer, model_validator
 from pydantic.config import JsonDict
 
-from ringwright.world import Backend, HierarchicalAllReduce, LRRule, Mode
+from ringwright.world import Backend, HierarchicalAllReduce, LRRule, Mode, generation_from_legacy
 
 from ..plan.manifests import RESERVED_PREFIX
 from .base import (
@@ -521,7 +521,13 @@ class RackMembers(ApiModel):
 class WorldSummary(ApiModel):
     """A summary of the current world; the full one is in the world ConfigMap."""
 
-    epoch: int = Field(default=0, ge=0, description="Bumped at every membership change.")
+    generation: int = Field(default=0, ge=0, description="Bumped at every membership change.")
+    epoch: int = Field(
+        default=0,
+        ge=0,
+        description="Deprecated: the generation under its former name, written with the same "
+        "value for readers one version older; removed in the next version.",
+    )
     size: int = Field(default=0, ge=0, description="Number of workers in the world.")
     gpu_model: str = Field(default="", description="The one GPU model every worker has.")
     racks: int = Field(default=0, ge=0, description="Racks the workers span.")
@@ -534,6 +540,13 @@ class WorldSummary(ApiModel):
         default_factory=list, description="Members per rack, in ring order."
     )
     config_map: str = Field(default="", description="ConfigMap holding the full world.")
+
+    _legacy_generation = model_validator(mode="before")(generation_from_legacy)
+
+    @field_serializer("epoch")
+    def _epoch_is_the_generation(self, _stored: int) -> int:
+        """Always the generation: steps change ``generation`` alone."""
+        return self.generation
 
 
 class CheckpointStatus(ApiModel):
@@ -571,7 +584,7 @@ class RecoveryStatus(ApiModel):
         description="When the loss was noticed (the lastFailureTime it answers).",
     )
     seconds: float = Field(
-        ge=0, description="From noticing the loss to publishing the next world epoch."
+        ge=0, description="From noticing the loss to publishing the next world generation."
     )
 
 

@@ -7,8 +7,8 @@ a job that stays unschedulable for an hour leaves one Event, not 360.
 A Warning is one series per reason: a repeat whose message changed (a refusal that
 names another pod, a count that moved) bumps the same Event and updates its message,
 so a condition that persists through every resync never makes a new Warning. Normal
-events keep one series per message: each tells a step of the job's story (epoch 3,
-then epoch 4) that must stay readable.
+events keep one series per message: each tells a step of the job's story (generation 3,
+then generation 4) that must stay readable.
 """
 
 from __future__ import annotations

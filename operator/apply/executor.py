@@ -211,7 +211,7 @@ class Applier:
 
             def publish() -> None:
                 self.written.put("ConfigMap", self._publish(job, plan))
-                log.info("published world %s/%s epoch=%d size=%d", ns, name, world.epoch,
+                log.info("published world %s/%s generation=%d size=%d", ns, name, world.generation,
                          world.size)
             before = len(refusals)
             self._try(refusals, "update" if plan.world_version else "create", "ConfigMap",
@@ -271,11 +271,11 @@ class Applier:
         """Write the world over the version it was decided from, or create it.
 
         A concurrent writer's world makes this fail with 409 Conflict (or AlreadyExists):
-        the round then ends and the next one re-reads, so one epoch never goes out with
+        the round then ends and the next one re-reads, so one generation never goes out with
         two memberships.
         """
         assert plan.world is not None
-        cm = world_configmap(job, plan.world.to_json(), plan.world.epoch)
+        cm = world_configmap(job, plan.world.to_json(), plan.world.generation)
         if not plan.world_version:
             return self.kube.create(api_path("v1", "configmaps", cm["metadata"]["namespace"]),
                                     cm)

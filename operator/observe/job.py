@@ -22,7 +22,7 @@ from ringwright.world import (
 from ..api.base import API_VERSION
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
-from ..plan.epochs import annotated_epoch
+from ..plan.generations import annotated_generation
 from ..plan.isolation import honest_reports
 from ..plan.reconcile import Observed
 from .cache import Cache
@@ -57,7 +57,7 @@ def observe(cache: Cache, job: Obj) -> Observed:
     reports_cm = cache.configmap(namespace, reports_configmap_name(name))
     labelled = cache.job_pods(namespace, name)
     pods = owned(labelled, uid)
-    # A world left by an earlier job of the same name is not this job's (its epochs do
+    # A world left by an earlier job of the same name is not this job's (its generations do
     # not count), but it is written over at the version read.
     own_world = world_cm if owned_by(world_cm, uid) else None
     nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}
@@ -68,7 +68,7 @@ def observe(cache: Cache, job: Obj) -> Observed:
         reports=(honest_reports(_reports(reports_cm), pods)
                  if owned_by(reports_cm, uid) else {}),
         policy=policy, inventory=inventory, policy_error=policy_error,
-        world_annotation_epoch=annotated_epoch(own_world),
+        world_annotation_generation=annotated_generation(own_world),
         world_version=str(((world_cm or {}).get("metadata") or {}).get("resourceVersion", "")))
 
 

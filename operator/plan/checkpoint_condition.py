@@ -37,7 +37,7 @@ def checkpoint_condition(reports: Mapping[str, Report], current: Condition | Non
     if failing:
         _, pod, report = max(failing)
         return ConditionChange(True, "CheckpointWriteFailed",
-                               f"{pod} (world epoch {report.epoch}): {report.detail}; "
+                               f"{pod} (world generation {report.generation}): {report.detail}; "
                                "training continues from memory and the write is retried")
     if current is None or current.status != ConditionStatus.TRUE:
         return None

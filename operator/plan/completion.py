@@ -3,7 +3,7 @@
 Ring mode: the job succeeds when rank 0 exits 0; the other ranks end with it.
 
 ParameterServer mode: a worker exits 0 only when the data-shard service says the last
-epoch is done (a planned leave carries the leaving annotation), so such a worker is
+generation is done (a planned leave carries the leaving annotation), so such a worker is
 *finished*, not lost: it is neither replaced nor does the job wait for a new one. The
 job succeeds once no worker is still running and every ps pod has exited, or
 ``ps_exit_grace`` after the last worker finished (the servers linger for the workers'

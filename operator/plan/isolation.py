@@ -3,7 +3,7 @@ NetworkPolicy.
 
 Pure builders of whole objects, like :mod:`ringwright.operator.plan.manifests`:
 
-- the join-token Secret (owned by the job): the runtime tags every value in its epoch
+- the join-token Secret (owned by the job): the runtime tags every value in its generation
   stores with the token, so a process without it cannot claim a rank. It is mounted
   into the training container of the job's pods only. The operator creates it once
   with a random token and never reads it back (its RBAC holds ``create`` on Secrets,

@@ -17,7 +17,7 @@ from ringwright.world import (
     world_configmap_name,
 )
 
-from .epochs import EPOCH_ANNOTATION
+from .generations import GENERATION_ANNOTATION, LEGACY_GENERATION_ANNOTATION
 
 RESERVED_PREFIX = "ringwright.dev/"
 """Label and annotation keys the operator alone sets (admission refuses them in templates)."""
@@ -113,12 +113,13 @@ def scaffold(job: Obj) -> list[Obj]:
     ]
 
 
-def world_configmap(job: Obj, world_json: str, epoch: int) -> Obj:
-    """The world ConfigMap with the given document, its epoch also kept as an annotation
-    (which a corrupted document leaves readable)."""
+def world_configmap(job: Obj, world_json: str, generation: int) -> Obj:
+    """The world ConfigMap with the given document, its generation also kept as an annotation
+    (which a corrupted document leaves readable), under both its names."""
     name = job["metadata"]["name"]
     meta = _meta(job, world_configmap_name(name))
-    meta["annotations"] = {EPOCH_ANNOTATION: str(epoch)}
+    meta["annotations"] = {GENERATION_ANNOTATION: str(generation),
+                           LEGACY_GENERATION_ANNOTATION: str(generation)}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

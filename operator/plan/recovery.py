@@ -10,7 +10,7 @@ def recovery(status: TrainingJobStatus, now: float) -> RecoveryStatus | None:
     """``status.lastRecovery`` for a world published at ``now``; None when unchanged.
 
     A recovery ends with the first world published after a loss was noticed
-    (``lastFailureTime``); later epochs (a replacement joining) do not move it.
+    (``lastFailureTime``); later generations (a replacement joining) do not move it.
     Timestamps in status have whole seconds, so the figure is good to about a second.
     """
     failure = status.last_failure_time

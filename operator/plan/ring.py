@@ -2,7 +2,7 @@
 
 Members are ordered by (rack, NVLink domain, node, pod index): a ring then enters and
 leaves each rack once, so it crosses a rack boundary exactly once per rack used (and
-not at all within one rack). Across epochs, survivors keep their relative order and a
+not at all within one rack). Across generations, survivors keep their relative order and a
 newcomer is slotted in next to its topological neighbours: nobody who stayed has to
 rebuild more of its neighbourhood than the change demands.
 """
@@ -34,7 +34,7 @@ class RingSlot:
 
 
 def order_ring(slots: Iterable[RingSlot], previous_order: Sequence[str] = ()) -> list[RingSlot]:
-    """``slots`` in ring order; ``previous_order`` is the last epoch's pods, rank order.
+    """``slots`` in ring order; ``previous_order`` is the last generation's pods, rank order.
 
     Survivors (pods in ``previous_order``) keep their relative order. Each newcomer
     goes next to the survivors it shares the longest topological prefix with (same

@@ -55,8 +55,8 @@ class Observed:
     """Pods of an earlier job of the same name, not yet garbage-collected."""
     policy_error: str = ""
     """Why the named SchedulingPolicy exists but cannot be used (``policy`` is None)."""
-    world_annotation_epoch: int = 0
-    """The world ConfigMap's epoch annotation (kept even when its document is unreadable)."""
+    world_annotation_generation: int = 0
+    """The world ConfigMap's generation annotation (kept even when its document is unreadable)."""
     world_version: str = ""
     """The world ConfigMap's resourceVersion as read; empty when there is none."""
     node_down_since: Mapping[str, float] = field(default_factory=dict)

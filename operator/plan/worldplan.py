@@ -1,6 +1,6 @@
 """Deciding the next world: who is a member, in which order, and when to publish.
 
-A burst of pod events must yield one epoch, not one per event: a changed membership
+A burst of pod events must yield one generation, not one per event: a changed membership
 is published only once it has been stable for the settle window, unless nothing more
 is expected (every wanted worker is ready) or every member that stays stopped training
 after a failure and waits for it: then waiting gains nothing.
@@ -63,7 +63,7 @@ def world_digest(world: World) -> str:
 
 def build_world(
     job: JobRef,
-    epoch: int,
+    generation: int,
     members: Sequence[PodView],
     previous: World | None,
     nodes: Mapping[str, NodeInfo],
@@ -107,7 +107,7 @@ def build_world(
     ps_members = tuple(member(p.index, p) for p in sorted(ps, key=lambda p: p.index))
     return World(
         job=job,
-        epoch=epoch,
+        generation=generation,
         backend=Backend(backend),
         mode=Mode(mode),
         store=StoreAddress(address=ring[0].ip if ring else "", port=store_port),
@@ -136,7 +136,7 @@ def decide(
 
     Returns (publish, candidate to remember, seconds to wait). Nothing is published
     below ``minimum``. ``force_bump`` republishes the same membership under a new
-    epoch (members reported a broken collective or a restart without state). A change
+    generation (members reported a broken collective or a restart without state). A change
     of the ready parameter servers ``ps`` is a membership change too. ``awaited``: every
     member in ``ready`` stopped training and waits for the next world (after a failure),
     so the settle window would only keep them all waiting.

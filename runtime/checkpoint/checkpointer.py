@@ -8,7 +8,7 @@ returns the newest checkpoint that verifies, skipping broken ones with a warning
 
 Who writes
     Never two writers for one shard. In all-reduce mode every rank holds the same
-    state, so only rank 0 of the current epoch constructs a Checkpointer with the
+    state, so only rank 0 of the current generation constructs a Checkpointer with the
     default shard :data:`MODEL_SHARD` and calls ``save()``; any rank may restore. In
     parameter-server mode each PS writes its own shard, named by :func:`ps_shard`, and a
     restore picks a step every shard has (:meth:`Checkpointer.steps`,

@@ -1,7 +1,7 @@
 """The collective operations the runtime needs, behind one interface.
 
 The group manager and the training state only ever call these; the torch.distributed
-backend implements them with a process group per world epoch, and a Horovod backend
+backend implements them with a process group per world generation, and a Horovod backend
 can implement the same protocol. Every failure of a peer (death found by the
 heartbeats, lost connection, the last-resort collective timeout) must surface as
 :class:`CollectiveError` so that the elastic loop can roll back and rebuild, whatever
@@ -77,7 +77,7 @@ class Superseded(Exception):
 
 
 class CollectiveBackend(Protocol):
-    """One group of workers per world epoch, and the collectives run within it."""
+    """One group of workers per world generation, and the collectives run within it."""
 
     @property
     def name(self) -> str:
@@ -122,7 +122,7 @@ class CollectiveBackend(Protocol):
         ...
 
     def close(self) -> None:
-        """Leave for good: the group and anything kept across epochs (a store server)."""
+        """Leave for good: the group and anything kept across generations (a store server)."""
         ...
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:

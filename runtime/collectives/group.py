@@ -1,6 +1,6 @@
-"""The group manager: follow the world, form each epoch's group, leave when dropped.
+"""The group manager: follow the world, form each generation's group, leave when dropped.
 
-On a new epoch every member of the new world tears down its old group and forms the
+On a new generation every member of the new world tears down its old group and forms the
 new one with its rank from the world. Which member's state everyone then adopts is
 decided by :func:`choose_source` from what each member reports about itself, so all
 members reach the same answer without a coordinator.
@@ -29,9 +29,9 @@ _log = runtime_logger("group")
 class WorldChanged(Exception):
     """Every rank agreed at a commit that a newer world is out; rebuild without rollback."""
 
-    def __init__(self, epoch: int) -> None:
-        super().__init__(f"world epoch {epoch} published")
-        self.epoch = epoch
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"world generation {generation} published")
+        self.generation = generation
 
 
 FENCED_EXIT = 75
@@ -61,7 +61,7 @@ class LeftWorld(SystemExit):
     def __init__(self, pod: str, world: World) -> None:
         super().__init__(0)
         self.message = (
-            f"ringwright: pod {pod} is not a member of world epoch {world.epoch} "
+            f"ringwright: pod {pod} is not a member of world generation {world.generation} "
             f"(size {world.size}); leaving the job cleanly"
         )
 
@@ -74,8 +74,8 @@ class MemberInfo:
     """What one member of a new world says about the state it holds."""
 
     pod: str
-    state_epoch: int
-    """Epoch of the world this member's state was last synced in; -1 for none."""
+    state_generation: int
+    """Generation of the world this member's state was last synced in; -1 for none."""
     state_rank: int
     """This member's rank in that world."""
     step: int
@@ -87,12 +87,12 @@ def choose_source(infos: Sequence[MemberInfo]) -> int | None:
     The holders of the newest state are the survivors of the latest world that
     trained; among them the lowest-ranked member of that world is chosen.
     """
-    holders = [(i, info) for i, info in enumerate(infos) if info.state_epoch >= 0]
+    holders = [(i, info) for i, info in enumerate(infos) if info.state_generation >= 0]
     if not holders:
         return None
-    newest = max(info.state_epoch for _, info in holders)
+    newest = max(info.state_generation for _, info in holders)
     rank, _ = min(
-        ((i, info) for i, info in holders if info.state_epoch == newest),
+        ((i, info) for i, info in holders if info.state_generation == newest),
         key=lambda pair: pair[1].state_rank,
     )
     return rank
@@ -124,7 +124,8 @@ class GroupManager:
         self._ever_joined = False
         self._failing = False
         self._suspects: dict[int, PeerFailure] = {}
-        """Pods found dead and the evidence, by epoch (only the current epoch's are kept)."""
+        """Pods found dead and the evidence, by generation (only the current generation's
+        are kept)."""
 
     @property
     def backend(self) -> CollectiveBackend:
@@ -144,12 +145,12 @@ class GroupManager:
         return self._rank
 
     @property
-    def epoch(self) -> int:
-        """Epoch of the current world; -1 before the first."""
-        return self._world.epoch if self._world is not None else -1
+    def generation(self) -> int:
+        """Generation of the current world; -1 before the first."""
+        return self._world.generation if self._world is not None else -1
 
-    def join(self, after_epoch: int) -> World:
-        """Form the group of the newest world after ``after_epoch`` that includes this pod.
+    def join(self, after_generation: int) -> World:
+        """Form the group of the newest world after ``after_generation`` that includes this pod.
 
         Before this process first joined, worlds without it are waited out (the
         operator has not added it yet). Afterwards, a newer world without it means it
@@ -159,19 +160,20 @@ class GroupManager:
         s = self._settings
         deadline = self._clock() + (s.fence_timeout_s if self._failing
                                     else s.world_wait_timeout_s)
-        after = after_epoch
+        after = after_generation
         while True:
             world = self._wait_for_world(after, deadline)
-            after = world.epoch
+            after = world.generation
             me = world.member(self.pod)
             if me is None:
                 if self._ever_joined:
                     self._backend.shutdown()
                     if self._failing:
-                        raise Fenced(self.pod, f"not a member of world epoch {world.epoch}")
+                        raise Fenced(self.pod,
+                                     f"not a member of world generation {world.generation}")
                     raise LeftWorld(self.pod, world)
                 log_event(_log, logging.INFO, "waiting_for_membership", pod=self.pod,
-                          epoch=world.epoch, size=world.size)
+                          generation=world.generation, size=world.size)
                 continue
             started = self._clock()
             self._suspects = {}
@@ -179,32 +181,32 @@ class GroupManager:
                 self._backend.init(world, me.rank, self._superseded_by(world),
                                    self._peer_failed)
             except Superseded:
-                log_event(_log, logging.INFO, "join_superseded", epoch=world.epoch)
+                log_event(_log, logging.INFO, "join_superseded", generation=world.generation)
                 self._backend.shutdown()
                 continue
             except CollectiveError as err:
                 self._backend.shutdown()
                 kind = ReportKind.NO_STATE if isinstance(err, RankTaken) else \
                     ReportKind.COLLECTIVE_FAILED
-                self._reporter.report(kind, world.epoch, f"joining: {err}")
-                log_event(_log, logging.WARNING, "join_failed", epoch=world.epoch,
+                self._reporter.report(kind, world.generation, f"joining: {err}")
+                log_event(_log, logging.WARNING, "join_failed", generation=world.generation,
                           rank=me.rank, error=err)
                 continue
             self._world, self._rank, self._ever_joined = world, me.rank, True
             self._failing = False
-            log_event(_log, logging.INFO, "joined", pod=self.pod, epoch=world.epoch,
+            log_event(_log, logging.INFO, "joined", pod=self.pod, generation=world.generation,
                       rank=me.rank, size=world.size, backend=self._backend.name,
                       seconds=self._clock() - started)
             return world
 
     def check_world(self) -> None:
-        """Agree with every rank on the newest epoch seen; raise WorldChanged if newer."""
+        """Agree with every rank on the newest generation seen; raise WorldChanged if newer."""
         latest = self._source.latest()
-        seen = max(latest.epoch if latest is not None else -1, self.epoch)
+        seen = max(latest.generation if latest is not None else -1, self.generation)
         agreed = self._backend.allreduce_max(seen)
-        if agreed > self.epoch:
-            log_event(_log, logging.INFO, "world_change_agreed", epoch=self.epoch,
-                      next_epoch=agreed)
+        if agreed > self.generation:
+            log_event(_log, logging.INFO, "world_change_agreed", generation=self.generation,
+                      next_generation=agreed)
             raise WorldChanged(agreed)
 
     def progress(self) -> None:
@@ -212,15 +214,15 @@ class GroupManager:
         self._watchdog.beat()
 
     def report(self, kind: ReportKind, detail: str = "") -> None:
-        """Tell the operator something about this pod in the current epoch, naming
+        """Tell the operator something about this pod in the current generation, naming
         the peers found dead in it so far with the evidence (a later report replaces an
         earlier one, so the evidence must travel with every report that names them)."""
-        epoch = max(self.epoch, 0)
-        found = self._suspects.get(epoch)
+        generation = max(self.generation, 0)
+        found = self._suspects.get(generation)
         if found is None:
-            self._reporter.report(kind, epoch, detail)
+            self._reporter.report(kind, generation, detail)
             return
-        self._reporter.report(kind, epoch, f"{detail[:600]}; found dead: {found.evidence}",
+        self._reporter.report(kind, generation, f"{detail[:600]}; found dead: {found.evidence}",
                               found.pods)
 
     def failed(self, err: CollectiveError) -> None:
@@ -242,8 +244,8 @@ class GroupManager:
 
     def _peer_failed(self, failure: PeerFailure) -> None:
         # Called from the heartbeat thread, after the group was aborted.
-        self._suspects = {failure.epoch: failure}
-        self._reporter.report(ReportKind.PEER_DEAD, failure.epoch, failure.evidence,
+        self._suspects = {failure.generation: failure}
+        self._reporter.report(ReportKind.PEER_DEAD, failure.generation, failure.evidence,
                               failure.pods)
 
     def _wait_for_world(self, after: int, deadline: float) -> World:
@@ -256,7 +258,7 @@ class GroupManager:
                 if self._clock() < deadline:
                     continue
                 if self._failing:
-                    raise Fenced(self.pod, f"no newer world than epoch {after} within "
+                    raise Fenced(self.pod, f"no newer world than generation {after} within "
                                            f"{self._settings.fence_timeout_s:.0f}s") from None
                 raise
 
@@ -265,6 +267,6 @@ class GroupManager:
             # Asked between short waits while forming: alive and waiting, not hung.
             self._watchdog.beat()
             latest = self._source.latest()
-            return latest is not None and latest.epoch > world.epoch
+            return latest is not None and latest.generation > world.generation
 
         return superseded

@@ -10,7 +10,7 @@ spine then carries 2(R-1) steps of R racks instead of 2(N-1), and every rack, ev
 uneven, takes part with all of its members.
 
 :func:`rack_plan` decides from the world alone (the same answer on every rank);
-:class:`RackGroups` holds the process groups of one epoch, built right after the
+:class:`RackGroups` holds the process groups of one generation, built right after the
 default group and destroyed with it.
 """
 
@@ -105,7 +105,7 @@ def shard_bounds(numel: int, shards: int) -> list[tuple[int, int]]:
 
 
 class RackGroups:
-    """The rack and cross-rack process groups of one epoch, for one rank.
+    """The rack and cross-rack process groups of one generation, for one rank.
 
     Each stage is one collective: an all-to-all inside the rack sends shard ``j`` of
     every member to the rack's ``j``-th member, which sums what it got (a reduce-scatter

@@ -1,10 +1,10 @@
-"""The Horovod backend: ``horovod.torch`` over gloo, re-initialized for every world epoch.
+"""The Horovod backend: ``horovod.torch`` over gloo, re-initialized for every world generation.
 
-Horovod is driven from our world, not by ``horovodrun``: for each epoch every member
-first passes our own join barrier on the epoch's store (abortable, so a member that
-never arrives costs an epoch bump); rank 0 then starts a fresh Horovod rendezvous
-store and publishes its port on the epoch's store; every member sets the variables
-Horovod's gloo controller reads and calls ``hvd.init()``. The next epoch calls
+Horovod is driven from our world, not by ``horovodrun``: for each generation every member
+first passes our own join barrier on the generation's store (abortable, so a member that
+never arrives costs a generation bump); rank 0 then starts a fresh Horovod rendezvous
+store and publishes its port on the generation's store; every member sets the variables
+Horovod's gloo controller reads and calls ``hvd.init()``. The next generation calls
 ``hvd.shutdown()`` and does it all again in the same process.
 
 Horovod cannot report a failure *during* ``hvd.init()`` to Python: its background
@@ -12,7 +12,7 @@ thread aborts the process, and a peer lost inside its rendezvous leaves the othe
 polling for that peer's address until Horovod's (long) timeout. The barrier before it
 keeps that window to the rendezvous itself. A peer found dead inside it makes every
 survivor call :attr:`HorovodBackend.on_stuck_init`: the runtime saves the last commit
-and exits, to be restarted like any crashed container and rejoin a later epoch.
+and exits, to be restarted like any crashed container and rejoin a later generation.
 Failures in collectives surface as ``HorovodInternalError`` and take the usual
 rollback path (see docs/horovod-gloo-notes.md for what was verified about Horovod
 0.28.1).
@@ -44,7 +44,7 @@ import torch
 from ringwright.world import World
 
 from ..kvlog import log_event, runtime_logger
-from ..membership.epoch_store import EpochStores
+from ..membership.generation_store import GenerationStores
 from ..membership.liveness import LagListener, PeerFailure
 from ..settings import RuntimeSettings
 from .backend import CollectiveError, PeerFailureListener, as_collective_failure, collective
@@ -57,7 +57,7 @@ _log = runtime_logger("horovod_backend")
 T = TypeVar("T")
 
 RENDEZVOUS_KEY = "horovod/rendezvous"
-"""Key on the epoch's store under which rank 0 publishes ``<address>:<port>``."""
+"""Key on the generation's store under which rank 0 publishes ``<address>:<port>``."""
 
 
 def import_horovod() -> Any:
@@ -104,7 +104,7 @@ def horovod_env(world: World, rank: int, store_address: str, store_port: int,
 
 
 class HorovodBackend:
-    """``horovod.torch`` with gloo, one ``hvd.init()`` per world epoch."""
+    """``horovod.torch`` with gloo, one ``hvd.init()`` per world generation."""
 
     def __init__(
         self,
@@ -124,7 +124,7 @@ class HorovodBackend:
         self._settings = settings
         self._environ = os.environ if environ is None else environ
         self._clock = clock
-        self._stores = EpochStores(settings, clock, on_heartbeat_lag=on_heartbeat_lag)
+        self._stores = GenerationStores(settings, clock, on_heartbeat_lag=on_heartbeat_lag)
         self._rendezvous: RendezvousStore | None = None
         self._joined = False
         self._lock = threading.Lock()
@@ -148,7 +148,7 @@ class HorovodBackend:
 
     def init(self, world: World, rank: int, superseded: Callable[[], bool],
              on_peer_failure: PeerFailureListener) -> None:
-        """Meet on the epoch's store, then ``hvd.init()`` on a fresh rendezvous store."""
+        """Meet on the generation's store, then ``hvd.init()`` on a fresh rendezvous store."""
         self.shutdown()
         s = self._settings
 
@@ -178,7 +178,7 @@ class HorovodBackend:
                 keep_ports={world.store.port, int(port), s.readiness_port})
         self._in_init = True
         try:
-            with collective(f"hvd.init() for epoch {world.epoch}"):
+            with collective(f"hvd.init() for generation {world.generation}"):
                 self._hvd.init()
         finally:
             self._in_init = False
@@ -189,9 +189,10 @@ class HorovodBackend:
         if (self._hvd.rank(), self._hvd.size()) != (rank, world.size):
             raise CollectiveError(
                 f"Horovod joined as rank {self._hvd.rank()} of {self._hvd.size()}, "
-                f"expected {rank} of {world.size} in epoch {world.epoch}")
-        log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
-                  rank=rank, size=world.size, seconds=self._clock() - started)
+                f"expected {rank} of {world.size} in generation {world.generation}")
+        log_event(_log, logging.INFO, "group_formed", backend=self.name,
+                  generation=world.generation, rank=rank, size=world.size,
+                  seconds=self._clock() - started)
 
     def abort(self, reason: str) -> None:
         """Fail Horovod's pending and later operations now (from any thread)."""
@@ -210,7 +211,7 @@ class HorovodBackend:
         return as_collective_failure(err, aborted, _horovod_failure)
 
     def shutdown(self, *, left_cleanly: bool = False) -> None:
-        """``hvd.shutdown()`` and drop this epoch's stores."""
+        """``hvd.shutdown()`` and drop this generation's stores."""
         with self._lock:
             self._sockets = None
         if self._joined:
@@ -225,7 +226,7 @@ class HorovodBackend:
         self._stores.release(left_cleanly=left_cleanly)
 
     def close(self) -> None:
-        """Leave the group and stop hosting the epoch store."""
+        """Leave the group and stop hosting the generation store."""
         self.shutdown(left_cleanly=True)
         self._stores.close()
 

@@ -6,9 +6,9 @@ store answers exactly that: ``PUT`` stores the body, ``GET`` returns it or 404 (
 yet", which the client polls on), ``DELETE`` is acknowledged and ignored. Replies
 always carry ``Content-Length``: Horovod's client truncates bodies without it.
 
-One store serves one world epoch and is thrown away afterwards: scope and key names
-repeat in every epoch, so a reused store would hand a late member the addresses of
-the previous epoch's peers (see docs/horovod-gloo-notes.md).
+One store serves one world generation and is thrown away afterwards: scope and key names
+repeat in every generation, so a reused store would hand a late member the addresses of
+the previous generation's peers (see docs/horovod-gloo-notes.md).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class RendezvousStore:
     def close(self) -> None:
         """Stop serving and release the port, without waiting out the server's poll.
 
-        Rank 0 closes the previous epoch's store while every member of the next epoch
+        Rank 0 closes the previous generation's store while every member of the next generation
         waits for it at the join barrier: ``serve_forever`` looks at a stop request only
         after a request or at its poll interval (0.5 s, measured as half a second of
         every Horovod recovery), so each wake-up connection makes it look now.

@@ -44,7 +44,7 @@ class GroupSockets:
     Create it just before the library forms the group and call :meth:`formed` just
     after; :meth:`abort` (from any thread) shuts down the connections opened in
     between, or, while forming is still under way, every connection opened since.
-    Connections to or from ``keep_ports`` (the epoch's store, the readiness port)
+    Connections to or from ``keep_ports`` (the generation's store, the readiness port)
     are never touched, so the heartbeats and probes outlive the group.
     """
 

@@ -1,7 +1,7 @@
-"""The torch.distributed backend: gloo on CPU, NCCL on CUDA, one process group per epoch.
+"""The torch.distributed backend: gloo on CPU, NCCL on CUDA, one process group per generation.
 
-Each epoch gets a fresh default process group built on that epoch's store (see
-:mod:`ringwright.runtime.membership.epoch_store`). Forming it is bounded by
+Each generation gets a fresh default process group built on that generation's store (see
+:mod:`ringwright.runtime.membership.generation_store`). Forming it is bounded by
 ``group_init_timeout_s``; its collectives then get the long ``collective_timeout_s``,
 a last resort only: a dead peer is found by the heartbeats, which abort the group
 from their thread. Gloo is aborted by shutting down the connections it opened
@@ -29,7 +29,7 @@ from torch._C._distributed_c10d import PrefixStore
 from ringwright.world import World
 
 from ..kvlog import log_event, runtime_logger
-from ..membership.epoch_store import EpochStores
+from ..membership.generation_store import GenerationStores
 from ..membership.liveness import LagListener, PeerFailure
 from ..settings import RuntimeSettings
 from .backend import CollectiveError, PeerFailureListener, as_collective_failure, collective
@@ -62,7 +62,7 @@ def apply_nccl_env(environ: MutableMapping[str, str]) -> None:
 
 
 class TorchDistributedBackend:
-    """torch.distributed with a default process group that is rebuilt for every epoch."""
+    """torch.distributed with a default process group that is rebuilt for every generation."""
 
     def __init__(
         self,
@@ -76,7 +76,7 @@ class TorchDistributedBackend:
         self._device = device
         self._settings = settings
         self._clock = clock
-        self._stores = EpochStores(settings, clock, on_heartbeat_lag=on_heartbeat_lag)
+        self._stores = GenerationStores(settings, clock, on_heartbeat_lag=on_heartbeat_lag)
         self._joined = False
         self._lock = threading.Lock()
         self._sockets: GroupSockets | None = None
@@ -111,7 +111,7 @@ class TorchDistributedBackend:
             self._sockets = GroupSockets(keep_ports={world.store.port, s.readiness_port})
         store = self._stores.meet(world, rank, superseded, peer_failed)
         started = self._clock()
-        with collective(f"creating the {self.name} group of epoch {world.epoch}"):
+        with collective(f"creating the {self.name} group of generation {world.generation}"):
             if self._device.type == "cuda":
                 torch.cuda.set_device(self._device)
             dist.init_process_group(
@@ -136,9 +136,10 @@ class TorchDistributedBackend:
                 raise CollectiveError(f"group aborted while forming: {aborted}")
             # Forming is bounded tightly; a collective may wait for a slow peer long.
             _default_group().set_timeout(timedelta(seconds=s.collective_timeout_s))
-        log_event(_log, logging.INFO, "group_formed", backend=self.name, epoch=world.epoch,
-                  rank=rank, size=world.size, racks=len(plan.racks) if plan else 1,
-                  hierarchical=plan is not None, seconds=self._clock() - started)
+        log_event(_log, logging.INFO, "group_formed", backend=self.name,
+                  generation=world.generation, rank=rank, size=world.size,
+                  racks=len(plan.racks) if plan else 1, hierarchical=plan is not None,
+                  seconds=self._clock() - started)
 
     def abort(self, reason: str) -> None:
         """Fail the group's blocked and later collectives now (from any thread)."""
@@ -160,7 +161,7 @@ class TorchDistributedBackend:
         return as_collective_failure(err, aborted, _library_failure)
 
     def shutdown(self, *, left_cleanly: bool = False) -> None:
-        """Destroy the current process group and drop this epoch's store connections."""
+        """Destroy the current process group and drop this generation's store connections."""
         with self._lock:
             self._sockets = None
         self._racks = None
@@ -170,7 +171,7 @@ class TorchDistributedBackend:
                 dist.destroy_process_group()
             except RuntimeError as err:
                 # A group broken by a dead peer may refuse a clean teardown; it is
-                # abandoned either way and the next epoch builds a new one.
+                # abandoned either way and the next generation builds a new one.
                 log_event(_log, logging.WARNING, "group_teardown_failed", error=err)
         self._stores.release(left_cleanly=left_cleanly)
 

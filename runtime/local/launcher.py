@@ -2,8 +2,8 @@
 
 :class:`LocalJob` starts one process per "pod", each with its own 127.0.0.x address,
 and publishes the job's world to a file that the workers follow with the file
-membership source. Like the operator it bumps the epoch when a worker dies (after a
-short settle window, so a burst of deaths yields one epoch, or at once when every member
+membership source. Like the operator it bumps the generation when a worker dies (after a
+short settle window, so a burst of deaths yields one generation, or at once when every member
 that stays has stopped and waits for it), adds newcomers on a
 scale-up once they are ready (their health file exists: imports done, waiting to
 join), so the running members never wait for a process that is still starting, and
@@ -14,7 +14,7 @@ It reads the members' reports (files under ``reports/``) and applies the operato
 rules (:mod:`ringwright.eviction`): a member that its peers found dead, corroborated,
 or that reports itself stalled, is dropped from the world and killed after a grace
 period (a cut-off member fences itself first); a member that restarted without state
-gets a new epoch. With ``restart=True`` a crashed process is started again under the
+gets a new generation. With ``restart=True`` a crashed process is started again under the
 same name and address, as the kubelet restarts a container in its pod.
 
 Run a script elastically on this machine::
@@ -43,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from ringwright.eviction import all_waiting, judge, needs_new_epoch
+from ringwright.eviction import all_waiting, judge, needs_new_generation
 from ringwright.world import (
     CheckpointSettings,
     ContractError,
@@ -131,7 +131,7 @@ class LocalJob:
         self._members: list[str] = []
         self._joining: list[str] = []
         self._next_index = 0
-        self._epoch = -1
+        self._generation = -1
         self._world: World | None = None
         self._failed: dict[str, int] = {}
         self._finished: dict[str, int] = {}
@@ -214,7 +214,7 @@ class LocalJob:
                     return {name: p.process.returncode for name, p in self._pods.items()
                             if p.process.returncode is not None}
             time.sleep(0.05)
-        raise TimeoutError(f"job still running after {timeout:.0f}s; world {self.world.epoch}")
+        raise TimeoutError(f"job still running after {timeout:.0f}s; world {self.world.generation}")
 
     def exit_codes(self) -> dict[str, int | None]:
         """Exit code of every pod ever started (None while running)."""
@@ -276,21 +276,21 @@ class LocalJob:
         return pod
 
     def _publish(self, why: str) -> World:
-        self._epoch += 1
+        self._generation += 1
         members = tuple(
             Member(rank=i, pod=name, ip=self._pods[name].ip, node="localhost",
                    rack=self._pods[name].rack)
             for i, name in enumerate(self._members)
         )
         address = members[0].ip if members else "127.0.0.1"
-        world = World(job=self.job, epoch=self._epoch, members=members, lr=self.lr,
+        world = World(job=self.job, generation=self._generation, members=members, lr=self.lr,
                       store=StoreAddress(address=address, port=self.store_port),
                       checkpoint=self.checkpoint, topology=self.topology)
         write_world_file(self.world_file, world)
         self._world = world
         self._restarted.clear()
-        log_event(_log, logging.INFO, "world_published", epoch=world.epoch, size=world.size,
-                  members=",".join(self._members), why=why)
+        log_event(_log, logging.INFO, "world_published", generation=world.generation,
+                  size=world.size, members=",".join(self._members), why=why)
         return world
 
     def _watch(self) -> None:
@@ -365,7 +365,7 @@ class LocalJob:
         doomed = {e.pod: e.reason for e in judge(world, reports, stopped)}
         doomed.update({pod: "it reports its training loop stalled"
                        for pod, r in reports.items()
-                       if r.kind is ReportKind.STALLED and r.epoch == world.epoch
+                       if r.kind is ReportKind.STALLED and r.generation == world.generation
                        and pod in self._members})
         dropped = [m for m in self._members if m in doomed and m not in self._restarted]
         for name in dropped:
@@ -375,7 +375,7 @@ class LocalJob:
         if dropped:
             self._pending_since = self._clock()
             return
-        why = needs_new_epoch(world, reports, self._wall(), self.verdict_wait_s)
+        why = needs_new_generation(world, reports, self._wall(), self.verdict_wait_s)
         if why is None and doomed.keys() & self._restarted:
             why = f"{','.join(sorted(doomed.keys() & self._restarted))} restarted"
         if why is not None:

@@ -59,16 +59,16 @@ class FileMembershipSource:
         self._refresh()
         return self._box.latest()
 
-    def wait_for_world(self, after_epoch: int, timeout: float) -> World:
+    def wait_for_world(self, after_generation: int, timeout: float) -> World:
         """Look at the file every poll interval until a newer world appears."""
         deadline = self._clock() + timeout
         while True:
             world = self.latest()
-            if world is not None and world.epoch > after_epoch:
+            if world is not None and world.generation > after_generation:
                 return world
             if self._clock() >= deadline:
                 raise WorldTimeout(
-                    f"{self._path}: no world newer than epoch {after_epoch} "
+                    f"{self._path}: no world newer than generation {after_generation} "
                     f"within {timeout:.0f}s"
                 )
             self._sleep(self._poll)

@@ -68,9 +68,9 @@ class KubeMembershipSource:
         """The newest world received from the API server."""
         return self._box.latest()
 
-    def wait_for_world(self, after_epoch: int, timeout: float) -> World:
-        """Block until the watch delivers a world newer than ``after_epoch``."""
-        return self._box.wait_newer(after_epoch, timeout)
+    def wait_for_world(self, after_generation: int, timeout: float) -> World:
+        """Block until the watch delivers a world newer than ``after_generation``."""
+        return self._box.wait_newer(after_generation, timeout)
 
     def close(self) -> None:
         """Stop watching. A read blocked on a quiet watch stream cannot be interrupted

@@ -1,7 +1,7 @@
-"""Is a member alive? Heartbeats on the epoch's store, apart from the collectives.
+"""Is a member alive? Heartbeats on the generation's store, apart from the collectives.
 
-Every member of an epoch runs a :class:`Heartbeat` from the join barrier until it
-leaves the epoch. Each beat bumps this member's counter on the epoch's
+Every member of a generation runs a :class:`Heartbeat` from the join barrier until it
+leaves the generation. Each beat bumps this member's counter on the generation's
 store on a wall-clock tick shared by all members, and a moment later reads every
 peer's counter in one request. :class:`LivenessTracker` (pure) decides who is dead:
 a peer whose counter did not change for ``failure_detect_s``, or the store's host
@@ -9,8 +9,8 @@ a peer whose counter did not change for ``failure_detect_s``, or the store's hos
 such a verdict falls due. A training loop that is merely slow keeps beating, since
 the beat runs on its own thread, so it is never taken for dead.
 
-A member that leaves an epoch (training done, a planned change, or moving on to the
-next epoch after a failure) writes :data:`LEFT` so its peers do not mistake its
+A member that leaves a generation (training done, a planned change, or moving on to the
+next generation after a failure) writes :data:`LEFT` so its peers do not mistake its
 silence for death; its group's connections close as it leaves, so peers still
 waiting in a collective with it fail over at once anyway.
 """
@@ -35,19 +35,19 @@ from ..kvlog import log_event, runtime_logger
 _log = runtime_logger("liveness")
 
 LEFT = -1
-"""Counter value of a member that left the epoch cleanly."""
+"""Counter value of a member that left the generation cleanly."""
 
 
 def heartbeat_key(rank: int) -> str:
-    """Key of ``rank``'s heartbeat counter under the epoch's prefix."""
+    """Key of ``rank``'s heartbeat counter under the generation's prefix."""
     return f"heartbeat/{rank}"
 
 
 @dataclass(frozen=True)
 class PeerFailure:
-    """Members of an epoch found dead by this member, and why."""
+    """Members of a generation found dead by this member, and why."""
 
-    epoch: int
+    generation: int
     pods: tuple[str, ...]
     evidence: str
 
@@ -88,7 +88,7 @@ class LivenessTracker:
         self._store_error = error
 
     def lag(self, now: float) -> float:
-        """Seconds since the stalest peer still in the epoch last beat (0 with none)."""
+        """Seconds since the stalest peer still in the generation last beat (0 with none)."""
         return max((now - peer.since for peer in self._peers.values() if not peer.left),
                    default=0.0)
 
@@ -150,7 +150,7 @@ atexit.register(_finish_abandoned_beats)
 
 
 StoreFactory = Callable[[float], Store]
-"""Opens a new connection to the epoch's store (under its prefix) with a timeout."""
+"""Opens a new connection to the generation's store (under its prefix) with a timeout."""
 
 LagListener = Callable[[float], None]
 """Told, on every pass of the judge, :meth:`LivenessTracker.lag` in seconds."""
@@ -214,9 +214,9 @@ class Heartbeat:
         self._store: Store | None = None
         self._threads = [
             threading.Thread(target=self._beat, daemon=True,
-                             name=f"ringwright-heartbeat-{world.epoch}"),
+                             name=f"ringwright-heartbeat-{world.generation}"),
             threading.Thread(target=self._judge, daemon=True,
-                             name=f"ringwright-liveness-{world.epoch}"),
+                             name=f"ringwright-liveness-{world.generation}"),
         ]
 
     def start(self) -> None:
@@ -227,13 +227,13 @@ class Heartbeat:
     def stop(self, *, left_cleanly: bool) -> None:
         """Stop, and tell the peers this silence is not a death: over the heartbeat's
         own connection when it is idle (a member moving on after a failure is alive,
-        and its peers still in this epoch must not name it), or over a new one when
+        and its peers still in this generation must not name it), or over a new one when
         ``left_cleanly`` (the store is then known to be healthy)."""
         self._stop.set()
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
                 # A beat blocked on a frozen store host is abandoned (a daemon thread);
-                # the next epoch must not wait for it, only the process exit does.
+                # the next generation must not wait for it, only the process exit does.
                 thread.join(timeout=self._interval)
         beat = self._threads[0]
         if beat.is_alive():
@@ -322,7 +322,7 @@ class Heartbeat:
         members = self._world.members
         evidence = "; ".join(f"{members[r].pod} (rank {r}): {why}"
                              for r, why in sorted(dead.items()))
-        log_event(_log, logging.WARNING, "peers_dead", epoch=self._world.epoch,
+        log_event(_log, logging.WARNING, "peers_dead", generation=self._world.generation,
                   pods=",".join(members[r].pod for r in sorted(dead)), evidence=evidence)
-        return PeerFailure(self._world.epoch, tuple(members[r].pod for r in sorted(dead)),
+        return PeerFailure(self._world.generation, tuple(members[r].pod for r in sorted(dead)),
                            evidence)

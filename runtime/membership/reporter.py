@@ -1,6 +1,6 @@
 """The narrow channel from a pod back to the operator: one report per pod.
 
-Reports say what the API cannot see ("my collective failed in epoch E", "I hold no
+Reports say what the API cannot see ("my collective failed in generation G", "I hold no
 state", "I am stalled", "I left"). They are best effort: a report that cannot be
 delivered is logged and dropped, and never blocks or breaks the training loop.
 """
@@ -28,7 +28,7 @@ _log = runtime_logger("reporter")
 class Reporter(Protocol):
     """Sends this pod's latest report to whoever plays the operator."""
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+    def report(self, kind: ReportKind, generation: int, detail: str = "",
                suspects: Sequence[str] = ()) -> None:
         """Queue a report (``suspects``: pods found dead); returns at once."""
         ...
@@ -44,11 +44,11 @@ class LogReporter:
     def __init__(self, pod: str) -> None:
         self._pod = pod
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+    def report(self, kind: ReportKind, generation: int, detail: str = "",
                suspects: Sequence[str] = ()) -> None:
         """Log the report."""
-        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
-                  suspects=",".join(suspects), detail=detail)
+        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value,
+                  generation=generation, suspects=",".join(suspects), detail=detail)
 
     def close(self) -> None:
         """Nothing buffered."""
@@ -64,12 +64,12 @@ class FileReporter:
         self._wall = wall_clock
         self._lock = threading.Lock()
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+    def report(self, kind: ReportKind, generation: int, detail: str = "",
                suspects: Sequence[str] = ()) -> None:
         """Write the report now (a small local file write)."""
-        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
-                  suspects=",".join(suspects), detail=detail)
-        text = Report(kind=kind, epoch=epoch, at=self._wall(), detail=detail[:1000],
+        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value,
+                  generation=generation, suspects=",".join(suspects), detail=detail)
+        text = Report(kind=kind, generation=generation, at=self._wall(), detail=detail[:1000],
                       suspects=tuple(suspects)).to_json()
         with self._lock:
             try:
@@ -113,13 +113,13 @@ class KubeReporter:
                                         daemon=True)
         self._thread.start()
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+    def report(self, kind: ReportKind, generation: int, detail: str = "",
                suspects: Sequence[str] = ()) -> None:
         """Queue ``kind`` for delivery; the newest report replaces older ones at the API."""
-        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value, epoch=epoch,
-                  suspects=",".join(suspects), detail=detail)
-        self._queue.put(Report(kind=kind, epoch=epoch, at=self._wall(), detail=detail[:1000],
-                               suspects=tuple(suspects)))
+        log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value,
+                  generation=generation, suspects=",".join(suspects), detail=detail)
+        self._queue.put(Report(kind=kind, generation=generation, at=self._wall(),
+                               detail=detail[:1000], suspects=tuple(suspects)))
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush queued reports for up to ``timeout`` seconds, then stop."""

@@ -4,11 +4,11 @@ The rendezvous store (a TCPStore) has no authentication: whoever reaches its por
 read, list and write every key. The NetworkPolicy keeps other pods off that port;
 this wrapper keeps a process that reaches it anyway, without the job's token (or with
 another job's), from taking part. Every value written through it is tagged with an
-HMAC of the key and the value, under a key derived from the token and the epoch's
+HMAC of the key and the value, under a key derived from the token and the generation's
 prefix; every value read through it must carry a valid tag, so a forged claim, a
 forged heartbeat or a forged address in the library's own rendezvous is refused, and
-a value of one epoch cannot be replayed in another. Such a process can still disturb
-an epoch (delete keys, inflate counters); it cannot claim a rank.
+a value of one generation cannot be replayed in another. Such a process can still disturb
+a generation (delete keys, inflate counters); it cannot claim a rank.
 
 Counters (``add``) stay untagged: only the claims and what is read back decide who is
 a member.
@@ -31,8 +31,8 @@ class ForgedValue(dist.DistStoreError):
     """A value in the store does not carry this job's tag."""
 
 
-def epoch_key(token: bytes, prefix: str) -> bytes:
-    """The tagging key of one epoch: bound to the token and the epoch's key prefix."""
+def generation_key(token: bytes, prefix: str) -> bytes:
+    """The tagging key of one generation: bound to the token and the generation's key prefix."""
     return hmac.new(token, prefix.encode(), hashlib.sha256).digest()
 
 

@@ -1,7 +1,7 @@
 """Where a runtime learns its job's world: one interface, several sources.
 
 A source only reports worlds; deciding what to do with them (join, leave, rebuild)
-belongs to the group manager. Sources never go back in time: a world whose epoch is
+belongs to the group manager. Sources never go back in time: a world whose generation is
 not newer than the last one seen is ignored, so a stale document cannot undo a
 membership change.
 """
@@ -36,8 +36,9 @@ class MembershipSource(Protocol):
         """The newest world seen so far, without blocking; None before the first one."""
         ...
 
-    def wait_for_world(self, after_epoch: int, timeout: float) -> World:
-        """Block until a world with ``epoch > after_epoch`` is known and return the newest.
+    def wait_for_world(self, after_generation: int, timeout: float) -> World:
+        """Block until a world with ``generation > after_generation`` is known and return
+        the newest.
 
         Raises :class:`WorldTimeout` after ``timeout`` seconds.
         """
@@ -64,26 +65,26 @@ class WorldBox:
     def offer(self, world: World, where: str) -> bool:
         """Keep ``world`` when it is newer than the current one; True when kept."""
         with self._cond:
-            if self._world is not None and world.epoch <= self._world.epoch:
-                if world.epoch < self._world.epoch:
+            if self._world is not None and world.generation <= self._world.generation:
+                if world.generation < self._world.generation:
                     log_event(_log, logging.WARNING, "world_ignored_stale", where=where,
-                              epoch=world.epoch, newest=self._world.epoch)
+                              generation=world.generation, newest=self._world.generation)
                 return False
             self._world = world
             self._cond.notify_all()
-        log_event(_log, logging.INFO, "world_seen", where=where, epoch=world.epoch,
+        log_event(_log, logging.INFO, "world_seen", where=where, generation=world.generation,
                   size=world.size, store=f"{world.store.address}:{world.store.port}")
         return True
 
-    def wait_newer(self, after_epoch: int, timeout: float) -> World:
-        """Block until a world newer than ``after_epoch`` has been offered."""
+    def wait_newer(self, after_generation: int, timeout: float) -> World:
+        """Block until a world newer than ``after_generation`` has been offered."""
         deadline = self._clock() + timeout
         with self._cond:
-            while self._world is None or self._world.epoch <= after_epoch:
+            while self._world is None or self._world.generation <= after_generation:
                 left = deadline - self._clock()
                 if left <= 0:
                     raise WorldTimeout(
-                        f"no world newer than epoch {after_epoch} within {timeout:.0f}s"
+                        f"no world newer than generation {after_generation} within {timeout:.0f}s"
                     )
                 # In slices: a signal delivered to another thread runs its Python
                 # handler (SIGTERM: stop waiting) only once this thread wakes up.

@@ -51,7 +51,7 @@ def wait_until_listed(source: MembershipSource, listed: Callable[[World], bool],
             continue
         if listed(world):
             return world
-        after = world.epoch
+        after = world.generation
 
 
 def ps_port(environ: Mapping[str, str]) -> int:

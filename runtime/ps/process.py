@@ -177,7 +177,7 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
         while stop is None or not stop.is_set():
             latest = source.latest() or world
             if all(m.pod != pod for m in latest.ps):
-                log_event(_log, logging.INFO, "ps_left_world", epoch=latest.epoch)
+                log_event(_log, logging.INFO, "ps_left_world", generation=latest.generation)
                 return 0
             world = latest
             ps.set_workers(frozenset(m.pod for m in world.members))

@@ -3,7 +3,7 @@ operator and the local launcher.
 
 A member that finds a peer silent reports it (``Report.suspects``). One report is
 never enough to evict a healthy peer: a member cut off from everyone finds *all* its
-peers silent. A suspect is evicted when enough members of the same epoch name it
+peers silent. A suspect is evicted when enough members of the same generation name it
 (``quorum``: two, or one in a world of two), or when one does and the judge's own
 view agrees (the pod is gone, not running, or fails its readiness probe). A voter
 that is itself evicted loses its vote, and suspects are weighed most-named first,
@@ -35,16 +35,16 @@ def quorum(world: World) -> int:
 
 def judge(world: World, reports: Mapping[str, Report],
           suspect_by_own_view: Collection[str] = ()) -> list[Eviction]:
-    """Members of ``world`` to evict on the reports of its epoch, in rank order.
+    """Members of ``world`` to evict on the reports of its generation, in rank order.
 
-    ``reports`` maps reporting pod to its newest report; reports of other epochs,
+    ``reports`` maps reporting pod to its newest report; reports of other generations,
     from non-members, or naming non-members are ignored. ``suspect_by_own_view``
     are members the judge itself sees as unhealthy (one reporter then suffices).
     """
     rank = {m.pod: m.rank for m in world.members}
     votes: dict[str, set[str]] = {}
     for reporter, report in reports.items():
-        if report.epoch != world.epoch or reporter not in rank:
+        if report.generation != world.generation or reporter not in rank:
             continue
         for suspect in report.suspects:
             if suspect in rank and suspect != reporter:
@@ -55,24 +55,25 @@ def judge(world: World, reports: Mapping[str, Report],
         voters = votes[suspect] - evicted.keys()
         own = suspect in suspect_by_own_view
         if len(voters) >= need or (voters and own):
-            why = (f"named dead by {len(voters)} of {world.size} members of epoch "
-                   f"{world.epoch}" + (" and unhealthy in the judge's own view" if own else ""))
+            why = (f"named dead by {len(voters)} of {world.size} members of generation "
+                   f"{world.generation}"
+                   + (" and unhealthy in the judge's own view" if own else ""))
             evicted[suspect] = Eviction(suspect, tuple(sorted(voters)), why)
     return sorted(evicted.values(), key=lambda e: rank[e.pod])
 
 
-def needs_new_epoch(world: World, reports: Mapping[str, Report], now: float,
-                    verdict_wait_s: float) -> str | None:
-    """Why the same membership must be republished under a new epoch, if it must.
+def needs_new_generation(world: World, reports: Mapping[str, Report], now: float,
+                         verdict_wait_s: float) -> str | None:
+    """Why the same membership must be republished under a new generation, if it must.
 
     A member that restarted without state (``no-state``) cannot take its rank in the
-    current epoch. A member whose collective failed without anyone being found dead
+    current generation. A member whose collective failed without anyone being found dead
     (no suspects) within ``verdict_wait_s`` waits for a world that nothing else
     would publish. ``now`` and ``Report.at`` are wall-clock seconds.
     """
     members = {m.pod for m in world.members}
     for pod, report in sorted(reports.items()):
-        if pod not in members or report.epoch != world.epoch:
+        if pod not in members or report.generation != world.generation:
             continue
         if report.kind is ReportKind.NO_STATE:
             return f"{pod} restarted without state"
@@ -83,18 +84,18 @@ def needs_new_epoch(world: World, reports: Mapping[str, Report], now: float,
 
 
 WAITING = (ReportKind.COLLECTIVE_FAILED, ReportKind.PEER_DEAD)
-"""Reports of a member that stopped training in its epoch and waits for the next world."""
+"""Reports of a member that stopped training in its generation and waits for the next world."""
 
 
 def all_waiting(world: World, reports: Mapping[str, Report], survivors: Collection[str]) -> bool:
     """Whether every one of ``survivors`` (members of ``world`` that stay) has stopped
-    training in ``world``'s epoch and waits for the next world.
+    training in ``world``'s generation and waits for the next world.
 
     Then a settle window only delays them all: nothing it could gather (a burst of
     pod events) is worth more than the time every survivor stands still.
     """
     members = {m.pod for m in world.members}
     return bool(survivors) and all(
-        pod in members and (r := reports.get(pod)) is not None and r.epoch == world.epoch
+        pod in members and (r := reports.get(pod)) is not None and r.generation == world.generation
         and r.kind in WAITING for pod in survivors)
 

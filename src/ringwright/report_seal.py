@@ -15,13 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 
 from .world import Report
 
 
+def _sealed_body(report: Report) -> str:
+    """``report`` as its MAC covers it: as one version older writes it (the generation
+    under the deprecated ``epoch`` only), so a seal verifies across that version gap."""
+    doc = json.loads(report.model_copy(update={"mac": ""}).to_json())
+    del doc["generation"]
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
 def _mac(pod: str, report: Report, key: str) -> str:
-    body = report.model_copy(update={"mac": ""}).to_json()
-    message = pod.encode() + b"\0" + body.encode()
+    message = pod.encode() + b"\0" + _sealed_body(report).encode()
     return hmac.new(key.encode(), message, hashlib.sha256).hexdigest()
 
 

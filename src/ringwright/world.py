@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -27,6 +27,21 @@ DEFAULT_PS_PORT = 29600
 """Where a parameter server serves shards (``RINGWRIGHT_PS_PORT`` overrides it); the PS
 pod's readiness probe checks this port."""
 PS_PORT_ENV = "RINGWRIGHT_PS_PORT"
+
+LEGACY_GENERATION_KEY = "epoch"
+"""The name one version older gives the generation in worlds, reports and the job
+status; still read when ``generation`` is missing and still written beside it, so an
+operator and a runtime one version apart understand each other. Deprecated: removed
+in the next version."""
+
+
+def generation_from_legacy(data: Any) -> Any:
+    """``data`` (a document about to be validated) with ``generation`` taken from its
+    :data:`LEGACY_GENERATION_KEY` when it carries only that one (written one version
+    older)."""
+    if isinstance(data, dict) and "generation" not in data and LEGACY_GENERATION_KEY in data:
+        return {**data, "generation": data[LEGACY_GENERATION_KEY]}
+    return data
 
 
 def world_configmap_name(job: str) -> str:
@@ -71,7 +86,7 @@ class Env:
     """This pod's own key for sealing its reports (set by the operator per pod)."""
     JOIN_TOKEN_FILE = "RINGWRIGHT_JOIN_TOKEN_FILE"
     """File holding the job's join token (mounted from the job's Secret): every value
-    in the epoch stores is tagged with it, so only the job's own pods can claim a rank."""
+    in the generation stores is tagged with it, so only the job's own pods can claim a rank."""
     PS_CONSISTENCY = "RINGWRIGHT_PS_CONSISTENCY"
     """spec.ps.consistency (Sync or Async) of a ParameterServer job."""
     PS_STALENESS = "RINGWRIGHT_PS_STALENESS"
@@ -124,7 +139,7 @@ class JobRef(_Wire):
 
 
 class StoreAddress(_Wire):
-    """Where this epoch's rendezvous store listens: always rank 0's pod IP."""
+    """Where this generation's rendezvous store listens: always rank 0's pod IP."""
 
     address: str
     port: Annotated[int, Field(ge=1, le=65535)] = DEFAULT_STORE_PORT
@@ -162,23 +177,30 @@ class TopologySettings(_Wire):
 
 
 class World(_Wire):
-    """One epoch of a job's membership, in ring order (``members[i].rank == i``)."""
+    """One generation of a job's membership, in ring order (``members[i].rank == i``).
+
+    On the wire the document also carries ``epoch``, the generation's deprecated name,
+    with the same value, and a document carrying only ``epoch`` is read (see
+    :data:`LEGACY_GENERATION_KEY`; both removed in the next version).
+    """
 
     schema_version: int = Field(default=SCHEMA_VERSION, alias="schemaVersion")
     job: JobRef
-    epoch: Annotated[int, Field(ge=0)]
+    generation: Annotated[int, Field(ge=0)]
     backend: Backend = Backend.TORCH
     mode: Mode = Mode.ALL_REDUCE
     store: StoreAddress
     members: tuple[Member, ...]
     ps: tuple[Member, ...] = ()
     """Parameter servers that are up, ``rank`` = PS index (the pod's index), so a
-    server keeps its index across epochs; a missing index is a server that is down."""
+    server keeps its index across generations; a missing index is a server that is down."""
     ps_replicas: Annotated[int, Field(ge=0, alias="psReplicas")] = 0
     """How many parameter servers the job has (up or not); 0 outside PS mode."""
     lr: LRScaling = LRScaling()
     checkpoint: CheckpointSettings = CheckpointSettings()
     topology: TopologySettings = TopologySettings()
+
+    _legacy_generation = model_validator(mode="before")(generation_from_legacy)
 
     @property
     def size(self) -> int:
@@ -217,9 +239,11 @@ class World(_Wire):
         return tuple(tuple(ranks) for ranks in groups.values())
 
     def to_json(self) -> str:
-        """Serialize with the wire names, plus ``size`` for readers without this module."""
+        """Serialize with the wire names, plus ``size`` for readers without this module
+        and the deprecated ``epoch`` for runtimes one version older."""
         doc = self.model_dump(mode="json", by_alias=True)
         doc["size"] = self.size
+        doc[LEGACY_GENERATION_KEY] = self.generation
         return _dumps(doc)
 
 
@@ -237,21 +261,30 @@ class ReportKind(StrEnum):
 
 
 class Report(_Wire):
-    """What one pod tells the operator that the API cannot see."""
+    """What one pod tells the operator that the API cannot see.
+
+    Like the world, a report also carries the deprecated ``epoch`` (the generation's
+    value) and is read from ``epoch`` alone (see :data:`LEGACY_GENERATION_KEY`).
+    """
 
     kind: ReportKind
-    epoch: Annotated[int, Field(ge=0)]
+    generation: Annotated[int, Field(ge=0)]
     at: float
     """Seconds since the Unix epoch, by the pod's clock."""
     detail: str = ""
     suspects: tuple[str, ...] = ()
-    """Pods this reporter found dead in ``epoch`` (the evidence is in ``detail``)."""
+    """Pods this reporter found dead in ``generation`` (the evidence is in ``detail``)."""
     mac: str = ""
     """Proof that the pod whose name the report sits under wrote it
     (:mod:`ringwright.report_seal`)."""
 
+    _legacy_generation = model_validator(mode="before")(generation_from_legacy)
+
     def to_json(self) -> str:
-        return _dumps(self.model_dump(mode="json", by_alias=True))
+        """Serialize with the wire names, plus the deprecated ``epoch``."""
+        doc = self.model_dump(mode="json", by_alias=True)
+        doc[LEGACY_GENERATION_KEY] = self.generation
+        return _dumps(doc)
 
 
 class ContractError(ValueError):

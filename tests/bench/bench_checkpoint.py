@@ -245,13 +245,13 @@ def checksum_rates() -> dict[str, float]:
     return {"crc32": len(data) / timed(crc32) / 1e9, "sha256": len(data) / timed(sha256) / 1e9}
 
 
-SYNCED = re.compile(r" world_ready .*?\bepoch=(\d+)\b.*?\bsynced_bytes=(\d+)")
+SYNCED = re.compile(r" world_ready .*?\bgeneration=(\d+)\b.*?\bsynced_bytes=(\d+)")
 
 
 def measure_scale_down(state_mb: int, root: Path) -> dict[int, list[int]]:
-    """Bytes each member's sync moved, per world epoch, for a 3 -> 2 scale-down at a commit.
+    """Bytes each member's sync moved, per world generation, for a 3 -> 2 scale-down at a commit.
 
-    Epoch 0 is the fresh start (every member adopts rank 0's state: a full sync), epoch
+    Generation 0 is the fresh start (every member adopts rank 0's state: a full sync), generation
     1 the scale-down. Raises when the job does not finish cleanly.
     """
     workdir = root / "scale-down"
@@ -283,7 +283,7 @@ def measure_scale_down(state_mb: int, root: Path) -> dict[int, list[int]]:
         for match in SYNCED.finditer(log.read_text()):
             moved.setdefault(int(match[1]), []).append(int(match[2]))
     if len(moved.get(0, [])) != 3 or len(moved.get(1, [])) != 2:
-        raise RuntimeError(f"expected 3 members in epoch 0 and 2 in epoch 1, got {moved}")
+        raise RuntimeError(f"expected 3 members in generation 0 and 2 in generation 1, got {moved}")
     return moved
 
 

@@ -102,10 +102,11 @@ def orders(hosts: Sequence[Host], racks: int, seed: int) -> dict[str, list[Host]
     return {"world order": world, "random order": shuffled, "pod-index order": by_index}
 
 
-def world_of(ring: Sequence[Host], mode: HierarchicalAllReduce, epoch: int) -> World:
+def world_of(ring: Sequence[Host], mode: HierarchicalAllReduce, generation: int) -> World:
     members = tuple(Member(rank=i, pod=h.namespace, ip=h.ip, node=h.namespace,
                            rack=f"rack-{h.rack}") for i, h in enumerate(ring))
-    return World(job=JobRef(namespace="bench", name="network"), epoch=epoch, members=members,
+    return World(job=JobRef(namespace="bench", name="network"), generation=generation,
+                 members=members,
                  store=StoreAddress(address=members[0].ip, port=STORE_PORT),
                  topology=TopologySettings(hierarchical_all_reduce=mode))
 

@@ -211,17 +211,17 @@ def worker() -> int:
     sampler = ElasticSampler(samples, batch, seed=7)
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0,
                                    sampler=sampler.state_dict())
-    generation = [0]
+    resets = [0]
 
     @hvd.elastic.run  # type: ignore[untyped-decorator]
     def train(state: Any) -> None:
         # Each call after a reset is a new world for this worker.
-        wepoch = generation[0]
-        generation[0] += 1
+        generation = resets[0]
+        resets[0] += 1
         sampler.load_state_dict(state.sampler)
         sampler.set_world(hvd.rank(), hvd.size())
         trace.write(ev="start", rank=hvd.rank(), size=hvd.size(), step=state.step,
-                    pid=os.getpid(), host=host, wepoch=wepoch)
+                    pid=os.getpid(), host=host, generation=generation)
         while True:
             for i, grad in enumerate(local_gradients(model, optimizer, sampler, xs, ys)):
                 hvd.allreduce_(grad, op=hvd.Sum, name=f"grad.{i}")
@@ -229,7 +229,7 @@ def worker() -> int:
             sampler.advance()
             state.step += 1
             trace.write(ev="stepped", rank=hvd.rank(), size=hvd.size(), step=state.step,
-                        wepoch=wepoch)
+                        generation=generation)
             time.sleep(step_sleep)
             if state.step == pause_step and hvd.rank() == int(os.environ["PAUSE_RANK"]):
                 pause_once(Path(os.environ["PAUSE_FILE"]), float(os.environ["PAUSE_SECONDS"]))

@@ -83,8 +83,8 @@ class ClusterStyleJob(LocalJob):
 
     def _peer_noticed(self, pid: int) -> bool:
         traces = Traces.load(self.trace_dir)
-        epoch = self.world.epoch
-        return any(r["wepoch"] == epoch and pid not in traces.pids(pod)
+        generation = self.world.generation
+        return any(r["generation"] == generation and pid not in traces.pids(pod)
                    for pod, r in traces.events("interrupted"))
 
 
@@ -115,7 +115,7 @@ def fault(workdir: Path, sig: signal.Signals, victim: int = VICTIM, backend: str
                                  f"losing a member; logs in {workdir}")
     rollbacks, lost = losses(workdir / "trace")
     t = Traces.load(workdir / "trace")
-    last = t.world_epochs()[-1]
+    last = t.generations()[-1]
     if last == 0:
         return Outcome(seconds, "no new world formed", rollbacks, lost)
     resumed = sorted({r["step"] for r in t.starts(last).values()})
@@ -157,7 +157,7 @@ def join(workdir: Path) -> Outcome:
             raise BaselineFailed(f"ringwright never trained at size 4; logs in {workdir}")
         newcomers = [m.pod for m in job.world.members[2:]]
     t = Traces.load(workdir / "trace")
-    resumed = sorted({r["step"] for p, r in t.starts(t.world_epochs()[-1]).items()
+    resumed = sorted({r["step"] for p, r in t.starts(t.generations()[-1]).items()
                       if p in newcomers})
     rollbacks, lost = losses(workdir / "trace")
     return Outcome(seconds, f"newcomers got step {resumed} by broadcast", rollbacks, lost)

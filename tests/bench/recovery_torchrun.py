@@ -255,14 +255,14 @@ def worker() -> int:
         step = saved["step"]
     sampler.set_world(rank, size)
     trace.write(ev="start", node=node, rank=rank, size=size, step=step, pid=os.getpid(),
-                wepoch=restart)
+                generation=restart)
     while True:
         for grad in local_gradients(model, optimizer, sampler, xs, ys):
             dist.all_reduce(grad)
         optimizer.step()
         sampler.advance()
         step += 1
-        trace.write(ev="stepped", node=node, rank=rank, size=size, step=step, wepoch=restart)
+        trace.write(ev="stepped", node=node, rank=rank, size=size, step=step, generation=restart)
         time.sleep(step_sleep)
         if step == pause_step and rank == int(os.environ["PAUSE_RANK"]):
             pause_once(Path(os.environ["PAUSE_FILE"]), float(os.environ["PAUSE_SECONDS"]))

@@ -25,7 +25,7 @@ from ringwright.operator.apply.events import EventRecorder
 from ringwright.operator.apply.executor import Applier
 from ringwright.operator.observe.cache import Written
 from ringwright.operator.observe.ledger import CapacityLedger
-from ringwright.operator.plan.epochs import EPOCH_ANNOTATION
+from ringwright.operator.plan.generations import GENERATION_ANNOTATION
 from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 from ringwright.operator.plan.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
 from ringwright.operator.plan.reconcile import Plan
@@ -68,69 +68,69 @@ def readable_world(kube: KubeClient, namespace: str, job: str) -> World | None:
 
 def wait_readable_world(kube: KubeClient, namespace: str, job: str, size: int, after: int,
                         timeout: float = 30) -> World:
-    """A readable world of ``size`` members above epoch ``after``."""
+    """A readable world of ``size`` members above generation ``after``."""
     def probe() -> World | None:
         world = readable_world(kube, namespace, job)
-        return world if world is not None and world.size == size and world.epoch > after \
+        return world if world is not None and world.size == size and world.generation > after \
             else None
 
-    return wait_for(probe, f"a readable world of size {size} after epoch {after}",
+    return wait_for(probe, f"a readable world of size {size} after generation {after}",
                     timeout=timeout)
 
 
-def test_epochs_only_go_up_across_a_deleted_or_corrupted_world_and_operator_restarts(
+def test_generations_only_go_up_across_a_deleted_or_corrupted_world_and_operator_restarts(
     kube: KubeClient, namespace: str, operator: OperatorProcess, follower: Any,
 ) -> None:
-    kube.create(tj_path(namespace), training_job("epochs", replicas=2, minimum=1))
-    first = wait_world(kube, namespace, "epochs", 2)
-    runtime = follower(namespace, "epochs")
-    wait_for(lambda: (w := runtime.latest()) is not None and w.epoch >= first.epoch,
+    kube.create(tj_path(namespace), training_job("generations", replicas=2, minimum=1))
+    first = wait_world(kube, namespace, "generations", 2)
+    runtime = follower(namespace, "generations")
+    wait_for(lambda: (w := runtime.latest()) is not None and w.generation >= first.generation,
              "the runtime to follow the first world")
-    epochs = [first.epoch]
+    generations = [first.generation]
 
     def next_world(what: str) -> None:
-        world = wait_readable_world(kube, namespace, "epochs", 2, after=epochs[-1])
-        epochs.append(world.epoch)
-        # The pods' watch code takes it: the new epoch is above the one it follows.
-        wait_for(lambda: (w := runtime.latest()) is not None and w.epoch == world.epoch,
-                 f"the runtime to follow epoch {world.epoch} after {what}", timeout=30)
-        status = wait_for(lambda: (s := get_status(kube, namespace, "epochs"))
-                          .get("world", {}).get("epoch") == world.epoch and s,
-                          f"status to mirror epoch {world.epoch}")
+        world = wait_readable_world(kube, namespace, "generations", 2, after=generations[-1])
+        generations.append(world.generation)
+        # The pods' watch code takes it: the new generation is above the one it follows.
+        wait_for(lambda: (w := runtime.latest()) is not None and w.generation == world.generation,
+                 f"the runtime to follow generation {world.generation} after {what}", timeout=30)
+        status = wait_for(lambda: (s := get_status(kube, namespace, "generations"))
+                          .get("world", {}).get("generation") == world.generation and s,
+                          f"status to mirror generation {world.generation}")
         assert status["phase"] == "Running"
 
     try:
-        kube.delete(_world_path(namespace, "epochs"))
+        kube.delete(_world_path(namespace, "generations"))
         next_world("the world ConfigMap was deleted")
 
-        kube.merge_patch(_world_path(namespace, "epochs"),
+        kube.merge_patch(_world_path(namespace, "generations"),
                          {"data": {"world.json": "{not a world"}})
         next_world("the world document was corrupted")
 
         # Corrupted document and annotation, while the operator is down: the status still
-        # remembers the epoch.
+        # remembers the generation.
         operator.kill()
-        kube.merge_patch(_world_path(namespace, "epochs"), {
-            "metadata": {"annotations": {EPOCH_ANNOTATION: "garbage"}},
+        kube.merge_patch(_world_path(namespace, "generations"), {
+            "metadata": {"annotations": {GENERATION_ANNOTATION: "garbage"}},
             "data": {"world.json": "[]"}})
         operator.start()
         next_world("a corrupted world met a restarted operator")
 
         operator.kill()
-        kube.delete(_world_path(namespace, "epochs"))
+        kube.delete(_world_path(namespace, "generations"))
         operator.start()
         next_world("the world was deleted while the operator was down")
 
         # Another writer published far ahead: the operator's next world goes above it.
-        kube.merge_patch(_world_path(namespace, "epochs"), {
-            "metadata": {"annotations": {EPOCH_ANNOTATION: str(epochs[-1] + 50)}},
+        kube.merge_patch(_world_path(namespace, "generations"), {
+            "metadata": {"annotations": {GENERATION_ANNOTATION: str(generations[-1] + 50)}},
             "data": {"world.json": "{}"}})
         next_world("another writer went ahead")
-        assert epochs[-1] > epochs[-2] + 50
+        assert generations[-1] > generations[-2] + 50
     except AssertionError as err:
-        raise AssertionError(f"{err}\nepochs {epochs}\noperator log:\n{operator.tail(40)}"
+        raise AssertionError(f"{err}\ngenerations {generations}\noperator log:\n{operator.tail(40)}"
                              ) from err
-    assert epochs == sorted(set(epochs)), epochs
+    assert generations == sorted(set(generations)), generations
 
 
 def test_a_world_write_over_a_stale_version_is_refused(
@@ -142,7 +142,7 @@ def test_a_world_write_over_a_stale_version_is_refused(
     world = wait_world(kube, namespace, "fenced", 1)
     job = kube.get(tj_path(namespace, "fenced"))
     current = kube.get(_world_path(namespace, "fenced"))
-    other = world.model_copy(update={"epoch": world.epoch + 1, "members": ()})
+    other = world.model_copy(update={"generation": world.generation + 1, "members": ()})
     with ThreadPoolExecutor(2) as pool:
         applier = Applier(kube, time.time, pool=pool, events=EventRecorder(kube, time.time),
                           ledger=CapacityLedger(), written=Written())
@@ -152,7 +152,7 @@ def test_a_world_write_over_a_stale_version_is_refused(
                 applier.perform(job, Plan(world=other, world_version=version))
             assert refused.value.status == 409
     after = world_of(kube, namespace, "fenced")
-    assert after is not None and after.epoch == world.epoch and after.size == 1
+    assert after is not None and after.generation == world.generation and after.size == 1
 
 
 @pytest.fixture()
@@ -190,7 +190,7 @@ def test_a_member_on_a_lost_node_is_replaced_on_another_node(
         wait_for(lambda: any(t["key"] == NOT_READY_TAINT for t in kube.get(
             api_path("v1", "nodes", name=victim.node))["spec"].get("taints") or ()),
             "the node lifecycle controller to taint the lost node", timeout=30)
-        healed = wait_world(kube, namespace, "nodeloss", 3, after=before.epoch, timeout=60)
+        healed = wait_world(kube, namespace, "nodeloss", 3, after=before.generation, timeout=60)
         replacement = next(m for m in healed.members if m.pod == victim.pod)
         assert replacement.pod_uid != victim.pod_uid and replacement.node != victim.node
         status = wait_for(lambda: (s := get_status(kube, namespace, "nodeloss"))
@@ -227,7 +227,7 @@ def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
                          if c["type"] == "CrashLoopBackOff" and c["status"] == "True"), None)
 
         assert crashing in wait_for(looping, "the CrashLoopBackOff condition")
-        healed = wait_world(kube, namespace, "flaky", 3, after=before.epoch, timeout=60)
+        healed = wait_world(kube, namespace, "flaky", 3, after=before.generation, timeout=60)
         replacement = next(m for m in healed.members if m.pod == stuck.pod)
         assert replacement.pod_uid != stuck.pod_uid
         reasons = events_of(kube, namespace, "flaky")
@@ -239,9 +239,9 @@ def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
         raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
 
 
-class EpochLog:
+class GenerationLog:
     """Reads every world of a namespace a few times a second, on a thread of its own, and
-    notes what would break the runtime: an epoch going back, or one epoch published with
+    notes what would break the runtime: a generation going back, or one generation published with
     two different memberships. Read errors (a restarting API server) are skipped."""
 
     def __init__(self, cluster: Cluster, namespace: str) -> None:
@@ -251,7 +251,7 @@ class EpochLog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> EpochLog:
+    def __enter__(self) -> GenerationLog:
         self._thread.start()
         return self
 
@@ -259,8 +259,8 @@ class EpochLog:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def epochs(self, job: str) -> list[int]:
-        return [epoch for epoch, _ in self.seen.get(job, [])]
+    def generations(self, job: str) -> list[int]:
+        return [generation for generation, _ in self.seen.get(job, [])]
 
     def _run(self) -> None:
         with self.cluster.client() as kube:
@@ -281,14 +281,15 @@ class EpochLog:
             return
         members = "|".join(f"{m.pod}/{m.pod_uid}" for m in (*world.members, *world.ps))
         seen = self.seen.setdefault(world.job.name, [])
-        if seen and seen[-1][0] == world.epoch:
+        if seen and seen[-1][0] == world.generation:
             if seen[-1][1] != members:
-                self.violations.append(f"{world.job.name}: epoch {world.epoch} published "
+                self.violations.append(f"{world.job.name}: generation {world.generation} published "
                                        f"with two memberships")
             return
-        if seen and world.epoch < seen[-1][0]:
-            self.violations.append(f"{world.job.name}: epoch {seen[-1][0]} -> {world.epoch}")
-        seen.append((world.epoch, members))
+        if seen and world.generation < seen[-1][0]:
+            self.violations.append(
+                f"{world.job.name}: generation {seen[-1][0]} -> {world.generation}")
+        seen.append((world.generation, members))
 
 
 def _supervise(operator: OperatorProcess) -> None:
@@ -362,7 +363,7 @@ def test_the_operator_killed_twenty_times_leaves_every_job_where_it_should_be(
                                      {"spec": {"replicas": 5}}),
         16: lose_a_member,
     }
-    with EpochLog(cluster, namespace) as log:
+    with GenerationLog(cluster, namespace) as log:
         try:
             for kill in range(20):
                 _supervise(operator)
@@ -392,8 +393,9 @@ def test_the_operator_killed_twenty_times_leaves_every_job_where_it_should_be(
                                  f"{operator.tail(40)}") from err
     assert not log.violations, log.violations
     for job in ("grow", "lose"):
-        assert log.epochs(job) == sorted(set(log.epochs(job))), (job, log.epochs(job))
-    assert len(log.epochs("lose")) >= 2 and len(log.epochs("grow")) >= 2
+        seen = log.generations(job)
+        assert seen == sorted(set(seen)), (job, seen)
+    assert len(log.generations("lose")) >= 2 and len(log.generations("grow")) >= 2
 
 
 def test_restarted_api_server_and_etcd_leave_running_jobs_alone_and_the_operator_catches_up(
@@ -402,7 +404,7 @@ def test_restarted_api_server_and_etcd_leave_running_jobs_alone_and_the_operator
     kube.create(tj_path(namespace), training_job("steady", replicas=3, minimum=2))
     before = wait_world(kube, namespace, "steady", 3)
     uids = sorted(p["metadata"]["uid"] for p in _live_workers(kube, namespace, "steady"))
-    with EpochLog(cluster, namespace) as log:
+    with GenerationLog(cluster, namespace) as log:
         try:
             cluster.restart("kube-apiserver")
             cluster.restart("etcd")
@@ -412,12 +414,12 @@ def test_restarted_api_server_and_etcd_leave_running_jobs_alone_and_the_operator
             assert sorted(p["metadata"]["uid"]
                           for p in _live_workers(kube, namespace, "steady")) == uids
             world = world_of(kube, namespace, "steady")
-            assert world.epoch == before.epoch and world.size == 3
+            assert world.generation == before.generation and world.size == 3
             # The operator follows changes again.
             kube.merge_patch(tj_path(namespace, "steady", "scale"), {"spec": {"replicas": 4}})
-            grown = wait_world(kube, namespace, "steady", 4, after=before.epoch, timeout=60)
+            grown = wait_world(kube, namespace, "steady", 4, after=before.generation, timeout=60)
             wait_for(lambda: (s := get_status(kube, namespace, "steady")).get("phase")
-                     == "Running" and s.get("world", {}).get("epoch") == grown.epoch,
+                     == "Running" and s.get("world", {}).get("generation") == grown.generation,
                      "the status to follow the world")
         except AssertionError as err:
             raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err

@@ -122,8 +122,9 @@ def test_one_member_forging_its_peers_reports_evicts_nobody(
     w0, w1, w2 = (m.pod for m in world.members)
     victim_uid = pods[w2]["metadata"]["uid"]
     path = api_path("v1", "configmaps", namespace, reports_configmap_name(job))
-    dead = Report(kind=ReportKind.PEER_DEAD, epoch=world.epoch, at=time.time(), suspects=(w2,))
-    stalled = Report(kind=ReportKind.STALLED, epoch=world.epoch, at=time.time())
+    dead = Report(kind=ReportKind.PEER_DEAD, generation=world.generation, at=time.time(),
+                  suspects=(w2,))
+    stalled = Report(kind=ReportKind.STALLED, generation=world.generation, at=time.time())
     with _as_job_pods(cluster, kube, namespace, job) as member:
         # A member cannot read the reports (nor others' seals) ...
         with pytest.raises(ApiError) as refused:
@@ -138,7 +139,7 @@ def test_one_member_forging_its_peers_reports_evicts_nobody(
         wait_for(lambda: f"ignoring a report under {w2}'s name" in operator.log.read_text(),
                  "the operator to refuse the forged reports")
         time.sleep(6)  # several resync rounds (2 s each)
-        assert wait_world(kube, namespace, job, 3).epoch == world.epoch
+        assert wait_world(kube, namespace, job, 3).generation == world.generation
         assert kube.get(api_path("v1", "pods", namespace, w2))["metadata"]["uid"] == victim_uid
         reasons = [e["reason"] for e in kube.list(api_path("v1", "events", namespace),
                                                  fieldSelector=f"involvedObject.name={job}")]

@@ -87,13 +87,14 @@ def test_a_quota_refusal_is_reported_backed_off_and_the_round_goes_on(
     victim = before.members[1]
     kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0)
     after = wait_for(lambda: (w := world_of(kube, namespace, "quota")) is not None
-                     and w.epoch > before.epoch
+                     and w.generation > before.generation
                      and victim.pod_uid not in {m.pod_uid for m in w.members} and w,
                      "the dead member dropped from the world")
     assert after.size >= 2
     # The status follows (the loss is counted a round before the world settles).
     wait_for(lambda: (s := get_status(kube, namespace, "quota")).get("restarts", 0) >= 1
-             and s["world"]["epoch"] >= after.epoch, "the loss and the epoch in status")
+             and s["world"]["generation"] >= after.generation,
+             "the loss and the generation in status")
     # One series for the refusal, however many times it was retried.
     assert sum(1 for e in events(kube, namespace, "quota") if e["reason"] == "FailedCreate") == 1
 
@@ -189,7 +190,7 @@ def test_suspend_is_not_failure_and_resume_keeps_restarts(
         restarts = get_status(kube, namespace, "nap").get("restarts", 0)
         kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": True}}})
         empty = wait_for(lambda: (w := world_of(kube, namespace, "nap")) is not None
-                         and w.epoch > first.epoch and w, "the next world")
+                         and w.generation > first.generation and w, "the next world")
         assert empty.size == 0  # members learn they are out before their pods go
         terminating = wait_for(lambda: (p := kube.get(held_path))["metadata"].get(
             "deletionTimestamp") and p, "the held pod deleted")
@@ -206,7 +207,7 @@ def test_suspend_is_not_failure_and_resume_keeps_restarts(
     assert status["phase"] == "Suspended" and status["restarts"] == restarts
 
     kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": False}}})
-    resumed = wait_world(kube, namespace, "nap", 8, after=empty.epoch, timeout=120)
+    resumed = wait_world(kube, namespace, "nap", 8, after=empty.generation, timeout=120)
     status = wait_for(lambda: (s := get_status(kube, namespace, "nap"))
                       .get("phase") == "Running" and s, "Running again")
     assert status["restarts"] == restarts
@@ -234,7 +235,7 @@ def test_a_foreign_pod_with_the_job_label_is_not_a_member(
     # Several rounds later (resync 2 s, settle 0.5 s): the world is as it was.
     time.sleep(6)
     after = world_of(kube, namespace, "victim")
-    assert after is not None and after.epoch == before.epoch
+    assert after is not None and after.generation == before.generation
     assert "intruder" not in {m.pod for m in after.members}
     assert get_status(kube, namespace, "victim")["workers"]["ready"] == 2
     assert kube.get_or_none(api_path("v1", "pods", namespace, "intruder")) is not None
@@ -245,7 +246,7 @@ def test_a_job_recreated_under_the_same_name_starts_clean(
 ) -> None:
     kube.create(tj_path(namespace), training_job("again", replicas=3, minimum=1))
     wait_world(kube, namespace, "again", 3)
-    # Scale down once so the old world is past epoch 1.
+    # Scale down once so the old world is past generation 1.
     kube.merge_patch(tj_path(namespace, "again", "scale"), {"spec": {"replicas": 2}})
     old = wait_world(kube, namespace, "again", 2, after=1)
     wait_for(lambda: len(pods_of(kube, namespace, "again")) == 2, "the leaving pod gone")
@@ -265,7 +266,7 @@ def test_a_job_recreated_under_the_same_name_starts_clean(
         assert new_job != old_job
         fresh = wait_for(lambda: (w := world_of(kube, namespace, "again")) is not None
                          and w.job.uid == new_job and w, "the new job's world", timeout=120)
-        assert fresh.epoch == 1 < old.epoch  # a new job, a new history
+        assert fresh.generation == 1 < old.generation  # a new job, a new history
         assert not {m.pod_uid for m in fresh.members} & old_uids
     finally:  # released even when the test fails, or the namespace never empties
         for path in held:
@@ -298,7 +299,7 @@ def test_a_running_job_keeps_its_lifecycle_when_its_policy_goes(
         # A member dies: still dropped and counted, though nothing can be placed.
         victim = before.members[2]
         kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0)
-        after = wait_world(kube, namespace, "orphan", 2, after=before.epoch)
+        after = wait_world(kube, namespace, "orphan", 2, after=before.generation)
         assert victim.pod not in {m.pod for m in after.members}
         assert wait_for(lambda: get_status(kube, namespace, "orphan").get("restarts") == 1,
                         "the loss counted")

@@ -39,8 +39,8 @@ def world_of(kube: KubeClient, ns: str, name: str) -> Any:
 def wait_world(kube: KubeClient, ns: str, name: str, size: int, after: int = 0,
                timeout: float = 60) -> Any:
     return wait_for(lambda: (w := world_of(kube, ns, name)) is not None and w.size == size
-                    and w.epoch > after and w, f"world of size {size} after epoch {after}",
-                    timeout=timeout)
+                    and w.generation > after and w,
+                    f"world of size {size} after generation {after}", timeout=timeout)
 
 
 def events_of(kube: KubeClient, ns: str, name: str) -> list[str]:
@@ -56,7 +56,7 @@ def test_job_runs_with_world_status_and_events(
     world = wait_world(kube, namespace, "basic", 4)
     status = wait_for(lambda: (s := get_status(kube, namespace, "basic"))
                       .get("phase") == "Running" and s, "phase Running")
-    assert status["world"]["epoch"] == world.epoch and status["world"]["size"] == 4
+    assert status["world"]["generation"] == world.generation and status["world"]["size"] == 4
     assert status["workers"]["ready"] == 4
     assert status["observedGeneration"] >= 1
     assert [m.rank for m in world.members] == [0, 1, 2, 3]
@@ -85,12 +85,12 @@ def test_scale_subresource_grows_and_shrinks_the_world(
                         "scale", "tj/elastic", "--replicas=4"], check=True)
     else:
         kube.merge_patch(tj_path(namespace, "elastic", "scale"), {"spec": {"replicas": 4}})
-    grown = wait_world(kube, namespace, "elastic", 4, after=first.epoch)
+    grown = wait_world(kube, namespace, "elastic", 4, after=first.generation)
     survivors = [m.pod for m in grown.members if m.pod in {x.pod for x in first.members}]
     assert survivors == [m.pod for m in first.members]  # relative order kept
 
     kube.merge_patch(tj_path(namespace, "elastic", "scale"), {"spec": {"replicas": 2}})
-    shrunk = wait_world(kube, namespace, "elastic", 2, after=grown.epoch)
+    shrunk = wait_world(kube, namespace, "elastic", 2, after=grown.generation)
     # Highest ranks leave first, and their pods go once the drain window passes.
     assert [m.pod for m in shrunk.members] == [m.pod for m in grown.members[:2]]
     wait_for(lambda: len(pods_of(kube, namespace, "elastic")) == 2, "leaving pods deleted")
@@ -98,7 +98,7 @@ def test_scale_subresource_grows_and_shrinks_the_world(
     assert scale["spec"]["replicas"] == 2
 
 
-def test_deleted_worker_is_replaced_and_the_epoch_moves_on(
+def test_deleted_worker_is_replaced_and_the_generation_moves_on(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
     kube.create(tj_path(namespace), training_job("heal", replicas=3, minimum=2))
@@ -106,9 +106,9 @@ def test_deleted_worker_is_replaced_and_the_epoch_moves_on(
     victim = before.members[1]
     kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0)
 
-    # The replacement may be ready within the settle window: then one epoch covers
+    # The replacement may be ready within the settle window: then one generation covers
     # both the loss and the rejoin, otherwise a smaller world comes first.
-    healed = wait_world(kube, namespace, "heal", 3, after=before.epoch)
+    healed = wait_world(kube, namespace, "heal", 3, after=before.generation)
     replacement = next(m for m in healed.members if m.pod == victim.pod)  # same name
     assert replacement.pod_uid != victim.pod_uid  # new pod
     status = get_status(kube, namespace, "heal")
@@ -198,7 +198,7 @@ def test_operator_killed_mid_scale_up_converges_without_duplicates(
     assert pods_uids(kube, namespace) == down_pods
     operator.start()
 
-    grown = wait_world(kube, namespace, "crash", 8, after=down_world.epoch, timeout=120)
+    grown = wait_world(kube, namespace, "crash", 8, after=down_world.generation, timeout=120)
     pods = pods_of(kube, namespace, "crash")
     # One pod per index, 0..7: nothing created twice under another name, nothing skipped.
     assert sorted(int(p["metadata"]["labels"][INDEX_LABEL]) for p in pods) == list(range(8))

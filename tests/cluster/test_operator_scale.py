@@ -133,7 +133,7 @@ def test_a_rotated_token_keeps_the_operator_working(
         wait_for(lambda: _refused(cluster, old), "the old token to be refused")
 
         kube.merge_patch(tj_path(namespace, "rotate", "scale"), {"spec": {"replicas": 3}})
-        wait_world(kube, namespace, "rotate", 3, after=first.epoch)
+        wait_world(kube, namespace, "rotate", 3, after=first.generation)
         if credential == "exec-plugin":
             assert exec_calls(token) > calls  # the plugin ran again for the new token
     except AssertionError as err:
@@ -177,7 +177,7 @@ def test_two_replicas_never_both_act(
                  timeout=30)
         assert _holder(kube, namespace) not in ("", leader)
         kube.merge_patch(tj_path(namespace, "led", "scale"), {"spec": {"replicas": 3}})
-        wait_world(kube, namespace, "led", 3, after=before.epoch)
+        wait_world(kube, namespace, "led", 3, after=before.generation)
         assert "created pod" in second.tail(500)
     except AssertionError as err:
         raise AssertionError(f"{err}\nfirst:\n{first.tail(30)}\nsecond:\n{second.tail(30)}"

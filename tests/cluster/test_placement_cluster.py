@@ -181,14 +181,14 @@ def world_of(kube: KubeClient, ns: str, name: str) -> World | None:
 
 
 def wait_running(kube: KubeClient, ns: str, name: str, size: int) -> tuple[World, dict[str, Any]]:
-    """The job's world once it holds ``size`` members and the status mirrors that epoch."""
+    """The job's world once it holds ``size`` members and the status mirrors that generation."""
 
     def settled() -> tuple[World, dict[str, Any]] | None:
         world = world_of(kube, ns, name)
         if world is None or world.size != size:
             return None
         status = get_status(kube, ns, name)
-        mirrored = (status.get("world") or {}).get("epoch") == world.epoch
+        mirrored = (status.get("world") or {}).get("generation") == world.generation
         return (world, status) if mirrored and status.get("phase") == "Running" else None
 
     return wait_for(settled, f"{name}: a Running world of {size} members", timeout=SLOW)

@@ -3,10 +3,10 @@ real Prometheus.
 
 The driver applies the example job, deletes a worker's pod mid-training and waits for
 the smaller world and the replacement's rejoin, reading the job's status only once it
-shows the epoch awaited. Prometheus (built from its Go module like the control plane)
+shows the generation awaited. Prometheus (built from its Go module like the control plane)
 scrapes the operator and discovers the training pods through the API as the chart's
 PodMonitor would; its query API must then show the failure as recoveries and the
-world epoch moving on. The driver's own scrape, parsed with prometheus_client's
+world generation moving on. The driver's own scrape, parsed with prometheus_client's
 parser, must agree, and the timeline must be a PNG.
 """
 
@@ -59,13 +59,15 @@ def test_demo_survives_a_deleted_pod_and_prometheus_sees_the_recovery(
     ns = f'namespace="{namespace}"'
 
     def scraped_everyone(world: World) -> None:
-        eventually(f"all {world.size} members in epoch {world.epoch}", lambda: prometheus.value(
-            f"count(ringwright_runtime_world_epoch{{{ns}}} == {world.epoch})") == world.size)
+        eventually(f"all {world.size} members in generation {world.generation}",
+                   lambda: prometheus.value(
+                       f"count(ringwright_runtime_world_generation{{{ns}}} == {world.generation})")
+                   == world.size)
 
     run = run_job(cluster, kube, tmp_path, namespace=namespace, operator_log=operator.log,
                   operator_metrics=operator.metrics_url, before_failure=scraped_everyone)
 
-    first, shrunk, healed = run.epochs
+    first, shrunk, healed = run.generations
     assert first < shrunk <= healed
     assert run.png.read_bytes()[:8] == PNG_MAGIC
 
@@ -74,14 +76,14 @@ def test_demo_survives_a_deleted_pod_and_prometheus_sees_the_recovery(
     recovered = f'max_over_time(ringwright_runtime_recoveries_total{{{ns},cause="{FAILED}"}}[15m])'
     eventually("a recovery on each of the 3 survivors",
                lambda: prometheus.value(f"count({recovered} >= 1)") == 3)
-    eventually(f"every member in epoch {healed}", lambda: prometheus.value(
-        f"count(max_over_time(ringwright_runtime_world_epoch{{{ns}}}[15m]) >= {healed})") == 4)
+    eventually(f"every member in generation {healed}", lambda: prometheus.value(
+        f"count(max_over_time(ringwright_runtime_world_generation{{{ns}}}[15m]) >= {healed})") == 4)
     survivors = sorted(labels["pod"] for labels, _ in prometheus.query(f"{recovered} >= 1"))
     moved = {labels["pod"]: value for labels, value in prometheus.query(
-        f"max_over_time(ringwright_runtime_world_epoch{{{ns}}}[15m])"
-        f" - min_over_time(ringwright_runtime_world_epoch{{{ns}}}[15m])")}
+        f"max_over_time(ringwright_runtime_world_generation{{{ns}}}[15m])"
+        f" - min_over_time(ringwright_runtime_world_generation{{{ns}}}[15m])")}
     assert all(moved[pod] >= healed - first for pod in survivors), (survivors, moved)
-    print(f"prometheus: recovered {survivors}, epoch moved by {moved}")
+    print(f"prometheus: recovered {survivors}, generation moved by {moved}")
     assert (prometheus.value(f'sum(ringwright_operator_members_lost_total{{cause='
                              f'"{LossCause.POD_GONE}"}})') or 0) >= 1
 
@@ -95,5 +97,5 @@ def test_demo_survives_a_deleted_pod_and_prometheus_sees_the_recovery(
         assert got.get("ringwright_runtime_world_size") == 4, pod
         assert got.get("ringwright_runtime_step_seconds_count") > 0, pod
     assert run.operator is not None
-    assert run.operator.get("ringwright_operator_world_epochs_published_total") >= healed
+    assert run.operator.get("ringwright_operator_world_generations_published_total") >= healed
     assert run.operator.get("ringwright_operator_pods_created_total", role="worker") >= 5

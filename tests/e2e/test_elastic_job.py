@@ -3,7 +3,7 @@
 The pod host starts the traced training worker (`tests/runtime/elastic_worker.py`) for
 every Running pod of the job, with the pod's environment, its 127.x pod IP and a token
 of the pod's ServiceAccount, so the runtime watches its world through the API exactly as
-it would in a real pod. Facts are read from the workers' traces (which world epoch
+it would in a real pod. Facts are read from the workers' traces (which world generation
 trained each step, with which learning rate and library) and from the pod host's
 process start counts, not from log lines.
 """
@@ -98,22 +98,22 @@ def world(kube: KubeClient, ns: str) -> World | None:
 
 def world_where(kube: KubeClient, ns: str, size: int | None = None, after: int = 0
                 ) -> World | None:
-    """The current world when it has ``size`` members and an epoch above ``after``."""
+    """The current world when it has ``size`` members and a generation above ``after``."""
     current = world(kube, ns)
-    if current is None or current.epoch <= after or size not in (None, current.size):
+    if current is None or current.generation <= after or size not in (None, current.size):
         return None
     return current
 
 
 def trained_at(runner: HostThread, world: World) -> bool:
     """Every member of ``world`` completed a step in it."""
-    return {m.pod for m in world.members} <= runner.traces().trained(world.epoch)
+    return {m.pod for m in world.members} <= runner.traces().trained(world.generation)
 
 
 def assert_started_in(runner: HostThread, world: World, backend: str) -> None:
     """Every member started world ``world`` with its rank, the library's view of it and
     the learning rate rescaled for its size (linear, base world size 3)."""
-    starts = runner.traces().starts(world.epoch)
+    starts = runner.traces().starts(world.generation)
     assert set(starts) == {m.pod for m in world.members}
     for m in world.members:
         r = starts[m.pod]
@@ -135,16 +135,16 @@ def test_deleted_pod_survivors_rebuild_and_scale_up_joins(
     victim = first.members[-1]
     victim_pids = set(runner.traces().pids(victim.pod))
     kube.delete(api_path("v1", "pods", ns, victim.pod), grace=0)
-    after = wait_for(lambda: world_where(kube, ns, after=first.epoch), "a new epoch",
+    after = wait_for(lambda: world_where(kube, ns, after=first.generation), "a new generation",
                      timeout=60)
     # Its replacement may reuse the name: the deleted pod is known by its uid and pids.
     assert victim.pod_uid and victim.pod_uid not in [m.pod_uid for m in after.members]
     survivors = [m.pod for m in first.members if m.pod != victim.pod]
     assert set(survivors) <= {m.pod for m in after.members}
     wait_for(lambda: trained_at(runner, after),
-             "survivors to rebuild the ring and train in the new epoch", timeout=180)
+             "survivors to rebuild the ring and train in the new generation", timeout=180)
     assert_started_in(runner, after, backend)
-    replacement = runner.traces().starts(after.epoch).get(victim.pod)
+    replacement = runner.traces().starts(after.generation).get(victim.pod)
     assert replacement is None or replacement["pid"] not in victim_pids
     # The processes stayed alive: one process start per survivor, that trained in both.
     traces = runner.traces()
@@ -186,7 +186,7 @@ def test_frozen_pod_is_replaced_and_the_world_grows_back(
     assert not probe.passes(victim.ip)
 
     def without_victim() -> World | None:
-        w = world_where(kube, ns, 3, after=first.epoch)
+        w = world_where(kube, ns, 3, after=first.generation)
         return w if w is not None and victim.pod_uid not in [m.pod_uid for m in w.members] \
             else None
 

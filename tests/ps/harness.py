@@ -58,7 +58,7 @@ class LocalPSJob:
         self.port = free_port()
         self.subnet = random.randint(2, 250)
         self.world_file = root / "world.json"
-        self.epoch = 0
+        self.generation = 0
         self.workers: list[str] = []
         self.ps = [f"ps-{i}" for i in range(servers)]
         self.ps_ip = {p: f"127.77.{self.subnet}.{i + 1}" for i, p in enumerate(self.ps)}
@@ -71,9 +71,9 @@ class LocalPSJob:
             self.workers = list(workers)
         if ps is not None:
             self.ps_ip = ps
-        self.epoch += 1
+        self.generation += 1
         world = World(
-            job=JobRef(namespace="local", name="ps-test"), epoch=self.epoch,
+            job=JobRef(namespace="local", name="ps-test"), generation=self.generation,
             mode=Mode.PARAMETER_SERVER, store=StoreAddress(address="127.0.0.1"),
             members=tuple(Member(rank=i, pod=w, ip="127.0.0.1")
                           for i, w in enumerate(self.workers)),

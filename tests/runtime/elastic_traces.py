@@ -1,8 +1,8 @@
 """Reading and auditing the traces written by ``elastic_worker.py``.
 
 A step can be trained more than once: a failure rolls it back and a later world
-trains it again. The attempt that counts is the one from the latest world epoch
-(within one world epoch a step is trained once, because any failure ends the epoch),
+trains it again. The attempt that counts is the one from the latest world generation
+(within one world generation a step is trained once, because any failure ends the generation),
 and it counts for every rank of that world.
 """
 
@@ -19,9 +19,9 @@ Record = dict[str, Any]
 
 @dataclass(frozen=True)
 class Rollback:
-    """World ``wepoch`` resumed at step ``resumed`` after step ``completed`` was done."""
+    """World ``generation`` resumed at step ``resumed`` after step ``completed`` was done."""
 
-    wepoch: int
+    generation: int
     resumed: int
     completed: int
 
@@ -59,17 +59,17 @@ class Traces:
         """Highest step any pod has recorded."""
         return max((r["step"] for _, r in self.events("step")), default=0)
 
-    def starts(self, wepoch: int) -> dict[str, Record]:
-        """The ``start`` record of each pod that trained in world epoch ``wepoch``."""
-        return {pod: r for pod, r in self.events("start") if r["wepoch"] == wepoch}
+    def starts(self, generation: int) -> dict[str, Record]:
+        """The ``start`` record of each pod that trained in world generation ``generation``."""
+        return {pod: r for pod, r in self.events("start") if r["generation"] == generation}
 
-    def world_epochs(self) -> list[int]:
-        """World epochs in which training started."""
-        return sorted({r["wepoch"] for _, r in self.events("start")})
+    def generations(self) -> list[int]:
+        """World generations in which training started."""
+        return sorted({r["generation"] for _, r in self.events("start")})
 
-    def trained(self, wepoch: int) -> set[str]:
-        """Pods that completed at least one step in world epoch ``wepoch``."""
-        return {pod for pod, r in self.events("stepped") if r["wepoch"] == wepoch}
+    def trained(self, generation: int) -> set[str]:
+        """Pods that completed at least one step in world generation ``generation``."""
+        return {pod for pod, r in self.events("stepped") if r["generation"] == generation}
 
     def pids(self, pod: str) -> list[int]:
         """Process ids that trained as ``pod``, in order of their first world start."""
@@ -83,7 +83,7 @@ class Traces:
         """Every resumption below a step some member had already completed.
 
         One definition for every launcher whose workers write these traces, needing no
-        agreement on epoch numbers: a start at step S, when step D > S had been
+        agreement on generation numbers: a start at step S, when step D > S had been
         completed before it, rolled back D - S steps; the members of one new world
         report the same (S, D) and count once."""
         stepped = sorted((r["t"], r["step"]) for _, r in self.events("stepped"))
@@ -91,20 +91,21 @@ class Traces:
         for _, r in sorted(self.events("start"), key=lambda pr: pr[1]["t"]):
             done = max((step for t, step in stepped if t < r["t"]), default=0)
             if done > r["step"]:
-                found.setdefault((r["step"], done), Rollback(r["wepoch"], r["step"], done))
+                found.setdefault((r["step"], done), Rollback(r["generation"], r["step"], done))
         return list(found.values())
 
     def counted_steps(self) -> dict[int, list[Record]]:
-        """For each step, the records of its attempt in the latest world epoch."""
+        """For each step, the records of its attempt in the latest world generation."""
         attempts: dict[int, dict[int, list[Record]]] = defaultdict(lambda: defaultdict(list))
         for _, r in self.events("step"):
-            attempts[r["step"]][r["wepoch"]].append(r)
-        return {step: by_epoch[max(by_epoch)] for step, by_epoch in sorted(attempts.items())}
+            attempts[r["step"]][r["generation"]].append(r)
+        return {step: by_generation[max(by_generation)]
+                for step, by_generation in sorted(attempts.items())}
 
-    def commits(self, wepoch: int, pods: set[str]) -> list[int]:
-        """Steps committed in world epoch ``wepoch`` by any of ``pods``."""
+    def commits(self, generation: int, pods: set[str]) -> list[int]:
+        """Steps committed in world generation ``generation`` by any of ``pods``."""
         return [r["step"] for pod, r in self.events("commit")
-                if r["wepoch"] == wepoch and pod in pods]
+                if r["generation"] == generation and pod in pods]
 
 
 def assert_every_sample_once(traces: Traces, samples: int, epochs: int) -> None:
@@ -132,9 +133,9 @@ def assert_params_identical(traces: Traces) -> None:
     for ev in ("start", "commit"):
         groups: dict[tuple[int, int], set[str]] = defaultdict(set)
         for _, r in traces.events(ev):
-            groups[(r["wepoch"], r["step"])].add(r["hash"])
-        for (wepoch, step), hashes in groups.items():
-            assert len(hashes) == 1, f"{ev} at world {wepoch} step {step}: hashes {hashes}"
+            groups[(r["generation"], r["step"])].add(r["hash"])
+        for (generation, step), hashes in groups.items():
+            assert len(hashes) == 1, f"{ev} at world {generation} step {step}: hashes {hashes}"
     done = {r["hash"] for _, r in traces.events("done")}
     assert len(done) == 1, f"final parameters differ between ranks: {done}"
 
@@ -143,9 +144,9 @@ def assert_resumed_from_commit(traces: Traces, before: int, after: int) -> None:
     """Training in world ``after`` starts at the last step committed in world ``before``
     by the members that carried on into ``after``."""
     starts = traces.starts(after)
-    assert starts, f"nobody trained in world epoch {after}"
+    assert starts, f"nobody trained in world generation {after}"
     committed = traces.commits(before, set(starts))
-    assert committed, f"no commit in world epoch {before} by {sorted(starts)}"
+    assert committed, f"no commit in world generation {before} by {sorted(starts)}"
     start_steps = {r["step"] for r in starts.values()}
     assert start_steps == {max(committed)}, (
         f"world {after} started at steps {start_steps}; last commit in {before} was "

@@ -6,7 +6,7 @@ given by the launcher, and appends one JSON line per event to
 and again once the step completed), every commit, the start of every world (with a
 hash of the parameters and the process id) and every interruption of training (the
 world ended under it: a failed collective or a new world), so the tests can audit
-sample accounting and parameter equality afterwards, tell which world epoch trained
+sample accounting and parameter equality afterwards, tell which world generation trained
 each step, and the benchmark can time recoveries and count rollbacks.
 
 Tuning (environment): EPOCHS, SAMPLES, BATCH, COMMIT_EVERY, STEP_SLEEP, and
@@ -165,13 +165,13 @@ def main() -> int:
 
     def train(state: State) -> None:
         world = state.binding.world
-        trace.write(ev="start", wepoch=world.epoch, size=world.size, rank=state.binding.rank,
-                    step=state.step, hash=param_hash(model), lr=state.lr.scaled_lrs()[0],
-                    pid=os.getpid(), **library_view())
+        trace.write(ev="start", generation=world.generation, size=world.size,
+                    rank=state.binding.rank, step=state.step, hash=param_hash(model),
+                    lr=state.lr.scaled_lrs()[0], pid=os.getpid(), **library_view())
         try:
             train_in_world(state)
         except BaseException as err:
-            trace.write(ev="interrupted", wepoch=world.epoch, rank=state.binding.rank,
+            trace.write(ev="interrupted", generation=world.generation, rank=state.binding.rank,
                         step=state.step, why=type(err).__name__)
             raise
 
@@ -192,13 +192,13 @@ def main() -> int:
                 user_level_sum(loss.detach().clone())
             # Written before the allreduce: if any rank finished this step, every rank
             # of the world has recorded it.
-            trace.write(ev="step", wepoch=world.epoch, rank=state.binding.rank,
+            trace.write(ev="step", generation=world.generation, rank=state.binding.rank,
                         size=world.size, step=state.step + 1, data_epoch=data_epoch,
                         indices=indices)
             state.allreduce_gradients(average=False)
             optimizer.step()
             state.advance()
-            trace.write(ev="stepped", wepoch=world.epoch, rank=state.binding.rank,
+            trace.write(ev="stepped", generation=world.generation, rank=state.binding.rank,
                         size=world.size, step=state.step)
             time.sleep(step_sleep)
             if (state.step == pause_step and state.binding.rank == pause_rank
@@ -210,7 +210,7 @@ def main() -> int:
                 try:
                     state.commit()
                 finally:
-                    trace.write(ev="commit", wepoch=world.epoch, rank=state.binding.rank,
+                    trace.write(ev="commit", generation=world.generation, rank=state.binding.rank,
                                 step=state.step, hash=param_hash(model))
 
     with ElasticRuntime.from_env() as runtime:

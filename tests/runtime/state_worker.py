@@ -103,8 +103,8 @@ def main() -> int:
 
     def record_start(state: State) -> None:
         world = state.binding.world
-        trace.write(ev="start", wepoch=world.epoch, size=world.size, rank=state.binding.rank,
-                    step=state.step, hash=param_hash(model),
+        trace.write(ev="start", generation=world.generation, size=world.size,
+                    rank=state.binding.rank, step=state.step, hash=param_hash(model),
                     optimizer=digest(optimizer.state_dict()["state"]),
                     schedule=digest(schedule.state_dict()), scaler=scaler.state_dict(),
                     seen=seen.count, lr=state.lr.scaled_lrs()[0], pid=os.getpid())
@@ -126,7 +126,7 @@ def main() -> int:
             schedule.step()
             seen.count += len(state.sampler.global_positions())
             state.advance()
-            trace.write(ev="stepped", wepoch=world.epoch, size=world.size, step=state.step,
+            trace.write(ev="stepped", generation=world.generation, size=world.size, step=state.step,
                         rank=state.binding.rank)
             time.sleep(step_sleep)
             while (gates / str(state.step)).exists():
@@ -135,7 +135,7 @@ def main() -> int:
                 try:
                     state.commit()
                 finally:
-                    trace.write(ev="commit", wepoch=world.epoch, rank=state.binding.rank,
+                    trace.write(ev="commit", generation=world.generation, rank=state.binding.rank,
                                 step=state.step, hash=param_hash(model))
 
     with ElasticRuntime.from_env() as runtime:

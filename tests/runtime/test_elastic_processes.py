@@ -91,7 +91,7 @@ def audit(job: LocalJob) -> Traces:
     assert_every_sample_once(t, SAMPLES, EPOCHS)
     assert_params_identical(t)
     # The library the user's code talks to agrees with the world on every start.
-    for starts in (t.starts(e) for e in t.world_epochs()):
+    for starts in (t.starts(e) for e in t.generations()):
         assert all((r["lib_rank"], r["lib_size"]) == (r["rank"], r["size"])
                    for r in starts.values())
     return t
@@ -121,7 +121,7 @@ def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
     codes = finish(job)
 
     assert codes[victim] == -signal.SIGKILL
-    assert job.world.size == 3 and job.world.epoch == 1
+    assert job.world.size == 3 and job.world.generation == 1
     t = audit(job)
     assert {r["size"] for r in t.starts(1).values()} == {3}
     assert_resumed_from_commit(t, before=0, after=1)
@@ -192,17 +192,17 @@ def test_two_kills_in_a_row_while_rebuilding(job: LocalJob) -> None:
     survivors = {m.pod for m in first.members[2:]}
     job.kill(store_host, signal.SIGSTOP)
     job.kill(first.members[1].pod, signal.SIGKILL)
-    wait_until(job, "the operator's next world", lambda: job.world.epoch == 1)
+    wait_until(job, "the operator's next world", lambda: job.world.generation == 1)
     assert job.world.members[0].pod == store_host
     wait_until(job, "the survivors to leave world 0", lambda: survivors <= {
-        pod for pod, r in traces(job).events("interrupted") if r["wepoch"] == 0})
+        pod for pod, r in traces(job).events("interrupted") if r["generation"] == 0})
     # The store host of the world being formed dies before anyone trained in it.
     assert traces(job).starts(1) == {}
     job.kill(store_host, signal.SIGKILL)
     finish(job)
 
-    assert job.world.size == 2 and job.world.epoch == 2
+    assert job.world.size == 2 and job.world.generation == 2
     t = audit(job)
     assert t.starts(1) == {}, "world 1 trained: the second kill did not hit it while forming"
-    assert t.world_epochs() == [0, 2]
+    assert t.generations() == [0, 2]
     assert_resumed_from_commit(t, before=0, after=2)

@@ -122,17 +122,17 @@ def test_sigstop_one_of_four_is_found_dead_and_fenced_when_it_wakes(
     assert readiness(job.world.members[2].ip, port) is None
     assert readiness(job.world.members[1].ip, port) == 200
     wait_until(job, "a world without the frozen member",
-               lambda: job.world.epoch == 1 and job.world.member(victim) is None)
+               lambda: job.world.generation == 1 and job.world.member(victim) is None)
     # Survivors name the frozen member, and only it, with the heartbeat evidence (a
     # survivor whose collective another's abort broke first may name nobody).
     survivors = [m.pod for m in job.world.members]
     wait_until(job, "every survivor's report", lambda: all(
         (job.reports_dir / f"{pod}.json").exists() for pod in survivors))
     reports = [report_of(job, pod) for pod in survivors]
-    assert all(r["epoch"] == 0 and r["suspects"] in ([], [victim]) for r in reports), reports
+    assert all(r["generation"] == 0 and r["suspects"] in ([], [victim]) for r in reports), reports
     naming = [r for r in reports if r["suspects"] == [victim]]
     assert naming and all("no heartbeat" in str(r["detail"]) for r in naming), reports
-    # Woken up, it is a member of an old epoch: it must not train on, but fence itself.
+    # Woken up, it is a member of an old generation: it must not train on, but fence itself.
     job.kill(victim, signal.SIGCONT)
     codes = finish(job)
     assert codes[victim] == FENCED_EXIT, log_tails(job)
@@ -153,7 +153,7 @@ def test_two_frozen_at_once(make_job: JobFactory) -> None:
     assert job.world.size == 2 and {m.pod for m in job.world.members}.isdisjoint(victims)
     assert all(codes[v] == -signal.SIGKILL for v in victims), "killed once evicted"
     t = audit(job)
-    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+    assert_resumed_from_commit(t, before=0, after=job.world.generation)
 
 
 def test_rank_zero_frozen_the_store_host(make_job: JobFactory) -> None:
@@ -168,7 +168,7 @@ def test_rank_zero_frozen_the_store_host(make_job: JobFactory) -> None:
 
 
 def test_a_slow_rank_zero_is_late_not_dead(make_job: JobFactory) -> None:
-    """A 30 s pause of rank 0: no rollback, no new epoch, the same final parameters."""
+    """A 30 s pause of rank 0: no rollback, no new generation, the same final parameters."""
     quick = make_job(name="reference", EPOCHS="1")
     slow = make_job(name="paused", EPOCHS="1", PAUSE_RANK="0", PAUSE_STEP="6",
                     PAUSE_SECONDS="30")
@@ -180,7 +180,7 @@ def test_a_slow_rank_zero_is_late_not_dead(make_job: JobFactory) -> None:
 
     t = traces(slow)
     assert [r["seconds"] for _, r in t.events("pause")] == [30.0]
-    assert t.world_epochs() == [0] and slow.world.epoch == 0
+    assert t.generations() == [0] and slow.world.generation == 0
     assert rollbacks(slow) == 0
     assert final_hashes(t) == final_hashes(traces(quick))
 
@@ -198,7 +198,7 @@ def test_bucketed_gradients_under_horovod_train_and_recover_from_a_kill(
     finish(job)
     assert job.world.size == 2
     t = audit(job)
-    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+    assert_resumed_from_commit(t, before=0, after=job.world.generation)
 
 
 def final_hashes(t: Traces) -> set[str]:
@@ -218,9 +218,9 @@ def test_a_user_level_all_reduce_while_a_member_is_killed(make_job: JobFactory) 
 
 
 def test_a_process_restarted_in_its_pod_without_state(make_job: JobFactory) -> None:
-    """Its old rank's claim in the current epoch is refused; it reports that it holds no
+    """Its old rank's claim in the current generation is refused; it reports that it holds no
     state, and the same members re-form with it. (Slow heartbeats here, so that the
-    restarted process, not a verdict on its predecessor, triggers the new epoch.)"""
+    restarted process, not a verdict on its predecessor, triggers the new generation.)"""
     # 30 s: far beyond a restart under load, and the leave marks at the end, which wait up
     # to a third of it for the store of a rank 0 that finished first, stay short.
     job = make_job(restart=True, verdict_wait_s=600, **{SettingsEnv.FAILURE_DETECT: "30"})
@@ -232,7 +232,7 @@ def test_a_process_restarted_in_its_pod_without_state(make_job: JobFactory) -> N
     codes = finish(job)
     assert codes[victim] == 0 and job.pod(victim).process.pid != first_pid
     assert job.world.size == 4 and job.world.member(victim) is not None
-    assert "already claimed in this epoch" in job.log_path(victim).read_text()
+    assert "already claimed in this generation" in job.log_path(victim).read_text()
     # Every survivor's collective failed at once, also where the killed member was not a
     # ring neighbour: the first to fail aborted its group for the others. No survivor
     # waited for the (30 s) heartbeat verdict.
@@ -242,12 +242,12 @@ def test_a_process_restarted_in_its_pod_without_state(make_job: JobFactory) -> N
     # The restarted process trained again, with the state it received by broadcast.
     pids = {r["pid"] for pod, r in t.events("start") if pod == victim}
     assert len(pids) == 2
-    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+    assert_resumed_from_commit(t, before=0, after=job.world.generation)
 
 
-def test_rank_zero_dies_during_the_state_broadcast_of_a_new_epoch(
+def test_rank_zero_dies_during_the_state_broadcast_of_a_new_generation(
         make_job: JobFactory) -> None:
-    """A newcomer holds no state, so the epoch it joins starts with rank 0 broadcasting
+    """A newcomer holds no state, so the generation it joins starts with rank 0 broadcasting
     its state; rank 0 is killed once that broadcast has begun. The rest roll back,
     re-form without it and one of the old members sends the state instead."""
     # Slow steps: training must outlast the newcomer's start-up.
@@ -257,18 +257,18 @@ def test_rank_zero_dies_during_the_state_broadcast_of_a_new_epoch(
     source = job.world.members[0].pod
     job.scale(4)
     log = job.log_path(source)
-    wait_until(job, "rank 0 starting the state broadcast of epoch 1",
-               lambda: "sync_started epoch=1 rank=0 source_rank=0" in log.read_text())
+    wait_until(job, "rank 0 starting the state broadcast of generation 1",
+               lambda: "sync_started generation=1 rank=0 source_rank=0" in log.read_text())
     job.kill(source, signal.SIGKILL)
     finish(job)
     assert job.world.size == 3 and job.world.member(source) is None
     survivors = [m.pod for m in job.world.members]
     # Nobody finished the broadcast: every receiver saw it fail.
-    assert all("sync_failed epoch=1" in job.log_path(p).read_text() for p in survivors), \
+    assert all("sync_failed generation=1" in job.log_path(p).read_text() for p in survivors), \
         log_tails(job)
-    assert "world_ready epoch=1" not in log.read_text()
+    assert "world_ready generation=1" not in log.read_text()
     t = audit(job)
-    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+    assert_resumed_from_commit(t, before=0, after=job.world.generation)
 
 
 @pytest.mark.horovod
@@ -294,7 +294,7 @@ def test_a_member_dead_inside_horovods_rendezvous_costs_a_restart_not_a_timeout(
     t = audit(job)
     assert all(len({r["pid"] for p, r in t.events("start") if p == pod}) == 2
                for pod in survivors), "each survivor trained in a second, restarted process"
-    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+    assert_resumed_from_commit(t, before=0, after=job.world.generation)
 
 
 @pytest.fixture()
@@ -325,5 +325,5 @@ def test_a_member_cut_off_from_its_peers_leaves_and_the_rest_continue(
     # Cut off, it found everyone silent, was not believed, and fenced itself.
     assert codes[victim.pod] == FENCED_EXIT, log_tails(job)
     t = audit(job)
-    assert victim.pod not in t.starts(job.world.epoch)
-    assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+    assert victim.pod not in t.starts(job.world.generation)
+    assert_resumed_from_commit(t, before=0, after=job.world.generation)

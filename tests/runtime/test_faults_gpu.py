@@ -45,4 +45,4 @@ def test_nccl_kill_one_of_n_survivors_continue(tmp_path: Path, gpus: int) -> Non
         assert codes[victim] == -signal.SIGKILL
         assert job.world.size == gpus - 1
         t = audit(job)
-        assert_resumed_from_commit(t, before=0, after=job.world.epoch)
+        assert_resumed_from_commit(t, before=0, after=job.world.generation)

@@ -48,7 +48,7 @@ def listening(address: str, port: int) -> bool:
 def test_a_process_without_the_jobs_token_cannot_claim_a_rank(tmp_path: Path) -> None:
     members = (Member(rank=0, pod="w-0", ip="127.0.0.81"),
                Member(rank=1, pod="w-1", ip="127.0.0.82"))
-    world = World(job=JobRef(namespace="t", name="join"), epoch=0, members=members,
+    world = World(job=JobRef(namespace="t", name="join"), generation=0, members=members,
                   store=StoreAddress(address=members[0].ip, port=free_port()))
     write_world_file(tmp_path / "world.json", world)
     token = "the-jobs-own-token"

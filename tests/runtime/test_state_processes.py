@@ -162,7 +162,7 @@ def test_a_failure_run_4_3_4_matches_a_planned_replay_from_the_same_commits(
 
     # AdamW moments, schedule and scaler identical on every rank once the newcomer joined.
     for t in (ft, pt):
-        joined = t.starts(max(t.world_epochs()))
+        joined = t.starts(max(t.generations()))
         assert len(joined) == 4
         for key in ("optimizer", "schedule", "scaler", "seen", "hash", "lr"):
             assert len({str(r[key]) for r in joined.values()}) == 1, key
@@ -213,7 +213,7 @@ def test_sigterm_while_forming_exits_143_in_the_grace_with_a_checkpoint_of_the_l
     ghost = job.world.members[1].model_copy(update={"rank": 2, "pod": "ghost",
                                                     "ip": "127.0.0.250"})
     write_world_file(job.world_file, job.world.model_copy(
-        update={"epoch": 1, "members": (*job.world.members, ghost)}))
+        update={"generation": 1, "members": (*job.world.members, ghost)}))
     held.unlink()
     pods = [m.pod for m in job.world.members]
     for pod in pods:

@@ -36,7 +36,7 @@ def rack_world(racks: str, mode: HierarchicalAllReduce) -> World:
     """A world with one member per letter of ``racks``, the letter naming its rack."""
     members = tuple(Member(rank=i, pod=f"w-{i}", ip=f"127.0.0.{60 + i}", rack=f"rack-{r}")
                     for i, r in enumerate(racks))
-    return World(job=JobRef(namespace="t", name="topo"), epoch=0, members=members,
+    return World(job=JobRef(namespace="t", name="topo"), generation=0, members=members,
                  store=StoreAddress(address=members[0].ip, port=free_port()),
                  topology=TopologySettings(hierarchical_all_reduce=mode))
 

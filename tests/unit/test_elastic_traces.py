@@ -7,12 +7,12 @@ from typing import Any
 from tests.runtime.elastic_traces import Rollback, Traces
 
 
-def start(t: float, wepoch: int, step: int, pid: int = 1) -> dict[str, Any]:
-    return {"ev": "start", "t": t, "wepoch": wepoch, "step": step, "pid": pid, "size": 2}
+def start(t: float, generation: int, step: int, pid: int = 1) -> dict[str, Any]:
+    return {"ev": "start", "t": t, "generation": generation, "step": step, "pid": pid, "size": 2}
 
 
-def stepped(t: float, wepoch: int, step: int) -> dict[str, Any]:
-    return {"ev": "stepped", "t": t, "wepoch": wepoch, "step": step, "size": 2}
+def stepped(t: float, generation: int, step: int) -> dict[str, Any]:
+    return {"ev": "stepped", "t": t, "generation": generation, "step": step, "size": 2}
 
 
 def test_a_world_that_resumes_below_completed_steps_is_one_rollback() -> None:
@@ -22,7 +22,7 @@ def test_a_world_that_resumes_below_completed_steps_is_one_rollback() -> None:
         "b": [start(0, 0, 0, pid=20), stepped(1, 0, 1), stepped(2, 0, 2), stepped(3, 0, 3),
               start(5.5, 1, 2, pid=21)],
     })
-    assert traces.rollbacks() == [Rollback(wepoch=1, resumed=2, completed=3)]
+    assert traces.rollbacks() == [Rollback(generation=1, resumed=2, completed=3)]
     assert traces.rollbacks()[0].lost == 1
     assert traces.pids("b") == [20, 21]
     assert traces.trained(1) == {"a"}

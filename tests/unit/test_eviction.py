@@ -6,18 +6,18 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ringwright.eviction import all_waiting, judge, needs_new_epoch
+from ringwright.eviction import all_waiting, judge, needs_new_generation
 from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, World
 
 
-def world(size: int, epoch: int = 3) -> World:
+def world(size: int, generation: int = 3) -> World:
     members = tuple(Member(rank=i, pod=f"w{i}", ip=f"127.0.0.{10 + i}") for i in range(size))
-    return World(job=JobRef(namespace="n", name="j"), epoch=epoch, members=members,
+    return World(job=JobRef(namespace="n", name="j"), generation=generation, members=members,
                  store=StoreAddress(address="127.0.0.10"))
 
 
-def dead(epoch: int, *suspects: str) -> Report:
-    return Report(kind=ReportKind.PEER_DEAD, epoch=epoch, at=0.0, suspects=suspects)
+def dead(generation: int, *suspects: str) -> Report:
+    return Report(kind=ReportKind.PEER_DEAD, generation=generation, at=0.0, suspects=suspects)
 
 
 @dataclass
@@ -48,7 +48,7 @@ CASES = [
     Case("a world of two: the higher rank goes when both accuse", 2,
          {"w0": dead(3, "w1"), "w1": dead(3, "w0")}, ["w1"]),
     Case("a world of two: one accuser suffices", 2, {"w1": dead(3, "w0")}, ["w0"]),
-    Case("reports of an older epoch are ignored", 4,
+    Case("reports of an older generation are ignored", 4,
          {"w0": dead(2, "w2"), "w1": dead(2, "w2")}, []),
     Case("non-members neither vote nor get evicted", 4,
          {"x": dead(3, "w2"), "w0": dead(3, "w2", "y")}, []),
@@ -64,8 +64,8 @@ def test_judge(case: Case) -> None:
         assert e.reporters and e.pod not in e.reporters and e.reason
 
 
-def report(kind: ReportKind, epoch: int = 3, at: float = 100.0, *suspects: str) -> Report:
-    return Report(kind=kind, epoch=epoch, at=at, suspects=suspects)
+def report(kind: ReportKind, generation: int = 3, at: float = 100.0, *suspects: str) -> Report:
+    return Report(kind=kind, generation=generation, at=at, suspects=suspects)
 
 
 @pytest.mark.parametrize(("reports", "now", "bump"), [
@@ -77,21 +77,21 @@ def report(kind: ReportKind, epoch: int = 3, at: float = 100.0, *suspects: str) 
     ({"w1": report(ReportKind.COLLECTIVE_FAILED)}, 104.0, True),
     ({"w1": report(ReportKind.COLLECTIVE_FAILED, 3, 100.0, "w2")}, 104.0, False),
     ({"w1": report(ReportKind.STALLED)}, 104.0, False),
-], ids=["quiet", "no-state", "old-epoch", "non-member", "verdict-pending", "no-verdict",
+], ids=["quiet", "no-state", "old-generation", "non-member", "verdict-pending", "no-verdict",
         "verdict-given", "stalled-is-evicted-elsewhere"])
-def test_needs_new_epoch(reports: dict[str, Report], now: float, bump: bool) -> None:
-    assert (needs_new_epoch(world(4), reports, now, verdict_wait_s=4.0) is not None) is bump
+def test_needs_new_generation(reports: dict[str, Report], now: float, bump: bool) -> None:
+    assert (needs_new_generation(world(4), reports, now, verdict_wait_s=4.0) is not None) is bump
 
 
 def test_the_next_world_is_due_at_once_when_every_survivor_waits_for_it() -> None:
     w = world(4)
-    failed = Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=3, at=0.0)
+    failed = Report(kind=ReportKind.COLLECTIVE_FAILED, generation=3, at=0.0)
     reports = {"w0": dead(3, "w2"), "w1": failed, "w3": dead(3, "w2")}
     assert all_waiting(w, reports, ["w0", "w1", "w3"])
     assert not all_waiting(w, {**reports, "w1": dead(2, "w2")}, ["w0", "w1", "w3"])
     assert not all_waiting(w, {k: v for k, v in reports.items() if k != "w1"},
                            ["w0", "w1", "w3"])  # w1 still trains
-    stalled = Report(kind=ReportKind.STALLED, epoch=3, at=0.0)
+    stalled = Report(kind=ReportKind.STALLED, generation=3, at=0.0)
     assert not all_waiting(w, {**reports, "w1": stalled}, ["w0", "w1", "w3"])
     assert not all_waiting(w, {**reports, "x": failed}, ["w0", "w1", "w3", "x"])  # a newcomer
     assert not all_waiting(w, reports, [])

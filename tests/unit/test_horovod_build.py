@@ -315,6 +315,6 @@ def test_shutdown_then_init_in_the_same_process_with_a_new_store(horovod_python:
     finally:
         first.shutdown()
         second.shutdown()
-    for r, (epoch1, epoch2) in enumerate(results):
-        assert epoch1 == {"rank": r, "size": 2, "gloo": True, "sum": 2.0, "root": 0.0}
-        assert epoch2 == {"rank": 1 - r, "size": 2, "gloo": True, "sum": 30.0, "root": 0.0}
+    for r, (generation1, generation2) in enumerate(results):
+        assert generation1 == {"rank": r, "size": 2, "gloo": True, "sum": 2.0, "root": 0.0}
+        assert generation2 == {"rank": 1 - r, "size": 2, "gloo": True, "sum": 30.0, "root": 0.0}

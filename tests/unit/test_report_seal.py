@@ -18,12 +18,12 @@ def pod(name: str, key: str | None) -> Obj:
 
 def world() -> World:
     members = tuple(Member(rank=i, pod=f"w-{i}", ip=f"127.0.0.{i + 1}") for i in range(4))
-    return World(job=JobRef(namespace="ns", name="j"), epoch=5, members=members,
+    return World(job=JobRef(namespace="ns", name="j"), generation=5, members=members,
                  store=StoreAddress(address="127.0.0.1"))
 
 
 def suspect(victim: str) -> Report:
-    return Report(kind=ReportKind.PEER_DEAD, epoch=5, at=1.0, suspects=(victim,))
+    return Report(kind=ReportKind.PEER_DEAD, generation=5, at=1.0, suspects=(victim,))
 
 
 def test_a_report_is_valid_only_for_the_pod_and_key_that_sealed_it() -> None:

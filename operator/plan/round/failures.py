@@ -49,7 +49,7 @@ def _lost(r: Round) -> tuple[list[str], Outcome]:
     for name, report in r.obs.reports.items():
         pod_ = next((p for p in everyone if p.name == name), None)
         if (report.kind == ReportKind.STALLED and world is not None
-                and report.epoch == world.epoch and pod_ is not None
+                and report.generation == world.generation and pod_ is not None
                 and pod_.state != PodState.DELETING):
             lost.append(f"{pod_.name}/{pod_.uid}")
             cleared.append(name)

@@ -11,13 +11,13 @@ from ...api.models import CleanPodPolicy, ConditionStatus, JobPhase, TrainingJob
 from ..completion import completion
 from ..pods import PodState
 from ..types import Event
-from .state import NOTHING, Move, Outcome, Round, SetCondition, epoch_after, event
+from .state import NOTHING, Move, Outcome, Round, SetCondition, event, generation_after
 from .status import StatusChange, WorldChange, find_condition, world_changed
 
 
-def empty_world(current: World, epoch: int) -> World:
-    """``current`` at ``epoch`` with no members: everyone leaves (suspend)."""
-    return current.model_copy(update={"epoch": epoch, "members": (), "ps": (),
+def empty_world(current: World, generation: int) -> World:
+    """``current`` at ``generation`` with no members: everyone leaves (suspend)."""
+    return current.model_copy(update={"generation": generation, "members": (), "ps": (),
                                       "store": current.store.model_copy(update={"address": ""})})
 
 
@@ -60,11 +60,11 @@ def suspension(r: Round, status: TrainingJobStatus) -> Outcome:
     told: tuple[Event, ...] = ()
     current = r.obs.world
     if current is not None and (current.members or current.ps):
-        epoch = epoch_after(r, status)
-        emptied = empty_world(current, epoch)
+        generation = generation_after(r, status)
+        emptied = empty_world(current, generation)
         change["world"] = world_changed(status.world, WorldChange(
-            epoch=epoch, size=0, racks=0, cross_rack_edges=0, rack_members=[]))
-        told = (event("WorldPublished", f"epoch {epoch}: empty (suspended)"),)
+            generation=generation, size=0, racks=0, cross_rack_edges=0, rack_members=[]))
+        told = (event("WorldPublished", f"generation {generation}: empty (suspended)"),)
     return Outcome(
         status=change, world=emptied, world_version=r.obs.world_version, events=told,
         delete_gracefully=tuple(p.name for p in r.pods if p.state != PodState.DELETING),

@@ -16,7 +16,7 @@ from ringwright.world import World
 
 from ...api.models import JobPhase, TrainingJobSpec, TrainingJobStatus
 from ...settings import OperatorSettings
-from ..epochs import EpochsSeen, next_epoch
+from ..generations import GenerationsSeen, next_generation
 from ..manifests import PS, WORKER
 from ..pods import PodView, view
 from ..types import Event, Observed, Placer
@@ -163,9 +163,9 @@ def event(reason: str, message: str, warning: bool = False) -> Event:
     return Event("Warning" if warning else "Normal", reason, message)
 
 
-def epoch_after(r: Round, status: TrainingJobStatus) -> int:
-    """The next world's epoch: above the document, its annotation and the status."""
+def generation_after(r: Round, status: TrainingJobStatus) -> int:
+    """The next world's generation: above the document, its annotation and the status."""
     current = r.obs.world
-    return next_epoch(EpochsSeen(document=current.epoch if current else 0,
-                                 annotation=r.obs.world_annotation_epoch,
-                                 status=status.world.epoch))
+    return next_generation(GenerationsSeen(document=current.generation if current else 0,
+                                           annotation=r.obs.world_annotation_generation,
+                                           status=status.world.generation))

@@ -68,7 +68,7 @@ class WorldChange(TypedDict, total=False):
     """Fields of status.world a step sets, by their names and types in
     :class:`WorldSummary`."""
 
-    epoch: int
+    generation: int
     size: int
     gpu_model: str
     racks: int

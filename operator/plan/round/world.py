@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ringwright.eviction import all_waiting, needs_new_epoch
+from ringwright.eviction import all_waiting, needs_new_generation
 from ringwright.world import (
     CheckpointSettings,
     JobRef,
@@ -25,7 +25,7 @@ from ..worldplan import (
     world_digest,
 )
 from .lifecycle import below_min
-from .state import Move, Outcome, Round, earliest, epoch_after, event, merged, phase_after
+from .state import Move, Outcome, Round, earliest, event, generation_after, merged, phase_after
 from .status import StatusChange, WorldChange, world_changed
 
 VERDICT_MARGIN_S = 2.0
@@ -45,10 +45,10 @@ def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcom
     # Members waiting for a world that only a bump would bring: one restarted
     # without state, or a collective failed and no member was found dead.
     verdict_wait = r.spec.fault_tolerance.failure_detect_seconds + VERDICT_MARGIN_S
-    force = current is not None and needs_new_epoch(
+    force = current is not None and needs_new_generation(
         current, r.obs.reports, r.now, verdict_wait) is not None
     awaiting_verdict = current is not None and not force and any(
-        rep.kind == ReportKind.COLLECTIVE_FAILED and rep.epoch == current.epoch
+        rep.kind == ReportKind.COLLECTIVE_FAILED and rep.generation == current.generation
         and not rep.suspects for rep in r.obs.reports.values())
     seen = status.candidate
     pending = Candidate(seen.digest, seen.since) if seen and seen.digest else None
@@ -64,7 +64,7 @@ def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcom
         requeue=earliest(wait, verdict_wait if awaiting_verdict else None))]
     if go:
         parts += publish(r, status, ready, ready_ps)
-    elif (current is not None and status.world.epoch < current.epoch
+    elif (current is not None and status.world.generation < current.generation
           and world_digest(current) == membership_digest([*ready, *ready_ps])):
         # The world went out but the status write after it did not (the operator
         # died, or the API server went away, in between): catch up with it.
@@ -75,14 +75,14 @@ def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcom
 
 def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
             ready_ps: list[PodView]) -> list[Outcome]:
-    """A new world of the ready pods, at the next epoch, written over the one read.
+    """A new world of the ready pods, at the next generation, written over the one read.
 
     Sets: the plan's world, an event; then what :func:`mirror` sets."""
     spec = r.spec
-    epoch = epoch_after(r, status)
+    generation = generation_after(r, status)
     new = build_world(
         JobRef(namespace=r.meta["namespace"], name=r.meta["name"], uid=r.meta.get("uid", "")),
-        epoch, ready, r.obs.world,
+        generation, ready, r.obs.world,
         r.obs.inventory.by_name,
         backend=spec.backend.value, mode=spec.mode.value,
         store_port=r.settings.store_port,
@@ -99,7 +99,7 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
     )
     racks, edges, _ = ring_summary(new)
     published = Outcome(world=new, world_version=r.obs.world_version, events=(event(
-        "WorldPublished", f"epoch {epoch}: {new.size} workers in {racks} racks "
+        "WorldPublished", f"generation {generation}: {new.size} workers in {racks} racks "
         f"({edges} cross-rack ring edges)"),))
     return [published, mirror(r, status, new)]
 
@@ -110,11 +110,11 @@ def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
     Sets: status.world, startTime (once), lastRecovery (once per loss); phase Running."""
     racks, edges, per_rack = ring_summary(followed)
     change = StatusChange(world=world_changed(status.world, WorldChange(
-        epoch=followed.epoch, size=followed.size, racks=racks, cross_rack_edges=edges,
+        generation=followed.generation, size=followed.size, racks=racks, cross_rack_edges=edges,
         rack_members=[RackMembers(rack=rack, members=n) for rack, n in per_rack])))
     moves: tuple[Move, ...] = ()
     if status.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
-        moves = (Move(JobPhase.RUNNING, "Running", f"world epoch {followed.epoch} has "
+        moves = (Move(JobPhase.RUNNING, "Running", f"world generation {followed.generation} has "
                       f"{followed.size} workers (min {r.spec.workers.min})"),)
         if status.start_time is None:
             change["start_time"] = rfc3339(r.now)

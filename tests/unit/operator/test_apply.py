@@ -93,7 +93,7 @@ def test_repeated_events_become_one_series_with_a_count() -> None:
     for _ in range(3):
         events.record(JOB, "Warning", "Unschedulable", "needs 8 GPUs")
         now[0] += 10
-    events.record(JOB, "Normal", "WorldPublished", "epoch 1")
+    events.record(JOB, "Normal", "WorldPublished", "generation 1")
     assert [e["reason"] for e in writes.created] == ["Unschedulable", "WorldPublished"]
     assert [(p, b["count"]) for p, b in writes.patched] == [
         ("/api/v1/namespaces/a/events/ev-1", 2), ("/api/v1/namespaces/a/events/ev-1", 3)]
@@ -109,9 +109,9 @@ def test_a_warning_is_one_series_per_reason_whatever_its_message() -> None:
     assert [b["count"] for _, b in writes.patched] == [2, 3, 4, 5]
     assert writes.patched[-1][1]["message"] == "create Pod j-worker-4: quota"
     # Normal events stay one per message: each is a step of the story.
-    events.record(JOB, "Normal", "WorldPublished", "epoch 1")
-    events.record(JOB, "Normal", "WorldPublished", "epoch 2")
-    assert [e["message"] for e in writes.created[1:]] == ["epoch 1", "epoch 2"]
+    events.record(JOB, "Normal", "WorldPublished", "generation 1")
+    events.record(JOB, "Normal", "WorldPublished", "generation 2")
+    assert [e["message"] for e in writes.created[1:]] == ["generation 1", "generation 2"]
 
 
 def test_a_series_older_than_its_window_starts_a_new_event() -> None:

@@ -17,7 +17,7 @@ def running(status_extra: dict[str, object] | None = None) -> dict[str, object]:
 
 def test_a_failure_report_sets_the_condition_and_warns_once() -> None:
     pods = [pod(i) for i in range(4)]
-    failed = Report(kind=ReportKind.CHECKPOINT_FAILED, epoch=1, at=NOW, detail=DETAIL)
+    failed = Report(kind=ReportKind.CHECKPOINT_FAILED, generation=1, at=NOW, detail=DETAIL)
     result = run(job(status=running()), pods=pods, world=world_of(range(4)),
                  reports={"tj-worker-0": failed})
     cond = condition(result.status["conditions"], "CheckpointFailing")
@@ -35,10 +35,10 @@ def test_a_failure_report_sets_the_condition_and_warns_once() -> None:
 
 def test_a_later_success_clears_it() -> None:
     pods = [pod(i) for i in range(4)]
-    failed = Report(kind=ReportKind.CHECKPOINT_FAILED, epoch=1, at=NOW, detail=DETAIL)
+    failed = Report(kind=ReportKind.CHECKPOINT_FAILED, generation=1, at=NOW, detail=DETAIL)
     first = run(job(status=running()), pods=pods, world=world_of(range(4)),
                 reports={"tj-worker-0": failed})
-    ok = Report(kind=ReportKind.CHECKPOINT_OK, epoch=1, at=NOW + 30,
+    ok = Report(kind=ReportKind.CHECKPOINT_OK, generation=1, at=NOW + 30,
                 detail="checkpoint of step 60 written")
     later = run(job(status=first.status), pods=pods, world=world_of(range(4)),
                 reports={"tj-worker-0": ok})

@@ -229,7 +229,7 @@ def test_subresources_and_columns_point_at_real_fields() -> None:
                 assert column["type"] in (node["type"], "string"), column
     names = [c["name"] for c in crdgen.trainingjob_crd()["spec"]["versions"][0][
         "additionalPrinterColumns"] if "priority" not in c]
-    assert names == ["Phase", "Ready", "Desired", "Epoch", "Racks", "Age"]
+    assert names == ["Phase", "Ready", "Desired", "Generation", "Racks", "Age"]
 
 
 def test_names_and_scope() -> None:

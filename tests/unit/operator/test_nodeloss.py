@@ -97,7 +97,7 @@ def test_the_pod_view_reads_unready_since_and_the_waiting_reason() -> None:
 def run(pods: list[Obj], status: Obj | None = None, down: dict[str, float] | None = None,
         members: tuple[int, ...] = (0, 1, 2, 3), **spec: Any) -> Plan:
     observed = Observed(
-        job=job(status=status or {"phase": "Running", "world": {"epoch": 1}}, **spec),
+        job=job(status=status or {"phase": "Running", "world": {"generation": 1}}, **spec),
         pods=pods, world=world_of(members), reports={},
         policy=SchedulingPolicySpec(node_loss=NodeLoss(toleration_seconds=12,
                                                        unready_seconds=20)),

@@ -49,10 +49,10 @@ def pod(i: int, phase: str = "Running") -> Obj:
                        "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-def world(indices: Sequence[int], epoch: int = 1) -> World:
+def world(indices: Sequence[int], generation: int = 1) -> World:
     members = tuple(Member(rank=r, pod=f"tj-worker-{i}", pod_uid=f"u{i}", ip=f"127.0.0.{i + 2}")
                     for r, i in enumerate(indices))
-    return World(job=JobRef(namespace="ns", name="tj"), epoch=epoch,
+    return World(job=JobRef(namespace="ns", name="tj"), generation=generation,
                  store=StoreAddress(address=members[0].ip), members=members)
 
 
@@ -85,7 +85,7 @@ def test_new_job_counts_created_pods_by_role_and_its_phase() -> None:
 def test_lost_members_are_counted_once_with_their_cause() -> None:
     running = {"phase": "Running", "restarts": 0}
     pods = [pod(0), pod(1, phase="Failed")]
-    stalled = {"tj-worker-0": Report(kind=ReportKind.STALLED, epoch=1, at=NOW)}
+    stalled = {"tj-worker-0": Report(kind=ReportKind.STALLED, generation=1, at=NOW)}
     obs = observed(job(running), pods, world([0, 1, 2]), stalled)
     first = round_(obs)
     done = effects(obs, first)
@@ -104,7 +104,7 @@ def test_placement_failure_counts_the_transition_not_every_round() -> None:
     assert effects(again, round_(again, NOW + 5, place_none)).unschedulable == ""
 
 
-def test_published_world_is_an_epoch() -> None:
+def test_published_world_is_a_generation() -> None:
     obs = observed(job({"phase": "Pending"}), [pod(i) for i in range(3)])
     decided = round_(obs)
     assert decided.world is not None
@@ -130,7 +130,7 @@ def test_counters_and_phase_gauge_follow_applied_plans() -> None:
     metrics.api_error("PATCH", 409)
     got = samples(metrics)
     assert got[("ringwright_operator_members_lost_total", (("cause", "pod_gone"),))] == 1
-    assert got[("ringwright_operator_world_epochs_published_total", ())] == 1
+    assert got[("ringwright_operator_world_generations_published_total", ())] == 1
     assert got[("ringwright_operator_jobs", (("phase", "Running"),))] == 1
     assert got[("ringwright_operator_api_errors_total", (("code", "409"), ("verb", "PATCH")))] == 1
     assert got[("ringwright_operator_reconcile_seconds_count", ())] == 1

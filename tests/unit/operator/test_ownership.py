@@ -46,7 +46,7 @@ def _pod(name: str, uid: str | None) -> Obj:
 
 
 def _world_cm(uid: str) -> Obj:
-    world = World(job=JobRef(namespace="ns", name="tj"), epoch=7,
+    world = World(job=JobRef(namespace="ns", name="tj"), generation=7,
                   store=StoreAddress(address="127.0.0.1"),
                   members=(Member(rank=0, pod="tj-worker-0", pod_uid="old", ip="127.0.0.1"),))
     return {"metadata": {"name": world_configmap_name("tj"), "ownerReferences": _owned_by(uid)},
@@ -101,12 +101,12 @@ def test_foreign_and_earlier_pods_with_the_job_label_are_not_the_jobs() -> None:
 def test_world_and_reports_of_an_earlier_job_of_the_same_name_are_ignored() -> None:
     reports = {"metadata": {"name": reports_configmap_name("tj"),
                             "ownerReferences": _owned_by("uid-old")},
-               "data": {"tj-worker-0": '{"kind": "restarted", "epoch": 7}'}}
+               "data": {"tj-worker-0": '{"kind": "restarted", "generation": 7}'}}
     old = observe(FakeCache([], {world_configmap_name("tj"): _world_cm("uid-old"),
                                  reports_configmap_name("tj"): reports}), JOB)
     assert old.world is None and old.reports == {}
     mine = observe(FakeCache([], {world_configmap_name("tj"): _world_cm("uid-new")}), JOB)
-    assert mine.world is not None and mine.world.epoch == 7
+    assert mine.world is not None and mine.world.generation == 7
 
 
 def test_template_cannot_set_the_operators_labels_or_annotations() -> None:

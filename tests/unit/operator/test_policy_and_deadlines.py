@@ -54,7 +54,7 @@ def test_missing_and_invalid_policies_are_distinct_conditions() -> None:
 
 def test_without_a_policy_a_lost_member_is_still_counted_and_dropped() -> None:
     pods = [pod(i) for i in range(3)]
-    running = {"phase": "Running", "world": {"epoch": 1}}
+    running = {"phase": "Running", "world": {"generation": 1}}
     placer = FakePlacer()
     first = run(job(status=running), pods=pods, world=world_of([0, 1, 2, 3]), policy=False,
                 placer=placer)
@@ -68,7 +68,7 @@ def test_without_a_policy_a_lost_member_is_still_counted_and_dropped() -> None:
 
 def test_without_a_policy_suspend_completion_and_deadline_still_work() -> None:
     pods = [pod(i) for i in range(4)]
-    running = {"phase": "Running", "world": {"epoch": 1}}
+    running = {"phase": "Running", "world": {"generation": 1}}
     suspended = run(job(status=running, runPolicy={"suspend": True}), pods=pods,
                     world=world_of(range(4)), policy=False)
     assert suspended.status["phase"] == "Suspended" and len(suspended.delete_gracefully) == 4

@@ -106,16 +106,16 @@ def _plan(pods: list[Obj], world: World) -> Any:
     workers = [_pod(WORKER, i, f"u{i}") for i in range(2)]
     for w in workers:
         w["status"]["podIP"] = f"127.10.0.{int(w['metadata']['labels'][INDEX_LABEL]) + 1}"
-    observed = Observed(job=ps_job(status={"phase": "Running", "world": {"epoch": 1}}),
+    observed = Observed(job=ps_job(status={"phase": "Running", "world": {"generation": 1}}),
                         pods=workers + pods, world=world, reports={},
                         policy=SchedulingPolicySpec(), inventory=NODES)
     return plan(observed, SETTINGS, NOW, FakePlacer())
 
 
-def test_a_replaced_ps_reaches_the_world_in_a_new_epoch() -> None:
+def test_a_replaced_ps_reaches_the_world_in_a_new_generation() -> None:
     # tj-ps-1 came back as a new pod (new uid, new address): the world must say so.
     decided = _plan([_pod(PS, 0, "p0"), _pod(PS, 1, "p1-new")], _world(["p0", "p1-old"]))
-    assert decided.world is not None and decided.world.epoch == 2
+    assert decided.world is not None and decided.world.generation == 2
     assert [(m.pod, m.pod_uid) for m in decided.world.ps] == [("tj-ps-0", "p0"),
                                                               ("tj-ps-1", "p1-new")]
 

@@ -58,10 +58,10 @@ def pod(index: int, phase: str = "Running", ready: bool = True, uid: str = "",
     }
 
 
-def world_of(indices: Sequence[int], epoch: int = 1) -> World:
+def world_of(indices: Sequence[int], generation: int = 1) -> World:
     members = tuple(Member(rank=r, pod=f"tj-worker-{i}", pod_uid=f"u{i}", ip=f"127.10.0.{i + 1}")
                     for r, i in enumerate(indices))
-    return World(job=JobRef(namespace="ns", name="tj"), epoch=epoch,
+    return World(job=JobRef(namespace="ns", name="tj"), generation=generation,
                  store=StoreAddress(address=members[0].ip), members=members)
 
 
@@ -109,7 +109,7 @@ def test_new_job_creates_all_workers_with_labels_env_and_owner() -> None:
 
 def test_all_ready_publishes_first_world_and_runs() -> None:
     result = run(job(), pods=[pod(i) for i in range(4)])
-    assert result.world is not None and result.world.epoch == 1 and result.world.size == 4
+    assert result.world is not None and result.world.generation == 1 and result.world.size == 4
     assert result.status["phase"] == "Running"
     assert result.status["world"]["size"] == 4
     assert [e.reason for e in result.events] == ["WorldPublished", "Running"]
@@ -168,9 +168,9 @@ def test_scale_down_marks_highest_ranks_leaving_and_publishes_without_them() -> 
 def test_leaving_pod_is_deleted_once_it_exits_or_drain_expires() -> None:
     status = {"phase": "Running"}
     pods = [pod(0), pod(1), pod(2, phase="Succeeded", leaving=NOW - 1), pod(3, leaving=NOW - 5)]
-    result = run(job(replicas=2, status=status), pods=pods, world=world_of([0, 1], epoch=2))
+    result = run(job(replicas=2, status=status), pods=pods, world=world_of([0, 1], generation=2))
     assert result.delete == ["tj-worker-2"]
-    expired = run(job(replicas=2, status=status), pods=pods, world=world_of([0, 1], epoch=2),
+    expired = run(job(replicas=2, status=status), pods=pods, world=world_of([0, 1], generation=2),
                   now=NOW + 40)
     assert sorted(expired.delete) == ["tj-worker-2", "tj-worker-3"]
 
@@ -198,18 +198,18 @@ def test_ttl_after_finished_deletes_the_job() -> None:
 
 def test_suspend_empties_the_world_deletes_gracefully_and_resume_loses_nobody() -> None:
     pods = [pod(i) for i in range(8)]
-    running = {"phase": "Running", "restarts": 2, "world": {"epoch": 4}}
+    running = {"phase": "Running", "restarts": 2, "world": {"generation": 4}}
     body = job(replicas=8, status=running, runPolicy={"suspend": True, "backoffLimit": 2})
-    suspended = run(body, pods=pods, world=world_of(range(8), epoch=4), world_version="41")
+    suspended = run(body, pods=pods, world=world_of(range(8), generation=4), world_version="41")
     # Members learn they are out from an empty world, then get their own grace period.
-    assert suspended.world is not None and suspended.world.epoch == 5
+    assert suspended.world is not None and suspended.world.generation == 5
     assert suspended.world_version == "41"  # written over the world it replaces
     assert suspended.world.members == ()
     assert sorted(suspended.delete_gracefully) == sorted(f"tj-worker-{i}" for i in range(8))
     assert suspended.delete == []
     st = suspended.status
     assert st["phase"] == "Suspended" and st["restarts"] == 2
-    assert st["world"]["epoch"] == 5 and st["world"]["size"] == 0
+    assert st["world"]["generation"] == 5 and st["world"]["size"] == 0
     assert [h["phase"] for h in st["phaseHistory"]] == ["Suspended"]
     assert {"WorldPublished", "Suspended"} <= {e.reason for e in suspended.events}
     assert not any(e.type == "Warning" for e in suspended.events)
@@ -255,39 +255,40 @@ def test_below_min_too_long_fails_with_reason() -> None:
     assert later.status["phase"] == "Failed"
 
 
-def test_collective_failure_without_a_verdict_bumps_the_epoch_with_same_members() -> None:
+def test_collective_failure_without_a_verdict_bumps_the_generation_with_same_members() -> None:
     pods = [pod(i) for i in range(4)]
-    report = Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=4, at=NOW)
+    report = Report(kind=ReportKind.COLLECTIVE_FAILED, generation=4, at=NOW)
     waiting = run(job(status={"phase": "Running"}), pods=pods,
-                  world=world_of(range(4), epoch=4), reports={"tj-worker-1": report})
+                  world=world_of(range(4), generation=4), reports={"tj-worker-1": report})
     assert waiting.world is None, "the heartbeats may still name a dead member"
     assert waiting.requeue_after is not None
-    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
-                 reports={"tj-worker-1": report}, now=NOW + 10)
-    assert result.world is not None and result.world.epoch == 5
+    result = run(job(status={"phase": "Running"}), pods=pods,
+                 world=world_of(range(4), generation=4), reports={"tj-worker-1": report},
+                 now=NOW + 10)
+    assert result.world is not None and result.world.generation == 5
     assert result.world.size == 4
-    stale = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=5),
+    stale = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), generation=5),
                 reports={"tj-worker-1": report}, now=NOW + 10)
     assert stale.world is None
 
 
-def test_a_member_restarted_without_state_bumps_the_epoch_at_once() -> None:
+def test_a_member_restarted_without_state_bumps_the_generation_at_once() -> None:
     pods = [pod(i) for i in range(4)]
-    report = Report(kind=ReportKind.NO_STATE, epoch=4, at=NOW)
-    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
-                 reports={"tj-worker-1": report})
-    assert result.world is not None and result.world.epoch == 5 and result.world.size == 4
+    report = Report(kind=ReportKind.NO_STATE, generation=4, at=NOW)
+    result = run(job(status={"phase": "Running"}), pods=pods,
+                 world=world_of(range(4), generation=4), reports={"tj-worker-1": report})
+    assert result.world is not None and result.world.generation == 5 and result.world.size == 4
 
 
 def dead(*suspects: str) -> Report:
-    return Report(kind=ReportKind.PEER_DEAD, epoch=4, at=NOW, suspects=suspects)
+    return Report(kind=ReportKind.PEER_DEAD, generation=4, at=NOW, suspects=suspects)
 
 
 def test_a_member_its_peers_found_dead_is_replaced() -> None:
     pods = [pod(i) for i in range(4)]
     reports = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-3": dead("tj-worker-2")}
-    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
-                 reports=reports)
+    result = run(job(status={"phase": "Running"}), pods=pods,
+                 world=world_of(range(4), generation=4), reports=reports)
     assert result.delete == ["tj-worker-2"]
     assert any(e.reason == "MemberDead" for e in result.events)
     assert result.world is None or "tj-worker-2" not in [m.pod for m in result.world.members]
@@ -295,17 +296,17 @@ def test_a_member_its_peers_found_dead_is_replaced() -> None:
 
 def test_survivors_that_all_wait_get_the_next_world_without_the_settle_window() -> None:
     pods = [pod(i) for i in range(4)]
-    failed = Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=4, at=NOW)
+    failed = Report(kind=ReportKind.COLLECTIVE_FAILED, generation=4, at=NOW)
     waiting = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-1": failed,
                "tj-worker-3": dead("tj-worker-2")}
-    result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
-                 reports=waiting)
+    result = run(job(status={"phase": "Running"}), pods=pods,
+                 world=world_of(range(4), generation=4), reports=waiting)
     assert result.delete == ["tj-worker-2"]
-    assert result.world is not None and result.world.epoch == 5
+    assert result.world is not None and result.world.generation == 5
     assert [m.pod for m in result.world.members] == ["tj-worker-0", "tj-worker-1", "tj-worker-3"]
     # One survivor still trains (no report): the settle window holds the world back.
     partial = {k: v for k, v in waiting.items() if k != "tj-worker-1"}
-    held = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
+    held = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), generation=4),
                reports=partial)
     assert held.delete == ["tj-worker-2"] and held.world is None
     assert held.status["candidate"] is not None  # waiting out the window
@@ -314,17 +315,17 @@ def test_survivors_that_all_wait_get_the_next_world_without_the_settle_window() 
 def test_one_accuser_is_not_enough_unless_the_pod_is_unready_too() -> None:
     reports = {"tj-worker-3": dead("tj-worker-0", "tj-worker-1", "tj-worker-2")}
     healthy = run(job(status={"phase": "Running"}), pods=[pod(i) for i in range(4)],
-                  world=world_of(range(4), epoch=4), reports=reports)
+                  world=world_of(range(4), generation=4), reports=reports)
     assert healthy.delete == []
     unready = [pod(i, ready=i != 1) for i in range(4)]
     result = run(job(status={"phase": "Running"}), pods=unready,
-                 world=world_of(range(4), epoch=4), reports=reports)
+                 world=world_of(range(4), generation=4), reports=reports)
     assert result.delete == ["tj-worker-1"]
 
 
 def test_stalled_member_is_deleted_and_its_report_cleared() -> None:
     pods = [pod(i) for i in range(4)]
-    report = Report(kind=ReportKind.STALLED, epoch=1, at=NOW)
+    report = Report(kind=ReportKind.STALLED, generation=1, at=NOW)
     result = run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4)),
                  reports={"tj-worker-2": report})
     assert result.delete == ["tj-worker-2"]
@@ -335,7 +336,7 @@ def test_stalled_member_is_deleted_and_its_report_cleared() -> None:
     pods[2]["metadata"]["deletionTimestamp"] = "1970-01-12T13:46:40Z"
     settled = run(job(status=result.status), pods=pods, world=world_of(range(4)),
                   now=NOW + SETTINGS.settle_seconds)
-    assert settled.world is not None and settled.world.epoch == 2
+    assert settled.world is not None and settled.world.generation == 2
     assert [m.pod for m in settled.world.members] == ["tj-worker-0", "tj-worker-1",
                                                       "tj-worker-3"]
 
@@ -418,7 +419,7 @@ def test_a_gang_still_within_its_timeout_waits_for_the_scheduler() -> None:
 
 def test_a_running_job_with_every_pod_in_place_is_not_placed_again() -> None:
     placer = FakePlacer()
-    status = {"phase": "Running", "world": {"epoch": 1, "size": 4}}
+    status = {"phase": "Running", "world": {"generation": 1, "size": 4}}
     result = run(job(status=status), pods=[pod(i) for i in range(4)], world=world_of(range(4)),
                  placer=placer)
     assert placer.calls == 0

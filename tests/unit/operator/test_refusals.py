@@ -67,12 +67,12 @@ def test_only_repeatable_client_errors_are_refusals() -> None:
 
 def test_a_refused_create_leaves_world_deletes_and_status_to_happen() -> None:
     kube = RefusingKube()
-    body = job(status={"phase": "Running", "world": {"epoch": 1}})
-    world = World(job=JobRef(namespace="ns", name="tj"), epoch=2,
+    body = job(status={"phase": "Running", "world": {"generation": 1}})
+    world = World(job=JobRef(namespace="ns", name="tj"), generation=2,
                   store=StoreAddress(address="127.0.0.1"),
                   members=(Member(rank=0, pod="tj-worker-0", pod_uid="u0", ip="127.0.0.1"),))
     plan = Plan(create=[pod(3)], delete=["tj-worker-1"], world=world, world_version="5",
-                status={"phase": "Running", "world": {"epoch": 2}})
+                status={"phase": "Running", "world": {"generation": 2}})
     plan.create[0]["metadata"]["namespace"] = "ns"
     plan.create[0]["spec"] = {"containers": [{"name": "train"}]}  # the report key goes here
     refusals = _applier(kube).perform(body, plan)

@@ -54,7 +54,8 @@ def test_any_iterable_of_slots_will_do() -> None:
     ids=["same-node", "new-rack-between", "new-rack-first", "new-rack-last", "unsorted",
          "leaver"],
 )
-def test_epoch_to_epoch(previous: list[str], slots: list[RingSlot], expected: list[str]) -> None:
+def test_generation_to_generation(previous: list[str], slots: list[RingSlot],
+                                  expected: list[str]) -> None:
     assert pods(order_ring(slots, previous)) == expected
 
 

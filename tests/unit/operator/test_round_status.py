@@ -47,11 +47,11 @@ def test_a_failed_collective_waits_failure_detect_seconds_plus_the_margin() -> N
     spec = TrainingJobSpec.model_validate(job()["spec"])
     wait = spec.fault_tolerance.failure_detect_seconds + VERDICT_MARGIN_S
     pods = [pod(i) for i in range(4)]
-    report = {"tj-worker-1": Report(kind=ReportKind.COLLECTIVE_FAILED, epoch=4, at=NOW)}
+    report = {"tj-worker-1": Report(kind=ReportKind.COLLECTIVE_FAILED, generation=4, at=NOW)}
 
     def round_at(now: float) -> Any:
-        return run(job(status={"phase": "Running"}), pods=pods, world=world_of(range(4), epoch=4),
-                   reports=report, now=now)
+        return run(job(status={"phase": "Running"}), pods=pods,
+                   world=world_of(range(4), generation=4), reports=report, now=now)
 
     first = round_at(NOW)
     assert first.world is None  # the heartbeats may still name a dead member
@@ -83,14 +83,14 @@ def _nones(value: Any) -> list[Any]:
 def test_the_status_is_written_in_its_wire_form_with_what_the_round_leaves_alone() -> None:
     before: Obj = {"phase": "Running", "candidate": None,
                    "lastCheckpoint": {"path": "/ckpt/7", "step": 7},
-                   "world": {"epoch": 4, "size": 4, "configMap": "tj-world"}}
+                   "world": {"generation": 4, "size": 4, "configMap": "tj-world"}}
     result = run(job(status=before), pods=[pod(i) for i in range(4)],
-                 world=world_of(range(4), epoch=4))
+                 world=world_of(range(4), generation=4))
     st = result.status
     assert st == TrainingJobStatus.model_validate(st).to_wire()
     assert _nones(st) == []  # unset optionals are left out, never written as null
     assert st["lastCheckpoint"] == {"path": "/ckpt/7", "step": 7}
-    assert st["world"]["configMap"] == "tj-world" and st["world"]["epoch"] == 4
+    assert st["world"]["configMap"] == "tj-world" and st["world"]["generation"] == 4
     assert st["observedGeneration"] == 3 and st["selector"].startswith("ringwright.dev/")
 
 

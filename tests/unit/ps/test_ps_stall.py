@@ -118,8 +118,8 @@ def test_a_call_that_fails_in_the_handler_still_counts_as_served(running: Runnin
     assert running.ready()
 
 
-def _world(epoch: int, ps: tuple[str, ...]) -> World:
-    return World(job=JobRef(namespace="local", name="stall"), epoch=epoch,
+def _world(generation: int, ps: tuple[str, ...]) -> World:
+    return World(job=JobRef(namespace="local", name="stall"), generation=generation,
                  mode=Mode.PARAMETER_SERVER, store=StoreAddress(address="127.0.0.1"),
                  members=(Member(rank=0, pod="w0", ip="127.0.0.1"),),
                  ps=tuple(Member(rank=i, pod=p, ip="127.0.0.1") for i, p in enumerate(ps)),
@@ -145,5 +145,5 @@ def test_a_pod_waiting_for_a_world_that_lists_it_keeps_beating(tmp_path: Path) -
     finally:
         publisher.join()
         source.close()
-    assert world.epoch == 2
+    assert world.generation == 2
     assert len(beats) >= 5  # about every 0.1 s for about 1 s

@@ -1,4 +1,4 @@
-"""The world lists parameter servers by their pod index, and their changes bump the epoch."""
+"""The world lists parameter servers by their pod index, and their changes bump the generation."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def _pod(role: str, index: int, ip: str, uid: str = "u") -> PodView:
                    "", None, 0)
 
 
-def _world(workers: list[PodView], ps: list[PodView], epoch: int = 1) -> World:
-    return build_world(JobRef(namespace="n", name="j"), epoch, workers, None, {},
+def _world(workers: list[PodView], ps: list[PodView], generation: int = 1) -> World:
+    return build_world(JobRef(namespace="n", name="j"), generation, workers, None, {},
                        backend="torch", mode="ParameterServer", store_port=29400,
                        lr=LRScaling(), checkpoint=CheckpointSettings(), ps=ps, ps_replicas=3)
 

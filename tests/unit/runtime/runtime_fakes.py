@@ -15,9 +15,9 @@ from ringwright.world import JobRef, Member, ReportKind, StoreAddress, World
 T = TypeVar("T")
 
 
-def make_world(epoch: int, pods: Sequence[str]) -> World:
+def make_world(generation: int, pods: Sequence[str]) -> World:
     members = tuple(Member(rank=i, pod=p, ip=f"127.0.0.{10 + i}") for i, p in enumerate(pods))
-    return World(job=JobRef(namespace="local", name="j"), epoch=epoch, members=members,
+    return World(job=JobRef(namespace="local", name="j"), generation=generation, members=members,
                  store=StoreAddress(address="127.0.0.10", port=29400))
 
 
@@ -33,8 +33,8 @@ class FakeSource:
     def latest(self) -> World | None:
         return self.box.latest()
 
-    def wait_for_world(self, after_epoch: int, timeout: float) -> World:
-        return self.box.wait_newer(after_epoch, timeout)
+    def wait_for_world(self, after_generation: int, timeout: float) -> World:
+        return self.box.wait_newer(after_generation, timeout)
 
     def close(self) -> None:
         return
@@ -51,7 +51,7 @@ class FakeBackend:
         self.fail_gradients_at: set[int] = set()
         """Calls of allreduce_gradients (1-based) that raise CollectiveError."""
         self.fail_init: dict[int, Exception] = {}
-        """Epochs whose init raises the given exception."""
+        """Generations whose init raises the given exception."""
         self.max_seen = -1
         """What other ranks report to allreduce_max."""
         self.clean_shutdowns = 0
@@ -70,11 +70,11 @@ class FakeBackend:
 
     def init(self, world: World, rank: int, superseded: Callable[[], bool],
              on_peer_failure: PeerFailureListener) -> None:
-        self.inits.append((world.epoch, rank))
+        self.inits.append((world.generation, rank))
         self.aborted = None
         self.on_peer_failure = on_peer_failure
-        if world.epoch in self.fail_init:
-            raise self.fail_init[world.epoch]
+        if world.generation in self.fail_init:
+            raise self.fail_init[world.generation]
 
     def peers_dead(self, failure: PeerFailure) -> None:
         """What the heartbeat thread does on a verdict: tell the manager, then abort."""
@@ -132,12 +132,12 @@ class FakeReporter:
         self.suspects: list[tuple[str, ...]] = []
         self._on_report = on_report
 
-    def report(self, kind: ReportKind, epoch: int, detail: str = "",
+    def report(self, kind: ReportKind, generation: int, detail: str = "",
                suspects: Sequence[str] = ()) -> None:
-        self.reports.append((kind, epoch, detail))
+        self.reports.append((kind, generation, detail))
         self.suspects.append(tuple(suspects))
         if self._on_report is not None:
-            self._on_report(kind, epoch)
+            self._on_report(kind, generation)
 
     def close(self) -> None:
         return

@@ -108,9 +108,9 @@ def test_a_failed_collective_rolls_back_and_continues_in_the_next_world() -> Non
     backend.fail_gradients_at = {7}
     source.publish(make_world(0, [ME]))
 
-    def operator(kind: ReportKind, epoch: int) -> None:
+    def operator(kind: ReportKind, generation: int) -> None:
         if kind is ReportKind.COLLECTIVE_FAILED:
-            source.publish(make_world(epoch + 1, [ME]))
+            source.publish(make_world(generation + 1, [ME]))
 
     reporter = FakeReporter(on_report=operator)
     trainer, state = Trainer(commit_every=4), new_state()
@@ -172,7 +172,7 @@ def test_the_default_backend_tells_the_heartbeat_lag_to_its_listener() -> None:
     settings = RuntimeSettings(failure_detect_s=0.3, collective_timeout_s=5)
     backend = default_backend(Backend.TORCH, torch.device("cpu"), settings,
                               on_heartbeat_lag=on_lag)
-    alone = World(job=JobRef(namespace="local", name="j"), epoch=1,
+    alone = World(job=JobRef(namespace="local", name="j"), generation=1,
                   members=(Member(rank=0, pod="w-0", ip="127.0.0.1"),),
                   store=StoreAddress(address="127.0.0.1", port=free_port()))
     try:

@@ -26,8 +26,8 @@ from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSour
 ME = "w-1"
 
 
-def info(pod: str, state_epoch: int, state_rank: int, step: int = 0) -> MemberInfo:
-    return MemberInfo(pod, state_epoch, state_rank, step)
+def info(pod: str, state_generation: int, state_rank: int, step: int = 0) -> MemberInfo:
+    return MemberInfo(pod, state_generation, state_rank, step)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_joins_with_its_rank_from_the_world() -> None:
     source, backend = FakeSource(), FakeBackend()
     source.publish(make_world(3, ["w-0", ME]))
     m = manager(source, backend)
-    assert m.join(-1).epoch == 3
+    assert m.join(-1).generation == 3
     assert (m.rank, backend.inits) == (1, [(3, 1)])
 
 
@@ -66,7 +66,7 @@ def test_before_joining_once_it_waits_for_a_world_that_includes_it() -> None:
     m = manager(source, backend)
     later = threading.Timer(0.1, source.publish, args=(make_world(1, ["w-0", ME]),))
     later.start()
-    assert m.join(-1).epoch == 1
+    assert m.join(-1).generation == 1
     assert backend.inits == [(1, 1)]
 
 
@@ -79,7 +79,7 @@ def test_once_joined_a_world_without_it_means_leave_cleanly() -> None:
     with pytest.raises(LeftWorld) as left:
         m.join(0)
     assert left.value.code == 0
-    assert "not a member of world epoch 1" in str(left.value)
+    assert "not a member of world generation 1" in str(left.value)
     assert backend.shutdowns >= 1
 
 
@@ -89,7 +89,7 @@ def test_a_superseded_world_is_skipped_for_the_newer_one() -> None:
     backend.fail_init[0] = Superseded()
     threading.Timer(0.05, source.publish, args=(make_world(1, [ME]),)).start()
     m = manager(source, backend)
-    assert m.join(-1).epoch == 1
+    assert m.join(-1).generation == 1
     assert backend.inits == [(0, 1), (1, 0)]
 
 
@@ -105,7 +105,7 @@ def test_a_failed_join_is_reported_and_the_next_world_awaited(
     backend.fail_init[0] = error
     reporter = FakeReporter(on_report=lambda k, e: source.publish(make_world(e + 1, [ME])))
     m = manager(source, backend, reporter)
-    assert m.join(-1).epoch == 1
+    assert m.join(-1).generation == 1
     assert [(k, e) for k, e, _ in reporter.reports] == [(kind, 0)]
 
 
@@ -117,16 +117,16 @@ def test_no_world_in_time_is_an_error() -> None:
         m.join(-1)
 
 
-def test_check_world_raises_on_every_rank_when_any_rank_saw_a_newer_epoch() -> None:
+def test_check_world_raises_on_every_rank_when_any_rank_saw_a_newer_generation() -> None:
     source, backend = FakeSource(), FakeBackend()
     source.publish(make_world(2, [ME]))
     m = manager(source, backend)
     m.join(-1)
     m.check_world()
-    backend.max_seen = 3  # another rank has seen epoch 3 already, this one not yet
+    backend.max_seen = 3  # another rank has seen generation 3 already, this one not yet
     with pytest.raises(WorldChanged) as changed:
         m.check_world()
-    assert changed.value.epoch == 3
+    assert changed.value.generation == 3
 
 
 def test_a_member_dropped_after_a_failure_fences_itself_non_zero() -> None:
@@ -161,7 +161,7 @@ def test_a_failed_collective_aborts_the_group_so_blocked_peers_fail_too() -> Non
     assert backend.aborted is not None and "connection reset by w-2" in backend.aborted
 
 
-def test_reports_in_an_epoch_name_the_peers_found_dead() -> None:
+def test_reports_in_a_generation_name_the_peers_found_dead() -> None:
     source, backend, reporter = FakeSource(), FakeBackend(), FakeReporter()
     source.publish(make_world(1, ["w-0", ME, "w-2"]))
     m = manager(source, backend, reporter)
@@ -176,7 +176,7 @@ def test_reports_in_an_epoch_name_the_peers_found_dead() -> None:
     # whatever error the training thread saw.
     assert "allreduce aborted" in reporter.reports[-1][2]
     assert "no heartbeat for 3.0s" in reporter.reports[-1][2]
-    # A new epoch starts with a clean slate.
+    # A new generation starts with a clean slate.
     source.publish(make_world(2, ["w-0", ME]))
     m.join(1)
     m.report(ReportKind.STALLED)

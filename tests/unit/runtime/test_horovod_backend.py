@@ -23,14 +23,14 @@ from ringwright.runtime.collectives.horovod_backend import (
 )
 from ringwright.runtime.collectives.horovod_store import RendezvousStore
 from ringwright.runtime.local.launcher import free_port
-from ringwright.runtime.membership.epoch_store import epoch_store
+from ringwright.runtime.membership.generation_store import generation_store
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.world import JobRef, Member, StoreAddress, World
 
 
-def world(epoch: int, ips: list[str]) -> World:
+def world(generation: int, ips: list[str]) -> World:
     members = tuple(Member(rank=i, pod=f"job-worker-{i}", ip=ip) for i, ip in enumerate(ips))
-    return World(job=JobRef(namespace="ns", name="job"), epoch=epoch, members=members,
+    return World(job=JobRef(namespace="ns", name="job"), generation=generation, members=members,
                  store=StoreAddress(address=ips[0], port=free_port()))
 
 
@@ -79,7 +79,7 @@ def test_store_speaks_horovods_protocol(store: RendezvousStore) -> None:
 
 
 def test_closing_the_store_does_not_wait_for_its_poll() -> None:
-    """Rank 0 closes the last epoch's store while the next epoch's members wait for it
+    """Rank 0 closes the last generation's store while the next generation's members wait for it
     at the join barrier: closing must not wait for the server's next poll."""
     s = RendezvousStore("127.0.0.1", poll_s=120.0)
     assert request(s, "PUT", "/global/rank_0", b"a")[0] == 200
@@ -165,7 +165,7 @@ def backend(fake: RecordingHorovod) -> Iterator[HorovodBackend]:
     b.close()
 
 
-def test_each_epoch_inits_horovod_on_a_fresh_store_and_shuts_the_last_one_down(
+def test_each_generation_inits_horovod_on_a_fresh_store_and_shuts_the_last_one_down(
         backend: HorovodBackend, fake: RecordingHorovod) -> None:
     backend.init(world(1, ["127.0.0.91"]), 0, never, print)
     first = fake.env_at_init
@@ -173,7 +173,7 @@ def test_each_epoch_inits_horovod_on_a_fresh_store_and_shuts_the_last_one_down(
     assert (first["HOROVOD_RANK"], first["HOROVOD_SIZE"]) == ("0", "1")
     backend.init(world(2, ["127.0.0.91"]), 0, never, print)
     with pytest.raises(ConnectionError):
-        # The previous epoch's rendezvous store is gone.
+        # The previous generation's rendezvous store is gone.
         http.client.HTTPConnection("127.0.0.91", int(first["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
                                    timeout=2).request("GET", "/global/rank_0")
     assert [c for c, _ in fake.calls] == ["init", "shutdown", "init"]
@@ -185,10 +185,10 @@ def test_rank_zero_publishes_the_store_for_the_others(
         backend: HorovodBackend, fake: RecordingHorovod) -> None:
     w = world(1, ["127.0.0.92"])
     backend.init(w, 0, never, print)
-    # Read it as another member would: a client of the epoch store, with the job's token.
+    # Read it as another member would: a client of the generation store, with the job's token.
     client = TCPStore(w.store.address, w.store.port, None, False, timedelta(seconds=5),
                       wait_for_workers=False)
-    published = epoch_store(client, w, b"").get(RENDEZVOUS_KEY).decode()
+    published = generation_store(client, w, b"").get(RENDEZVOUS_KEY).decode()
     assert published == (f"127.0.0.92:{fake.env_at_init['HOROVOD_GLOO_RENDEZVOUS_PORT']}")
 
 

@@ -29,10 +29,10 @@ CM = "job-world"
 WAIT = 10.0
 
 
-def world(epoch: int, size: int = 2) -> World:
+def world(generation: int, size: int = 2) -> World:
     members = tuple(Member(rank=i, pod=f"job-worker-{i}", ip=f"10.0.0.{i + 1}")
                     for i in range(size))
-    return World(job=JobRef(namespace=NS, name="job"), epoch=epoch, members=members,
+    return World(job=JobRef(namespace=NS, name="job"), generation=generation, members=members,
                  store=StoreAddress(address="10.0.0.1"))
 
 
@@ -69,20 +69,20 @@ def test_first_world_comes_from_the_list(api: FakeKubeApi) -> None:
     publish(api, world(0))
     src = KubeMembershipSource(clients(api), NS, CM)
     try:
-        assert src.wait_for_world(-1, WAIT).epoch == 0
+        assert src.wait_for_world(-1, WAIT).generation == 0
     finally:
         src.close()
     lists = [r for r in api.requests if r.method == "GET" and "watch" not in r.query]
     assert lists[0].query["fieldSelector"] == f"metadata.name={CM}"
 
 
-def test_new_epochs_arrive_through_one_watch_from_the_list_version(
+def test_new_generations_arrive_through_one_watch_from_the_list_version(
         api: FakeKubeApi, source: KubeMembershipSource) -> None:
     eventually(lambda: len(api.watches()) == 1, "the watch to start")
     publish(api, world(0))
     publish(api, world(1, size=3))
     got = source.wait_for_world(0, WAIT)
-    assert (got.epoch, got.size) == (1, 3)
+    assert (got.generation, got.size) == (1, 3)
     watch = api.watches()[0]
     assert watch.query["resourceVersion"] == "100"
     assert watch.query["fieldSelector"] == f"metadata.name={CM}"
@@ -99,7 +99,7 @@ def test_a_watch_ended_by_the_server_resumes_from_the_last_version(api: FakeKube
         assert seen is not None
         assert api.watches()[1].query["resourceVersion"] == seen["metadata"]["resourceVersion"]
         publish(api, world(1))
-        assert src.wait_for_world(0, WAIT).epoch == 1
+        assert src.wait_for_world(0, WAIT).generation == 1
     finally:
         src.close()
 
@@ -112,7 +112,7 @@ def test_an_expired_version_makes_it_list_again(
     api.compact()
     api.cut_watches()
     publish(api, world(1))
-    assert source.wait_for_world(0, WAIT).epoch == 1
+    assert source.wait_for_world(0, WAIT).generation == 1
     assert sum(1 for r in api.requests if "watch" not in r.query) > lists_before
 
 
@@ -122,7 +122,7 @@ def test_a_dropped_connection_reconnects(api: FakeKubeApi, source: KubeMembershi
     eventually(lambda: len(api.watches()) >= 1, "the watch to start")
     api.cut_watches()
     publish(api, world(1))
-    assert source.wait_for_world(0, WAIT).epoch == 1
+    assert source.wait_for_world(0, WAIT).generation == 1
 
 
 def test_an_unreadable_world_keeps_the_last_good_one(
@@ -132,7 +132,7 @@ def test_an_unreadable_world_keeps_the_last_good_one(
     api.put_configmap(CM, {WORLD_KEY: '{"schemaVersion": 99}'})
     publish(api, world(3))
     publish(api, world(5))
-    assert source.wait_for_world(4, WAIT).epoch == 5
+    assert source.wait_for_world(4, WAIT).generation == 5
     assert source.latest() is not None
 
 
@@ -160,7 +160,7 @@ def test_reports_merge_patch_only_the_pods_own_key(api: FakeKubeApi) -> None:
     data = (api.configmap("job-reports") or {})["data"]
     assert data["other-pod"] == "{}"
     report = parse_report(data["job-worker-1"])
-    assert (report.kind, report.epoch, report.detail) == (ReportKind.COLLECTIVE_FAILED, 3,
+    assert (report.kind, report.generation, report.detail) == (ReportKind.COLLECTIVE_FAILED, 3,
                                                           "peer gone")
     patch = next(r for r in api.requests if r.method == "PATCH")
     assert set((patch.body or {})["data"]) == {"job-worker-1"}
@@ -179,4 +179,4 @@ def test_a_report_that_cannot_be_delivered_is_dropped(api: FakeKubeApi) -> None:
     assert len(patches) == 2, "the refused report is not retried"
     data = (api.configmap("late-reports") or {})["data"]
     report = parse_report(data["job-worker-1"])
-    assert (report.kind, report.epoch) == (ReportKind.COLLECTIVE_FAILED, 1)
+    assert (report.kind, report.generation) == (ReportKind.COLLECTIVE_FAILED, 1)

@@ -75,7 +75,7 @@ def test_a_rollback_then_the_next_world_is_one_recovery() -> None:
     assert got[("ringwright_runtime_recovery_seconds_sum", cause)] == pytest.approx(2.5)
     assert got[("ringwright_runtime_rollbacks_total", ())] == 1
     assert got[("ringwright_runtime_steps_lost_total", ())] == 3
-    assert got[("ringwright_runtime_world_epoch", ())] == 3
+    assert got[("ringwright_runtime_world_generation", ())] == 3
     assert got[("ringwright_runtime_step_seconds_count", ())] == 0
 
 
@@ -93,9 +93,9 @@ def test_the_elastic_loop_feeds_steps_collectives_and_a_recovery() -> None:
     backend.fail_gradients_at = {7}
     source.publish(make_world(0, ["w-0"]))
 
-    def operator(kind: ReportKind, epoch: int) -> None:
+    def operator(kind: ReportKind, generation: int) -> None:
         if kind is ReportKind.COLLECTIVE_FAILED:
-            source.publish(make_world(epoch + 1, ["w-0"]))
+            source.publish(make_world(generation + 1, ["w-0"]))
 
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
@@ -123,7 +123,7 @@ def test_the_elastic_loop_feeds_steps_collectives_and_a_recovery() -> None:
            for family in text_string_to_metric_families(text) for s in family.samples}
     assert got[("ringwright_runtime_recoveries_total", (("cause", "collective-failed"),))] == 1
     assert got[("ringwright_runtime_steps_lost_total", ())] == 2  # step 6 back to 4
-    assert got[("ringwright_runtime_world_epoch", ())] == 1
+    assert got[("ringwright_runtime_world_generation", ())] == 1
     assert got[("ringwright_runtime_step", ())] == 12
     grads = (("op", "allreduce_gradients"),)
     assert got[("ringwright_runtime_collective_seconds_count", grads)] == backend.gradient_calls

@@ -52,8 +52,8 @@ def new_state(seed: int = 0, rng: RNGMode = RNGMode.SHARED, **kw: Any) -> State:
                  counter=Counter(), best=1.5, **kw)
 
 
-def world(size: int = 1, epoch: int = 0) -> World:
-    return make_world(epoch, [f"w-{i}" for i in range(size)])
+def world(size: int = 1, generation: int = 0) -> World:
+    return make_world(generation, [f"w-{i}" for i in range(size)])
 
 
 def join(state: State, w: World, rank: int = 0, backend: PairBackend | None = None) -> None:
@@ -146,7 +146,7 @@ def test_a_newcomer_receives_everything_by_tensor_broadcast_without_pickled_tens
     train(source, 5)
     source.commit()
     src_backend, new_backend = PairBackend(wire, 0), PairBackend(wire, 1)
-    w = world(2, epoch=1)
+    w = world(2, generation=1)
     source.bind(Binding(w, 0, src_backend))
     newcomer = new_state(seed=2)
     newcomer.bind(Binding(w, 1, new_backend))
@@ -187,8 +187,8 @@ def contains_tensor(obj: Any) -> bool:
     return False
 
 
-def info(epoch: int, step: int, rank: int = 0) -> MemberInfo:
-    return MemberInfo(f"p{rank}", epoch, rank, step)
+def info(generation: int, step: int, rank: int = 0) -> MemberInfo:
+    return MemberInfo(f"p{rank}", generation, rank, step)
 
 
 @pytest.mark.parametrize(
@@ -214,7 +214,7 @@ def test_a_skipped_sync_moves_nothing_and_keeps_the_state() -> None:
     state.commit()
     before = snapshot(state)
     state.sync(0, skip=True)
-    state.follow_world(world(1, epoch=1), 0)
+    state.follow_world(world(1, generation=1), 0)
     assert state.sync_bytes == 0
     assert_same(snapshot(state), before)
 

@@ -31,17 +31,17 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class HangingBackend(FakeBackend):
-    """Forming the group of ``hang_epoch`` never completes (a peer that never comes)."""
+    """Forming the group of ``hang_generation`` never completes (a peer that never comes)."""
 
-    def __init__(self, hang_epoch: int) -> None:
+    def __init__(self, hang_generation: int) -> None:
         super().__init__()
-        self.hang_epoch = hang_epoch
+        self.hang_generation = hang_generation
         self.hanging = threading.Event()
 
     def init(self, world: World, rank: int, superseded: Callable[[], bool],
              on_peer_failure: PeerFailureListener) -> None:
         super().init(world, rank, superseded, on_peer_failure)
-        while world.epoch == self.hang_epoch:
+        while world.generation == self.hang_generation:
             self.hanging.set()
             time.sleep(0.05)
 
@@ -75,7 +75,7 @@ def new_state(path: Path) -> State:
 
 def test_sigterm_while_forming_writes_the_last_commit_and_exits_143(
         tmp_path: Path, sigterm_when: Callable[[threading.Event], None]) -> None:
-    source, backend = FakeSource(), HangingBackend(hang_epoch=1)
+    source, backend = FakeSource(), HangingBackend(hang_generation=1)
     no_periodic = CheckpointSettings(path=str(tmp_path))
     source.publish(make_world(0, [ME]).model_copy(update={"checkpoint": no_periodic}))
     state = new_state(tmp_path)
@@ -108,9 +108,9 @@ class WaitingSource(FakeSource):
         super().__init__()
         self.waiting = threading.Event()
 
-    def wait_for_world(self, after_epoch: int, timeout: float) -> World:
+    def wait_for_world(self, after_generation: int, timeout: float) -> World:
         self.waiting.set()
-        return super().wait_for_world(after_epoch, timeout)
+        return super().wait_for_world(after_generation, timeout)
 
 
 def test_sigterm_while_waiting_for_a_first_world_exits_143_without_a_checkpoint(

@@ -29,7 +29,7 @@ AUTO, ON, OFF = (HierarchicalAllReduce.AUTO, HierarchicalAllReduce.ENABLED,
 def world(racks: str, mode: HierarchicalAllReduce = AUTO) -> World:
     members = tuple(Member(rank=i, pod=f"p{i}", ip=f"10.0.0.{i + 1}", rack=r)
                     for i, r in enumerate(racks))
-    return World(job=JobRef(namespace="n", name="j"), epoch=1, members=members,
+    return World(job=JobRef(namespace="n", name="j"), generation=1, members=members,
                  store=StoreAddress(address="10.0.0.1"),
                  topology=TopologySettings(hierarchical_all_reduce=mode))
 

@@ -1,20 +1,20 @@
-"""The rendezvous store of one world epoch, hosted by that epoch's rank 0.
+"""The rendezvous store of one world generation, hosted by that generation's rank 0.
 
 Rank 0 serves a TCPStore on the world's store address. The listening socket is
 bound by us to that address only (not to every interface), so several pods that
 share a machine, as local stand-ins on loopback addresses do, can each host a store
 on the same port. A pod that stays rank 0 at the same address keeps its server
-across epochs; every key lives under an epoch prefix, so members of an old epoch can
+across generations; every key lives under a generation prefix, so members of an old generation can
 never read or write the keys of a new one.
 
 Before the process group is created every member passes :func:`join_barrier`,
 which is abortable: while waiting it keeps asking whether a newer world has replaced
-this one, so a member that died before arriving costs one epoch bump rather than a
-full timeout. Every value of an epoch is tagged with the job's join token
+this one, so a member that died before arriving costs one generation bump rather than a
+full timeout. Every value of a generation is tagged with the job's join token
 (:mod:`ringwright.runtime.membership.signed_store`): a process without the token cannot claim a
 rank, nor pass for a member in the library's own rendezvous. From the barrier on,
-every member heartbeats on the epoch's store (:mod:`ringwright.runtime.membership.liveness`)
-until it leaves the epoch.
+every member heartbeats on the generation's store (:mod:`ringwright.runtime.membership.liveness`)
+until it leaves the generation.
 """
 
 from __future__ import annotations
@@ -36,25 +36,25 @@ from ringwright.world import World
 from ..collectives.backend import CollectiveError, RankTaken, Superseded
 from ..settings import RuntimeSettings
 from .liveness import Heartbeat, LagListener, PeerFailure, heartbeat_key
-from .signed_store import ForgedValue, SignedStore, epoch_key
+from .signed_store import ForgedValue, SignedStore, generation_key
 
 WAIT_SLICE_S = 0.2
 """Longest single store wait; bounds how late a newer world is noticed while joining."""
 
 
-def epoch_prefix(world: World) -> str:
-    """Key prefix of ``world``'s epoch (job-qualified, in case stores are ever shared)."""
-    return f"ringwright/{world.job.namespace}/{world.job.name}/epoch-{world.epoch}/"
+def generation_prefix(world: World) -> str:
+    """Key prefix of ``world``'s generation (job-qualified, in case stores are ever shared)."""
+    return f"ringwright/{world.job.namespace}/{world.job.name}/generation-{world.generation}/"
 
 
-def epoch_store(raw: Store, world: World, token: bytes) -> SignedStore:
-    """``raw`` seen through ``world``'s epoch prefix, its values tagged with ``token``."""
-    prefix = epoch_prefix(world)
-    return SignedStore(PrefixStore(prefix, raw), epoch_key(token, prefix))
+def generation_store(raw: Store, world: World, token: bytes) -> SignedStore:
+    """``raw`` seen through ``world``'s generation prefix, its values tagged with ``token``."""
+    prefix = generation_prefix(world)
+    return SignedStore(PrefixStore(prefix, raw), generation_key(token, prefix))
 
 
 def claim_key(store: SignedStore, rank: int) -> str:
-    """Key holding the claim of ``rank`` in an epoch (private to the job's token)."""
+    """Key holding the claim of ``rank`` in a generation (private to the job's token)."""
     return store.private_key(f"claim/{rank}")
 
 
@@ -73,7 +73,7 @@ class StoreHost:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            # A store of a previous epoch at this address may leave TIME_WAIT sockets.
+            # A store of a previous generation at this address may leave TIME_WAIT sockets.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((address, port))
             sock.listen(1024)
@@ -131,12 +131,12 @@ def join_barrier(
     superseded: Callable[[], bool],
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """Claim ``rank`` in this epoch and wait until all ``size`` ranks hold a valid claim.
+    """Claim ``rank`` in this generation and wait until all ``size`` ranks hold a valid claim.
 
     A claim is a tagged value: one without the job's token is overwritten, never
     counted. Raises :class:`RankTaken` when another process with the token claimed
     the rank first (a restarted container whose previous incarnation already joined
-    this epoch).
+    this generation).
     """
     mine = secrets.token_hex(8)
     try:
@@ -146,7 +146,8 @@ def join_barrier(
             store.set(claim_key(store, rank), mine)
             held = mine
         if held != mine:
-            raise RankTaken(f"rank {rank} was already claimed in this epoch by another process")
+            raise RankTaken(
+                f"rank {rank} was already claimed in this generation by another process")
         # Every heartbeat exists once the barrier completes: peers read them all at once.
         store.set(heartbeat_key(rank), "0")
     except dist.DistNetworkError as err:
@@ -184,10 +185,10 @@ def _valid_claims(store: SignedStore, claims: list[str]) -> int:
     return valid
 
 
-class EpochStores:
-    """A member's side of the epoch stores: the server it hosts while rank 0, and the
-    connections of the current epoch. Every backend forms its group only after
-    :meth:`meet`, so a member that never arrives costs an epoch bump, not a library
+class GenerationStores:
+    """A member's side of the generation stores: the server it hosts while rank 0, and the
+    connections of the current generation. Every backend forms its group only after
+    :meth:`meet`, so a member that never arrives costs a generation bump, not a library
     timeout."""
 
     def __init__(self, settings: RuntimeSettings,
@@ -206,7 +207,7 @@ class EpochStores:
         then heartbeat, calling ``on_failure`` (from the heartbeat thread) when peers
         are found dead.
 
-        Returns the store under the epoch's prefix, kept open until :meth:`release`.
+        Returns the store under the generation's prefix, kept open until :meth:`release`.
         """
         self.release()
         s, clock = self._settings, self._clock
@@ -220,7 +221,7 @@ class EpochStores:
             raw = connect_client(at.address, at.port, timeout_s=s.collective_timeout_s,
                                  attempt_s=s.connect_retry_s, deadline=deadline,
                                  superseded=superseded, clock=clock)
-        store = epoch_store(raw, world, s.join_token.get_secret_value().encode())
+        store = generation_store(raw, world, s.join_token.get_secret_value().encode())
         self._stores = [raw, store]
         join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded,
                      clock=clock)
@@ -233,7 +234,7 @@ class EpochStores:
         return store
 
     def release(self, *, left_cleanly: bool = False) -> None:
-        """Stop heartbeating and drop this epoch's connections (the server, if hosted,
+        """Stop heartbeating and drop this generation's connections (the server, if hosted,
         stays for the next). ``left_cleanly`` tells the peers not to wait for this
         member: it finished, or every member agreed to move on."""
         if self._heartbeat is not None:
@@ -250,4 +251,4 @@ class EpochStores:
         at = world.store
         raw = TCPStore(at.address, at.port, None, False, timedelta(seconds=timeout_s),
                        wait_for_workers=False)
-        return epoch_store(raw, world, self._settings.join_token.get_secret_value().encode())
+        return generation_store(raw, world, self._settings.join_token.get_secret_value().encode())

@@ -1,4 +1,4 @@
-"""The epoch rule: the next world is numbered above every epoch seen anywhere, and is
+"""The generation rule: the next world is numbered above every generation seen anywhere, and is
 written over the ConfigMap version it was decided from."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import pytest
 from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.observe.cache import Written
-from ringwright.operator.plan.epochs import (
-    EPOCH_ANNOTATION,
-    EpochsSeen,
-    annotated_epoch,
-    next_epoch,
+from ringwright.operator.plan.generations import (
+    GENERATION_ANNOTATION,
+    LEGACY_GENERATION_ANNOTATION,
+    GenerationsSeen,
+    annotated_generation,
+    next_generation,
 )
 from ringwright.operator.plan.manifests import world_configmap
 from ringwright.operator.plan.reconcile import Observed, Plan, plan
@@ -20,62 +21,64 @@ from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer,
 
 
 @pytest.mark.parametrize(("seen", "expected"), [
-    (EpochsSeen(), 1),  # a new job
-    (EpochsSeen(document=4, annotation=4, status=4), 5),  # the usual case
-    (EpochsSeen(document=0, annotation=7, status=5), 8),  # document corrupted
-    (EpochsSeen(document=0, annotation=0, status=9), 10),  # ConfigMap deleted
-    (EpochsSeen(document=3, annotation=3, status=6), 7),  # someone wrote an older world
-    (EpochsSeen(document=12, annotation=2, status=5), 13),  # another writer went ahead
+    (GenerationsSeen(), 1),  # a new job
+    (GenerationsSeen(document=4, annotation=4, status=4), 5),  # the usual case
+    (GenerationsSeen(document=0, annotation=7, status=5), 8),  # document corrupted
+    (GenerationsSeen(document=0, annotation=0, status=9), 10),  # ConfigMap deleted
+    (GenerationsSeen(document=3, annotation=3, status=6), 7),  # someone wrote an older world
+    (GenerationsSeen(document=12, annotation=2, status=5), 13),  # another writer went ahead
 ])
-def test_next_epoch_is_above_everything_seen(seen: EpochsSeen, expected: int) -> None:
-    assert next_epoch(seen) == expected
+def test_next_generation_is_above_everything_seen(seen: GenerationsSeen, expected: int) -> None:
+    assert next_generation(seen) == expected
 
 
 @pytest.mark.parametrize(("annotations", "expected"), [
-    (None, 0), ({}, 0), ({EPOCH_ANNOTATION: "6"}, 6), ({EPOCH_ANNOTATION: "x"}, 0),
-    ({EPOCH_ANNOTATION: "-3"}, 0),
+    (None, 0), ({}, 0), ({GENERATION_ANNOTATION: "6"}, 6), ({GENERATION_ANNOTATION: "x"}, 0),
+    ({GENERATION_ANNOTATION: "-3"}, 0),
 ])
 def test_the_annotation_is_read_defensively(annotations: dict[str, str] | None,
                                             expected: int) -> None:
     cm: Obj = {"metadata": {"name": "tj-world"}}
     if annotations is not None:
         cm["metadata"]["annotations"] = annotations
-    assert annotated_epoch(cm) == expected
-    assert annotated_epoch(None) == 0
+    assert annotated_generation(cm) == expected
+    assert annotated_generation(None) == 0
 
 
-def test_the_world_configmap_carries_its_epoch_as_an_annotation() -> None:
+def test_the_world_configmap_carries_its_generation_as_an_annotation() -> None:
     cm = world_configmap(job(), "{}", 42)
-    assert cm["metadata"]["annotations"] == {EPOCH_ANNOTATION: "42"}
+    # Also under the legacy name, for an operator one version older.
+    assert cm["metadata"]["annotations"] == {GENERATION_ANNOTATION: "42",
+                                             LEGACY_GENERATION_ANNOTATION: "42"}
 
 
-def _plan(world_epoch: int | None, annotation: int, status: Obj, version: str) -> Plan:
+def _plan(world_generation: int | None, annotation: int, status: Obj, version: str) -> Plan:
     body = job(status=status)
-    world = world_of([0, 1, 2], epoch=world_epoch) if world_epoch else None
+    world = world_of([0, 1, 2], generation=world_generation) if world_generation else None
     observed = Observed(job=body, pods=[pod(i) for i in range(4)], world=world, reports={},
                         policy=SchedulingPolicySpec(), inventory=NODES,
-                        world_annotation_epoch=annotation, world_version=version)
+                        world_annotation_generation=annotation, world_version=version)
     return plan(observed, SETTINGS, NOW, FakePlacer())
 
 
 def test_a_corrupted_world_is_replaced_above_its_annotation_and_the_status() -> None:
-    decided = _plan(None, 7, {"phase": "Running", "world": {"epoch": 5}}, "881")
-    assert decided.world is not None and decided.world.epoch == 8
+    decided = _plan(None, 7, {"phase": "Running", "world": {"generation": 5}}, "881")
+    assert decided.world is not None and decided.world.generation == 8
     assert decided.world_version == "881"
-    assert decided.status["world"]["epoch"] == 8
+    assert decided.status["world"]["generation"] == 8
 
 
 def test_a_deleted_world_is_recreated_above_the_status_and_only_if_still_absent() -> None:
-    decided = _plan(None, 0, {"phase": "Running", "world": {"epoch": 9}}, "")
+    decided = _plan(None, 0, {"phase": "Running", "world": {"generation": 9}}, "")
     assert decided.world is not None
-    assert decided.world.epoch == 10
+    assert decided.world.generation == 10
     assert decided.world_version == ""
 
 
-def test_a_world_behind_the_status_does_not_pull_the_epoch_back() -> None:
-    decided = _plan(3, 3, {"phase": "Running", "world": {"epoch": 6}}, "12")
+def test_a_world_behind_the_status_does_not_pull_the_generation_back() -> None:
+    decided = _plan(3, 3, {"phase": "Running", "world": {"generation": 6}}, "12")
     assert decided.world is not None
-    assert decided.world.epoch == 7
+    assert decided.world.generation == 7
     assert decided.world_version == "12"
 
 
@@ -103,13 +106,13 @@ def test_a_deletion_drops_our_copy_so_it_cannot_stand_in_for_the_object() -> Non
     assert written.get("ConfigMap", "ns", "tj-world") is not None
 
 
-def test_a_world_whose_status_write_was_lost_is_mirrored_without_a_new_epoch() -> None:
+def test_a_world_whose_status_write_was_lost_is_mirrored_without_a_new_generation() -> None:
     """The world went out, then the operator died before writing the status."""
     observed = Observed(job=job(status={"phase": "Pending"}),
-                        pods=[pod(i) for i in range(4)], world=world_of([0, 1, 2, 3], epoch=3),
+                        pods=[pod(i) for i in range(4)], world=world_of([0, 1, 2, 3], generation=3),
                         reports={}, policy=SchedulingPolicySpec(), inventory=NODES,
-                        world_annotation_epoch=3, world_version="40")
+                        world_annotation_generation=3, world_version="40")
     decided = plan(observed, SETTINGS, NOW, FakePlacer())
-    assert decided.world is None  # the pods already follow epoch 3
+    assert decided.world is None  # the pods already follow generation 3
     assert decided.status["phase"] == "Running"
-    assert decided.status["world"]["epoch"] == 3 and decided.status["world"]["size"] == 4
+    assert decided.status["world"]["generation"] == 3 and decided.status["world"]["size"] == 4

@@ -1,4 +1,4 @@
-"""The per-epoch store and the torch.distributed backend, in one process on loopback."""
+"""The per-generation store and the torch.distributed backend, in one process on loopback."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 from ringwright.runtime.collectives.backend import CollectiveError, RankTaken, Superseded
 from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
 from ringwright.runtime.local.launcher import free_port
-from ringwright.runtime.membership.epoch_store import (
+from ringwright.runtime.membership.generation_store import (
     StoreHost,
     claim_key,
     connect_client,
-    epoch_prefix,
-    epoch_store,
+    generation_prefix,
+    generation_store,
     join_barrier,
 )
 from ringwright.runtime.settings import RuntimeSettings
@@ -27,9 +27,9 @@ ADDRESS = "127.0.0.77"
 TOKEN = b"token-of-this-job"
 
 
-def world(epoch: int, size: int = 1, port: int = 0) -> World:
+def world(generation: int, size: int = 1, port: int = 0) -> World:
     members = tuple(Member(rank=i, pod=f"w-{i}", ip=ADDRESS) for i in range(size))
-    return World(job=JobRef(namespace="ns", name="job"), epoch=epoch, members=members,
+    return World(job=JobRef(namespace="ns", name="job"), generation=generation, members=members,
                  store=StoreAddress(address=ADDRESS, port=port or free_port()))
 
 
@@ -44,7 +44,7 @@ def never() -> bool:
     return False
 
 
-def test_the_store_listens_on_the_pod_address_only_and_is_kept_across_epochs(
+def test_the_store_listens_on_the_pod_address_only_and_is_kept_across_generations(
         host: StoreHost) -> None:
     port = free_port()
     first = host.serve(ADDRESS, port, 5)
@@ -59,15 +59,16 @@ def test_the_store_listens_on_the_pod_address_only_and_is_kept_across_epochs(
         StoreHost().serve(ADDRESS, port, 5)
 
 
-def test_keys_of_different_epochs_never_mix(host: StoreHost) -> None:
+def test_keys_of_different_generations_never_mix(host: StoreHost) -> None:
     raw = host.serve(ADDRESS, free_port(), 5)
-    old, new = PrefixStore(epoch_prefix(world(1)), raw), PrefixStore(epoch_prefix(world(2)), raw)
+    old = PrefixStore(generation_prefix(world(1)), raw)
+    new = PrefixStore(generation_prefix(world(2)), raw)
     old.set("complete", "1")
     assert not new.check(["complete"])
 
 
-def test_a_rank_can_be_claimed_once_per_epoch(host: StoreHost) -> None:
-    store = epoch_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
+def test_a_rank_can_be_claimed_once_per_generation(host: StoreHost) -> None:
+    store = generation_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
     join_barrier(store, 0, 1, deadline=time.monotonic() + 5, superseded=never)
     with pytest.raises(RankTaken):
         join_barrier(store, 0, 1, deadline=time.monotonic() + 5, superseded=never)
@@ -75,22 +76,22 @@ def test_a_rank_can_be_claimed_once_per_epoch(host: StoreHost) -> None:
 
 def test_only_claims_made_with_the_token_count(host: StoreHost) -> None:
     raw = host.serve(ADDRESS, free_port(), 5)
-    ours = epoch_store(raw, world(1), TOKEN)
+    ours = generation_store(raw, world(1), TOKEN)
     # An intruder that reaches the port writes junk where rank 1's claim goes, and one
     # with another job's token claims rank 1 in its own way.
-    PrefixStore(epoch_prefix(world(1)), raw).set(claim_key(ours, 1), "intruder")
+    PrefixStore(generation_prefix(world(1)), raw).set(claim_key(ours, 1), "intruder")
     with pytest.raises(CollectiveError, match="only 1 of 2 members arrived"):
-        join_barrier(epoch_store(raw, world(1), b"token-of-another-job"), 1, 2,
+        join_barrier(generation_store(raw, world(1), b"token-of-another-job"), 1, 2,
                      deadline=time.monotonic() + 0.3, superseded=never)
     # Neither counts for this job's members, nor keeps rank 1 from its own member.
     with pytest.raises(CollectiveError, match="only 1 of 2 members arrived"):
         join_barrier(ours, 0, 2, deadline=time.monotonic() + 0.3, superseded=never)
-    join_barrier(epoch_store(raw, world(1), TOKEN), 1, 2, deadline=time.monotonic() + 5,
+    join_barrier(generation_store(raw, world(1), TOKEN), 1, 2, deadline=time.monotonic() + 5,
                  superseded=never)
 
 
 def test_waiting_for_peers_stops_when_a_newer_world_appears(host: StoreHost) -> None:
-    store = epoch_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
+    store = generation_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
     polls: list[float] = []
 
     def superseded() -> bool:
@@ -102,7 +103,7 @@ def test_waiting_for_peers_stops_when_a_newer_world_appears(host: StoreHost) -> 
 
 
 def test_waiting_for_peers_has_a_deadline(host: StoreHost) -> None:
-    store = epoch_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
+    store = generation_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
     with pytest.raises(CollectiveError, match="only 1 of 3 members arrived"):
         join_barrier(store, 1, 3, deadline=time.monotonic() + 0.3, superseded=never)
 
@@ -117,7 +118,7 @@ def test_an_unreachable_store_host_gives_way_to_a_newer_world() -> None:
                        deadline=time.monotonic(), superseded=never)
 
 
-def test_a_client_reaches_the_store_of_its_epoch(host: StoreHost) -> None:
+def test_a_client_reaches_the_store_of_its_generation(host: StoreHost) -> None:
     port = free_port()
     server = host.serve(ADDRESS, port, 5)
     client = connect_client(ADDRESS, port, timeout_s=5, attempt_s=1,
@@ -127,16 +128,17 @@ def test_a_client_reaches_the_store_of_its_epoch(host: StoreHost) -> None:
     assert isinstance(client, TCPStore)
 
 
-def test_the_torch_backend_rebuilds_its_group_for_each_epoch() -> None:
+def test_the_torch_backend_rebuilds_its_group_for_each_generation() -> None:
     backend = TorchDistributedBackend(torch.device("cpu"), RuntimeSettings(collective_timeout_s=5))
     assert backend.name == "gloo"
     port = free_port()
     try:
-        for epoch in range(3):
-            backend.init(world(epoch, port=port), 0, never, print)
-            assert backend.allreduce_max(epoch) == epoch
-            assert backend.broadcast_object({"epoch": epoch}, 0) == {"epoch": epoch}
-            assert backend.allgather_object(epoch) == [epoch]
+        for generation in range(3):
+            backend.init(world(generation, port=port), 0, never, print)
+            assert backend.allreduce_max(generation) == generation
+            sent = {"generation": generation}
+            assert backend.broadcast_object(sent, 0) == sent
+            assert backend.allgather_object(generation) == [generation]
             backend.barrier()
             backend.shutdown()
         backend.init(world(3, port=port), 0, never, print)
