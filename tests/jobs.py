@@ -36,8 +36,11 @@ class OperatorProcess:
     """``python -m ringwright.operator`` as a child process, as a user would run it."""
 
     def __init__(self, cluster: Cluster, log: Path, *, kubeconfig: Path | None = None,
-                 args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+                 args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 settings: Mapping[str, str] = FAST) -> None:
         self.cluster, self.log = cluster, log
+        self.settings = dict(settings)
+        """The operator's ``RINGWRIGHT_*`` settings (the tests' short windows by default)."""
         self.env = dict(env or {})
         """Set last: e.g. ``KUBECONFIG=""`` with an in-cluster environment."""
         self.kubeconfig = kubeconfig or cluster.kubeconfig
@@ -51,7 +54,7 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
-        env = {**os.environ, **FAST, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        env = {**os.environ, **self.settings, "KUBECONFIG": str(self.kubeconfig), **self.env}
         self.metrics_port = free_port()
         # A short lease: a restarted operator takes over from a killed one in seconds.
         args = ["--lease-seconds", str(LEASE_SECONDS), "--metrics-address", "127.0.0.1",

@@ -247,6 +247,7 @@ class EpochLog:
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.cluster, self.namespace = cluster, namespace
         self.seen: dict[str, list[tuple[int, str]]] = {}
+        self._sizes: dict[str, dict[int, int]] = {}
         self.violations: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -261,6 +262,10 @@ class EpochLog:
 
     def epochs(self, job: str) -> list[int]:
         return [epoch for epoch, _ in self.seen.get(job, [])]
+
+    def sizes(self, job: str) -> dict[int, int]:
+        """The number of workers in each epoch of ``job`` seen."""
+        return dict(self._sizes.get(job, {}))
 
     def _run(self) -> None:
         with self.cluster.client() as kube:
@@ -289,6 +294,7 @@ class EpochLog:
         if seen and world.epoch < seen[-1][0]:
             self.violations.append(f"{world.job.name}: epoch {seen[-1][0]} -> {world.epoch}")
         seen.append((world.epoch, members))
+        self._sizes.setdefault(world.job.name, {})[world.epoch] = world.size
 
 
 def _supervise(operator: OperatorProcess) -> None:
