@@ -124,10 +124,12 @@ def reconciled(kube: KubeClient, namespace: str, name: str, timeout: float = 60.
     The evidence is ``status.observedGeneration``: a harmless spec change (one more
     allowed worker, or one fewer at the limit) bumps ``metadata.generation``, and the
     operator writes the generation it read into the status last in its round, after its
-    creates, deletes, world and events. So whatever the operator saw before this call
-    (a pod, a report, a deleted member) it has acted on, or decided not to, once this
-    returns: a "nothing changed" check after it is not a bet on how long the operator
-    takes. ``meanwhile`` is called on every poll (e.g. to restart an operator that exited).
+    creates, deletes, world and events. So what had reached the operator's watches
+    before this call (a pod, a report, a deleted member) it has acted on, or decided not
+    to, once this returns: a "nothing changed" check after it is not a bet on how long
+    the operator takes. (Each kind has its own watch: wait for the change itself to be
+    visible, e.g. a pod Ready, before calling this.) ``meanwhile`` is called on every
+    poll (e.g. to restart an operator that exited).
     """
     def nudged() -> int | None:
         try:
