@@ -60,12 +60,11 @@ crds: env
 
 # Most tests wait (on processes, clocks, the cluster) rather than compute, so
 # TEST_WORKERS pytest-xdist workers share the machine; every cluster test runs on one of
-# them, against one control plane (tests/README.md). Real-process and cluster tests race
-# the clock on a 2-core machine; a failure is tried again up to twice (a test that fails
-# three times fails the run).
+# them, against one control plane (tests/README.md). A failure fails the run: only a test
+# marked flaky, with the reason, is tried again (tests/README.md).
 test: binaries lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \
-		--reruns 2 --reruns-delay 2 $(PYTEST_ARGS) tests --ignore=tests/bench
+		$(PYTEST_ARGS) tests --ignore=tests/bench
 
 demo: binaries env
 	$(PY) -m ringwright.devcluster.demo

@@ -59,6 +59,12 @@ SAMPLES = 1024
 SHOWN = ("rolled_back", "lr_rescale", "world_ready", "left_world", "published world",
          "created pod", "MemberLost")
 """Log lines worth reading in the merged log (runtime events and operator decisions)."""
+OPERATOR_SETTINGS = {
+    "RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15",
+    # Replace a lost pod only after the smaller world is out, so the demo shows both
+    # steps: the ring shrinking and the replacement joining.
+    "RINGWRIGHT_BACKOFF_BASE_SECONDS": "4"}
+"""The operator's settings in the demo (the rest are the defaults)."""
 T = TypeVar("T")
 
 
@@ -199,11 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     metrics_port = free_port()
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-           "RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15",
-           # Replace a lost pod only after the smaller world is out, so the demo shows
-           # both steps: the ring shrinking and the replacement joining.
-           "RINGWRIGHT_BACKOFF_BASE_SECONDS": "4"}
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), **OPERATOR_SETTINGS}
     operator_log = work / "operator.log"
     with operator_log.open("ab") as out:
         operator = subprocess.Popen(

@@ -2,6 +2,14 @@
 
 With ``CI=true`` nothing may skip except tests marked ``gpu``: a missing optional
 dependency (celpy, horovod, helm, the cluster's binaries) fails the run instead.
+Without it every skip is listed, with its reason, in a banner at the end of the run.
+
+Randomness replays: every test starts with ``random`` (and numpy's and torch's global
+generators) seeded from the run's seed, printed as ``seed=N`` (tests/seeds.py); the
+Hypothesis profile is chosen here too (tests/README.md).
+
+Reruns are opt-in: a test may be rerun only under ``@pytest.mark.flaky(reruns=N,
+reason="...")``, and the reason is required.
 
 Under pytest-xdist (``make test`` runs ``--dist loadgroup``) every test that uses the
 ``cluster`` fixture, directly or through ``kube``/``namespace``/``operator``, joins one
@@ -11,6 +19,7 @@ tests/README.md.
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import os
 import shutil
@@ -19,22 +28,60 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
+from _pytest.terminal import TerminalReporter
 
-from ringwright.devcluster.build import OVERRIDE_VARS
+from ringwright.devcluster.build import OVERRIDE_VARS, cached_path
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.install import install_api
+from ringwright.devcluster.versions import COMPONENTS
 from ringwright.kube import KubeClient
 from tests.jobs import OperatorProcess, fresh_namespace
-from tests.xdist_groups import assign_groups
+from tests.seeds import SEED_VAR, run_seed, seed_generators, seed_of_test
+from tests.xdist_groups import assign_groups, plain_nodeid
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# No deadline: a per-example time limit is a wall-clock assertion, and fails on a loaded
+# machine. In CI the examples are derived from each test (derandomize), so a failure
+# there fails again on every rerun; elsewhere they are random, and a failure prints the
+# blob that replays it (@reproduce_failure) and is kept in .hypothesis/ for the next run.
+hypothesis.settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+hypothesis.settings.register_profile("dev", deadline=None, print_blob=True)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
+                                 or ("ci" if IN_CI else "dev"))
+
+RUN_SEED = run_seed()
+"""Drawn at import, in the controller before any xdist worker starts (they inherit it)."""
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The run's seed, and how to replay it."""
+    return f"seed={RUN_SEED} (replay: {SEED_VAR}={RUN_SEED})"
+
+
+@pytest.fixture(autouse=True)
+def seed(request: pytest.FixtureRequest) -> int:
+    """This test's seed (from the run's and the test's id); the global generators start
+    from it. A test that draws random numbers itself takes ``random.Random(seed)``."""
+    value = seed_of_test(RUN_SEED, plain_nodeid(request.node))
+    seed_generators(value)
+    return value
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Cluster tests share one xdist worker (and so one control plane); see
-    tests/xdist_groups.py. ``loadgroup`` is set on xdist's workers only."""
+    tests/xdist_groups.py. ``loadgroup`` is set on xdist's workers only. A ``flaky``
+    mark without a reason is refused."""
+    unexplained = [item.nodeid for item in items
+                   if any(not str(m.kwargs.get("reason", "")).strip()
+                          for m in item.iter_markers("flaky"))]
+    if unexplained:
+        raise pytest.UsageError(
+            "@pytest.mark.flaky needs reason=\"why it fails now and then\": "
+            + ", ".join(unexplained))
     assign_groups(items, loadgroup=bool(getattr(config.option, "loadgroup", False)))
 
 
@@ -45,6 +92,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
     unless the test is marked ``gpu``: CI machines have no GPU, and say so."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
+    if report.failed:
+        report.sections.append(("seed", f"seed={RUN_SEED}: {SEED_VAR}={RUN_SEED} replays "
+                                        "this test's random draws"))
     if not IN_CI or not report.skipped or hasattr(report, "wasxfail") \
             or item.get_closest_marker("gpu") is not None:
         return
@@ -66,11 +116,37 @@ def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
                        f"{report.longrepr}")
 
 
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    """The run's seed (``-q`` hides the header), and every skip, by reason, in a banner:
+    a run that skipped tests did not test everything, and a line in the short summary
+    is easy to miss."""
+    terminalreporter.write_line(pytest_report_header(terminalreporter.config))
+    reasons: dict[str, list[str]] = collections.defaultdict(list)
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")].append(report.nodeid)
+    if not reasons:
+        return
+    total = sum(len(ids) for ids in reasons.values())
+    terminalreporter.section(f"{total} SKIPPED: this run did not test everything", sep="!",
+                             red=True, bold=True)
+    for reason, ids in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+        terminalreporter.write_line(f"{len(ids)} skipped: {reason}", yellow=True, bold=True)
+        for nodeid in ids[:5]:
+            terminalreporter.write_line(f"    {nodeid}")
+        if len(ids) > 5:
+            terminalreporter.write_line(f"    ... and {len(ids) - 5} more")
+
+
 def _cannot_build_reason() -> str | None:
-    if shutil.which("go") or any(os.environ.get(v) for v in OVERRIDE_VARS):
+    """Why the cluster's binaries can be neither found nor built here, or None."""
+    missing = [c.name for c in COMPONENTS if c.control_plane and not cached_path(c).is_file()]
+    if not missing or shutil.which("go") or any(os.environ.get(v) for v in OVERRIDE_VARS):
         return None
-    return ("the local cluster needs the Go toolchain to build its binaries once "
-            "(install Go 1.24+), or RINGWRIGHT_BIN_DIR pointing at prebuilt binaries")
+    return (f"the local cluster's binaries are missing ({', '.join(missing)}) and Go is not "
+            "installed to build them: install Go 1.24+ and run `make binaries`, or point "
+            "RINGWRIGHT_BIN_DIR at prebuilt binaries")
 
 
 @pytest.fixture(autouse=True)

@@ -8,13 +8,15 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ringwright.devcluster.control_plane import Cluster, free_port
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.api.base import API_VERSION
+from ringwright.operator.api.models import MAX_WORKERS
+from tests.waiting import wait_for
 
 # Short windows keep the tests quick; the logic under test is the same.
 FAST = {
@@ -34,8 +36,11 @@ class OperatorProcess:
     """``python -m ringwright.operator`` as a child process, as a user would run it."""
 
     def __init__(self, cluster: Cluster, log: Path, *, kubeconfig: Path | None = None,
-                 args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+                 args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 settings: Mapping[str, str] = FAST) -> None:
         self.cluster, self.log = cluster, log
+        self.settings = dict(settings)
+        """The operator's ``RINGWRIGHT_*`` settings (the tests' short windows by default)."""
         self.env = dict(env or {})
         """Set last: e.g. ``KUBECONFIG=""`` with an in-cluster environment."""
         self.kubeconfig = kubeconfig or cluster.kubeconfig
@@ -49,7 +54,7 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
-        env = {**os.environ, **FAST, "KUBECONFIG": str(self.kubeconfig), **self.env}
+        env = {**os.environ, **self.settings, "KUBECONFIG": str(self.kubeconfig), **self.env}
         self.metrics_port = free_port()
         # A short lease: a restarted operator takes over from a killed one in seconds.
         args = ["--lease-seconds", str(LEASE_SECONDS), "--metrics-address", "127.0.0.1",
@@ -76,6 +81,16 @@ class OperatorProcess:
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
+    def log_offset(self) -> int:
+        """Where the log ends now: :meth:`log_since` it reads what was written after."""
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def log_since(self, offset: int) -> list[str]:
+        """The log's lines written after ``offset`` (from :meth:`log_offset`)."""
+        with self.log.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace").splitlines()
+
 
 def training_job(name: str, replicas: int = 4, minimum: int = 2, **spec: Any) -> dict[str, Any]:
     """A small TrainingJob manifest (the container never runs: KWOK plays the kubelet)."""
@@ -99,6 +114,43 @@ def get_status(kube: KubeClient, namespace: str, name: str) -> dict[str, Any]:
     except ApiError:
         return {}
     return status
+
+
+def reconciled(kube: KubeClient, namespace: str, name: str, timeout: float = 60.0,
+               meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+    """Wait until the operator has finished a round of job ``name`` that began after this
+    call, and return the status that round wrote.
+
+    The evidence is ``status.observedGeneration``: a harmless spec change (one more
+    allowed worker, or one fewer at the limit) bumps ``metadata.generation``, and the
+    operator writes the generation it read into the status last in its round, after its
+    creates, deletes, world and events. So what had reached the operator's watches
+    before this call (a pod, a report, a deleted member) it has acted on, or decided not
+    to, once this returns: a "nothing changed" check after it is not a bet on how long
+    the operator takes. (Each kind has its own watch: wait for the change itself to be
+    visible, e.g. a pod Ready, before calling this.) ``meanwhile`` is called on every
+    poll (e.g. to restart an operator that exited).
+    """
+    def nudged() -> int | None:
+        try:
+            workers = kube.get(tj_path(namespace, name))["spec"]["workers"]
+            allowed = int(workers.get("max") or MAX_WORKERS)
+            bumped = allowed + 1 if allowed < MAX_WORKERS else allowed - 1
+            job = kube.merge_patch(tj_path(namespace, name),
+                                   {"spec": {"workers": {"max": bumped}}})
+        except ApiError:
+            return None  # e.g. the API server is restarting: try again
+        return int(job["metadata"]["generation"])
+
+    def observed() -> dict[str, Any] | None:
+        if meanwhile is not None:
+            meanwhile()
+        status = get_status(kube, namespace, name)
+        return status if int(status.get("observedGeneration", 0)) >= generation else None
+
+    generation = wait_for(nudged, f"{name}: a spec change to observe", timeout=timeout)
+    return wait_for(observed, f"{name}: the operator to observe generation {generation}",
+                    timeout=timeout)
 
 
 @contextlib.contextmanager

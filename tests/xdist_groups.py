@@ -35,6 +35,13 @@ def group_names(item: pytest.Item) -> list[str]:
                    for m in item.iter_markers("xdist_group")})
 
 
+def plain_nodeid(item: pytest.Item) -> str:
+    """The item's node id without the ``@group`` suffix :func:`assign_groups` adds under
+    ``--dist loadgroup``: the id a targeted run of the same test has."""
+    names = group_names(item)
+    return item.nodeid.removesuffix("@" + "_".join(names)) if names else item.nodeid
+
+
 def assign_groups(items: list[pytest.Item], loadgroup: bool) -> None:
     """Mark every cluster test with :data:`CLUSTER_GROUP` and every other real-process
     test with its lane; under ``--dist loadgroup`` make sure the scheduler sees each

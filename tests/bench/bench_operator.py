@@ -1,4 +1,4 @@
-"""Operator at scale, three parts, each with its baseline measured in the same run:
+"""Operator at scale, in parts, each with its baseline measured in the same run:
 
 1. ``plan``: one reconcile round's observe + plan for a 64-worker job with 10,000 nodes in
    memory, against the old round that rebuilt the inventory from every Node and Pod
@@ -13,12 +13,16 @@
    operator's peak RSS.
 4. ``lists``: LIST (and GET) calls per reconcile round in steady state, 20 jobs, the
    operator as of ``--before`` (the last revision that listed per round) against this one.
+5. ``refusals``: refused pod creates per second while a ResourceQuota refuses a job's
+   last pod and the job is touched every 0.2 s (each touch wakes a round), against the
+   touches per second (what retrying on every wake-up would cost), with the test suite's
+   backoff (0.2 s doubling to a 1 s cap). Goal: <= 1.5 refused creates per second.
 
 Prints figures and ratios; asserts nothing on time. Exits non-zero when a baseline
 fails (the ratios would mean nothing).
 
-    python tests/bench/bench_operator.py [plan] [throughput] [scale] [--workers 256]
-        [--nodes 10000] [--jobs 100]
+    python tests/bench/bench_operator.py [plan] [throughput] [scale] [lists] [steady]
+        [refusals] [--workers 256] [--nodes 10000] [--jobs 100] [--touches 40]
 """
 
 from __future__ import annotations
@@ -280,9 +284,9 @@ def free_port() -> int:
 class Operator:
     """``python -m ringwright.operator`` with a metrics port, as the bench runs it."""
 
-    def __init__(self, cluster: Cluster, log: Path) -> None:
+    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), **(env or {})}
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -633,10 +637,64 @@ def steady_part(work: Path, rev: str, jobs: int, window_s: float) -> bool:
     return len(results) == 2 and all(r > 0 for r, _ in results.values())
 
 
+# -- 5. refused creates are retried after a backoff, not on every wake-up ----------------
+
+
+def refused_creates(port: int, namespace: str) -> float:
+    """Pod creates the API server refused in ``namespace``, by the operator's counter."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text)
+               for s in family.samples
+               if s.name == "ringwright_operator_writes_refused_total"
+               and s.labels.get("namespace") == namespace and s.labels.get("kind") == "Pod")
+
+
+def refusals_part(work: Path, touches: int) -> bool:
+    cluster = Cluster(name="bench-operator-refusals", root=work / "refusals")
+    print(f"\n5. starting a cluster in {work} ...", flush=True)
+    cluster.up("default")
+    try:
+        with cluster.client() as kube:
+            install_api(kube)
+            ns = make_namespace(kube, "quota")
+            kube.create(api_path("v1", "resourcequotas", ns), {
+                "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"},
+                "spec": {"hard": {"pods": "3"}}})
+            wait_until("the quota's usage counted", lambda: bool(
+                (kube.get(api_path("v1", "resourcequotas", ns, "q")).get("status") or {})
+                .get("used")))
+            op = Operator(cluster, work / "refusals-operator.log", env={
+                "RINGWRIGHT_BACKOFF_BASE_SECONDS": "0.2",
+                "RINGWRIGHT_BACKOFF_CAP_SECONDS": "1", "RINGWRIGHT_RESYNC_SECONDS": "2"})
+            try:
+                job = {"apiVersion": API_VERSION, "kind": "TrainingJob",
+                       "metadata": {"name": "quota"},
+                       "spec": {"workers": {"min": 2, "replicas": 4, "max": 16, "template": {
+                           "spec": {"containers": [{"name": "train", "image": IMAGE}]}}}}}
+                kube.create(api_path(API_VERSION, "trainingjobs", ns), job)
+                wait_until("a refused create", lambda: refused_creates(op.port, ns) >= 1)
+                start, started = refused_creates(op.port, ns), time.monotonic()
+                for i in range(touches):
+                    kube.merge_patch(api_path(API_VERSION, "trainingjobs", ns, "quota"),
+                                     {"metadata": {"annotations": {"bench/touch": str(i)}}})
+                    time.sleep(0.2)
+                seconds = time.monotonic() - started
+                refused = refused_creates(op.port, ns) - start
+            finally:
+                op.stop()
+    finally:
+        cluster.down()
+    print(f"{'':44} {'per s':>8}")
+    print(f"{f'touches (each wakes a round), {touches}':44} {touches / seconds:8.2f}")
+    print(f"{'refused pod creates (goal <= 1.5)':44} {refused / seconds:8.2f}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*",
-                        choices=["plan", "throughput", "scale", "lists", "steady", []],
+                        choices=["plan", "throughput", "scale", "lists", "steady", "refusals",
+                                 []],
                         default=[])
     parser.add_argument("--before", default="513f6db",
                         help="git revision of the operator to compare LIST calls with")
@@ -648,8 +706,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--steady-seconds", type=float, default=30.0)
+    parser.add_argument("--touches", type=int, default=40)
     args = parser.parse_args(argv)
-    parts = args.parts or ["plan", "throughput", "scale", "lists"]
+    parts = args.parts or ["plan", "throughput", "scale", "lists", "refusals"]
     work = Path(tempfile.mkdtemp(prefix="ringwright-bench-operator-"))
     ok = True
     if "plan" in parts:
@@ -662,6 +721,8 @@ def main(argv: list[str] | None = None) -> int:
         ok &= lists_part(work, args.before, 20, args.steady_seconds)
     if "steady" in parts:
         ok &= steady_part(work, args.steady_before, args.steady_jobs, args.steady_seconds)
+    if "refusals" in parts:
+        ok &= refusals_part(work, args.touches)
     return 0 if ok else 1
 
 

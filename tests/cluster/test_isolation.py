@@ -19,7 +19,7 @@ from ringwright.report_seal import seal
 from ringwright.world import Env, Report, ReportKind, reports_configmap_name
 from tests.cluster.test_chart import _install
 from tests.cluster.test_operator import wait_world
-from tests.jobs import OperatorProcess, fresh_namespace, tj_path, training_job
+from tests.jobs import OperatorProcess, fresh_namespace, reconciled, tj_path, training_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -138,7 +138,8 @@ def test_one_member_forging_its_peers_reports_evicts_nobody(
             w2: seal(w2, stalled, keys[w0] or "").to_json()}})
         wait_for(lambda: f"ignoring a report under {w2}'s name" in operator.log.read_text(),
                  "the operator to refuse the forged reports")
-        time.sleep(6)  # several resync rounds (2 s each)
+        # A round that began after the refusal has been applied: nobody was evicted.
+        reconciled(kube, namespace, job)
         assert wait_world(kube, namespace, job, 3).generation == world.generation
         assert kube.get(api_path("v1", "pods", namespace, w2))["metadata"]["uid"] == victim_uid
         reasons = [e["reason"] for e in kube.list(api_path("v1", "events", namespace),

@@ -8,10 +8,8 @@ which GPU models exist, what each rack has free, the fewest racks that can hold 
 
 from __future__ import annotations
 
-import functools
 import shutil
 import subprocess
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -34,14 +32,13 @@ from ringwright.operator.api.schedulingpolicy import (
 from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 from ringwright.operator.plan.placement.resources import millicores, whole
 from ringwright.world import World, parse_world, world_configmap_name
-from tests.jobs import FAST, OperatorProcess, get_status, tj_path, training_job
+from tests.jobs import OperatorProcess, get_status, reconciled, tj_path, training_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
 POLICIES = api_path(API_VERSION, "schedulingpolicies")
 PRIORITY_CLASSES = api_path("scheduling.k8s.io/v1", "priorityclasses")
-RESYNC = float(FAST["RINGWRIGHT_RESYNC_SECONDS"])
 SLOW = 180.0
 """Generous wait: the machine is small and shared with other test runs."""
 
@@ -207,25 +204,12 @@ def wait_unschedulable(kube: KubeClient, ns: str, name: str) -> dict[str, Any]:
     return wait_for(refused, f"{name}: a Schedulable=False condition", timeout=SLOW)
 
 
-def observed(kube: KubeClient, ns: str, name: str, generation: int) -> bool:
-    """The operator has reconciled generation ``generation`` of job ``name``."""
-    return int(get_status(kube, ns, name).get("observedGeneration", 0)) >= generation
-
-
 def stays_pending_without_pods(kube: KubeClient, ns: str, *names: str) -> None:
-    """The operator reconciles the jobs again (it observes a spec change: it is alive and
-    decided afresh), a few resyncs pass, and the jobs are still Pending and own no pods."""
+    """The operator reconciles the jobs again (a round that began now: it is alive and
+    decided afresh), and the jobs are still Pending and own no pods."""
     for name in names:
-        workers = kube.get(tj_path(ns, name))["spec"]["workers"]
-        # A change that cannot make room: one more allowed worker than before.
-        changed = kube.merge_patch(tj_path(ns, name),
-                                   {"spec": {"workers": {"max": workers["max"] + 1}}})
-        generation = changed["metadata"]["generation"]
-        wait_for(functools.partial(observed, kube, ns, name, generation),
-                 f"{name}: the operator to observe generation {generation}", timeout=SLOW)
-    time.sleep(3 * RESYNC)
-    for name in names:
-        assert get_status(kube, ns, name)["phase"] == "Pending", name
+        status = reconciled(kube, ns, name, timeout=SLOW)
+        assert status["phase"] == "Pending", name
         assert all_pods_of(kube, ns, name) == [], name
 
 

@@ -3,11 +3,13 @@ real Prometheus.
 
 The driver applies the example job, deletes a worker's pod mid-training and waits for
 the smaller world and the replacement's rejoin, reading the job's status only once it
-shows the generation awaited. Prometheus (built from its Go module like the control plane)
-scrapes the operator and discovers the training pods through the API as the chart's
-PodMonitor would; its query API must then show the failure as recoveries and the
-world generation moving on. The driver's own scrape, parsed with prometheus_client's
-parser, must agree, and the timeline must be a PNG.
+shows the generation awaited. The test reads every world the operator publishes meanwhile:
+one at the reduced size must come between the first and the healed one. Prometheus
+(built from its Go module like the control plane) scrapes the operator and discovers
+the training pods through the API as the chart's PodMonitor would; its query API must
+then show the failure as recoveries and the world generation moving on. The driver's own
+scrape, parsed with prometheus_client's parser, must agree, and the timeline must be a
+PNG.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ringwright.devcluster.build import ensure_binaries
 from ringwright.devcluster.control_plane import Cluster
-from ringwright.devcluster.demo import run_job
+from ringwright.devcluster.demo import EXAMPLE, OPERATOR_SETTINGS, run_job
 from ringwright.devcluster.prometheus import Prometheus, config
 from ringwright.kube import KubeClient
 from ringwright.operator.metrics import LossCause
 from ringwright.world import ReportKind, World
+from tests.cluster.test_faults_cluster import GenerationLog
 from tests.jobs import OperatorProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -34,11 +38,27 @@ FAILED = ReportKind.COLLECTIVE_FAILED.value
 
 
 @pytest.fixture()
-def prometheus(cluster: Cluster, namespace: str, operator: OperatorProcess,
+def demo_operator(cluster: Cluster, operator: OperatorProcess,
+                  tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator as `make demo` runs it, in place of the suite's for this test: with
+    the suite's short backoff a lost pod's replacement came before the smaller world, so
+    the demo's "3 workers, then 4 again" was never seen."""
+    operator.stop()
+    demo = OperatorProcess(cluster, tmp_path / "operator.log", settings=OPERATOR_SETTINGS)
+    demo.start()
+    try:
+        yield demo
+    finally:
+        demo.stop()
+        operator.start()
+
+
+@pytest.fixture()
+def prometheus(cluster: Cluster, namespace: str, demo_operator: OperatorProcess,
                tmp_path: Path) -> Iterator[Prometheus]:
     binary = ensure_binaries(("prometheus",))["prometheus"]
     prom = Prometheus(binary, tmp_path / "prometheus", config(
-        f"127.0.0.1:{operator.metrics_port}", cluster.kubeconfig, [namespace]))
+        f"127.0.0.1:{demo_operator.metrics_port}", cluster.kubeconfig, [namespace]))
     prom.start()
     yield prom
     prom.stop()
@@ -53,9 +73,10 @@ def eventually(what: str, probe: Callable[[], bool], timeout: float = 60.0) -> N
 
 
 def test_demo_survives_a_deleted_pod_and_prometheus_sees_the_recovery(
-    cluster: Cluster, kube: KubeClient, namespace: str, operator: OperatorProcess,
+    cluster: Cluster, kube: KubeClient, namespace: str, demo_operator: OperatorProcess,
     prometheus: Prometheus, tmp_path: Path,
 ) -> None:
+    operator = demo_operator
     ns = f'namespace="{namespace}"'
 
     def scraped_everyone(world: World) -> None:
@@ -64,11 +85,15 @@ def test_demo_survives_a_deleted_pod_and_prometheus_sees_the_recovery(
                        f"count(ringwright_runtime_world_generation{{{ns}}} == {world.generation})")
                    == world.size)
 
-    run = run_job(cluster, kube, tmp_path, namespace=namespace, operator_log=operator.log,
-                  operator_metrics=operator.metrics_url, before_failure=scraped_everyone)
+    with GenerationLog(cluster, namespace) as worlds:
+        run = run_job(cluster, kube, tmp_path, namespace=namespace, operator_log=operator.log,
+                      operator_metrics=operator.metrics_url, before_failure=scraped_everyone)
 
+    # The deleted pod left a world of 3 before its replacement made it 4 again.
     first, shrunk, healed = run.generations
-    assert first < shrunk <= healed
+    sizes = worlds.sizes(yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"])
+    assert first < shrunk < healed, (run.generations, sizes)
+    assert (sizes.get(first), sizes.get(shrunk), sizes.get(healed)) == (4, 3, 4), sizes
     assert run.png.read_bytes()[:8] == PNG_MAGIC
 
     # Through Prometheus' HTTP query API. The pods' processes are gone by now (their

@@ -56,7 +56,9 @@ class LocalPSJob:
                  env: dict[str, str] | None = None) -> None:
         self.root, self.args = root, args
         self.port = free_port()
-        self.subnet = random.randint(2, 250)
+        # Apart from the PS jobs of concurrent runs: drawn from the system, not from the
+        # test's seeded generator (a replayed seed would draw the same subnet every time).
+        self.subnet = random.SystemRandom().randint(2, 250)
         self.world_file = root / "world.json"
         self.generation = 0
         self.workers: list[str] = []

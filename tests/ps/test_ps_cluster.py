@@ -56,9 +56,16 @@ def test_parameter_server_job_trains_every_sample_once(
         ps_pods = [p for p in pods if p["metadata"]["name"].startswith("rec-ps-")]
         workers = [p for p in pods if p["metadata"]["name"].startswith("rec-worker-")]
         assert len(ps_pods) == 2
-        # PS pods: above the workers in priority.
-        assert {p["spec"].get("priorityClassName") for p in ps_pods} != \
-            {p["spec"].get("priorityClassName") for p in workers}
+        # PS pods outrank every worker: compared as the priorities the API server bound
+        # on the pods at admission (spec.priority, the value of the pod's PriorityClass).
+        bound = {p["metadata"]["name"]: p["spec"].get("priority") for p in pods}
+        for p in pods:
+            cls = kube.get(api_path("scheduling.k8s.io/v1", "priorityclasses",
+                                    name=p["spec"]["priorityClassName"]))
+            assert bound[p["metadata"]["name"]] == cls["value"], (p["metadata"]["name"], cls)
+        ps_priority = [bound[p["metadata"]["name"]] for p in ps_pods]
+        worker_priority = [bound[p["metadata"]["name"]] for p in workers]
+        assert min(ps_priority) > max(worker_priority), bound
         # The job succeeds by the parameter-server completion rule: finished workers are
         # not replaced, and both servers outlive the last pushes and exit on their own.
         try:

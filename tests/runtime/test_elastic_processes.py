@@ -168,7 +168,22 @@ def test_planned_scale_down_leaver_exits_zero_without_rollback(job: LocalJob) ->
     assert_no_rollback(t)
 
 
-@BOTH_BACKENDS
+# Horovod's coordinator is rank 0. SIGKILLed, it can leave its peers at different steps
+# of Horovod's coordination; a survivor then now and then receives a message longer than
+# the one it waits for, and gloo's transport thread ends the process with std::terminate
+# (SIGABRT: "enforce fail at gloo/transport/tcp/pair.cc:510 op.preamble.length <=
+# op.nbytes. 84 vs 8"), which Python cannot catch. Seen on rank 1 in 2 of 27 runs of
+# this test on a loaded two-core machine (docs/horovod-gloo-notes.md has the aborts
+# during init). In a cluster the kubelet restarts that container and it rejoins; LocalJob
+# here restarts nothing, so the world ends at 2 members instead of 3.
+COORDINATOR_DEATH = ("Horovod's gloo transport may abort a survivor (SIGABRT, gloo "
+                     "EnforceNotMet op.preamble.length <= op.nbytes) when rank 0, Horovod's "
+                     "coordinator, is killed mid-coordination; LocalJob does not restart it")
+
+
+@pytest.mark.parametrize("job", ["torch", pytest.param("horovod", marks=[
+    pytest.mark.horovod, pytest.mark.flaky(reruns=2, reason=COORDINATOR_DEATH)])],
+    indirect=True)
 def test_kill_rank_zero_the_store_host(job: LocalJob) -> None:
     job.start(4)
     wait_for_step(job, 6)
