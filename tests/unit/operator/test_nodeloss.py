@@ -62,7 +62,7 @@ def test_tolerations_replace_the_templates_node_loss_ones_and_keep_the_rest() ->
 ])
 def test_lost_members(pod_: PodView, down: dict[str, float], lost: str,
                       due_at: float | None) -> None:
-    losses, next_at = lost_members([pod_], down, LIMIT, NOW)
+    losses, next_at = lost_members([pod_], down, LIMIT, NOW, {})
     assert [loss.reason for loss in losses] == ([lost] if lost else [])
     assert next_at == due_at
 
