@@ -39,6 +39,23 @@ MAX_TEMPLATE_KEYS = 64
 """Most labels (and annotations) a template may carry; also bounds the cost of CEL over them."""
 DEFAULT_STALENESS = 4
 """spec.ps.staleness when unset (the runtime applies the same default)."""
+DEFAULT_STARTUP_GRACE_SECONDS = 600
+"""startupGraceSeconds when unset: room for a multi-GB image pull or a long data load."""
+MAX_STARTUP_GRACE_SECONDS = 86400
+
+
+def _startup_grace(role: str) -> Any:
+    """The ``startupGraceSeconds`` field of a role (``workers`` or ``ps``)."""
+    return Field(
+        default=DEFAULT_STARTUP_GRACE_SECONDS,
+        ge=0,
+        le=MAX_STARTUP_GRACE_SECONDS,
+        description=f"How long a {role} pod's training container may run without ever "
+        "having been Ready before the SchedulingPolicy's nodeLoss.unreadySeconds start to "
+        "count: a slow start (loading data, warming up) is not a lost member. Counted from "
+        "the container's start, again after each restart; a pod that was Ready in its "
+        "container and then turns Unready gets no grace.",
+    )
 
 
 class RackPacking(StrEnum):
@@ -173,6 +190,7 @@ class WorkerSpec(ApiModel):
         "this field, so `kubectl scale tj/NAME --replicas=N` resizes the job.",
     )
     template: PodTemplate = Field(description="Pod template of every worker.")
+    startup_grace_seconds: int = _startup_grace("worker")
 
 
 class PSConsistency(StrEnum):
@@ -237,6 +255,7 @@ class PSSpec(ApiModel):
         description="Train the samples whose gradients were dropped as stale again (they are "
         "counted either way).",
     )
+    startup_grace_seconds: int = _startup_grace("ps")
 
 
 class TopologySpec(ApiModel):

@@ -4,6 +4,10 @@ Kubernetes evicts the pods of a NotReady node only after their not-ready/unreach
 tolerations run out (300 s by default); a training job cannot wait that long, so its
 pods tolerate a short, policy-set time, and the planner itself declares a member lost
 once its node has been NotReady, or its pod Unready, for the policy's threshold. A
+member that has not been Ready since its container started may still be starting (pulling
+data, building its model): its threshold counts from the container's start plus its
+role's startup grace, so a slow start is not a loss; one that was Ready in this container
+and turned Unready is hung, and counts from that turn. A
 container that the kubelet restarts in place is a failure too: each restart counts
 toward ``backoffLimit``, once.
 
@@ -52,11 +56,30 @@ class Loss:
     message: str
 
 
+def unready_clock(p: PodView, grace: float) -> tuple[float, float | None] | None:
+    """When an Unready pod's unready threshold starts to count, with its container's
+    start when that is the end of its startup grace (it has not been Ready since the
+    container started); None when it does not count (the container has not run yet, or
+    nothing is known).
+
+    Never before the container started: a kubelet restart gives a new container the grace
+    again (its restarts count toward backoffLimit on their own)."""
+    if p.starting:
+        return None
+    if p.started is not None and (p.unready_since is None or p.unready_since <= p.started):
+        return p.started + grace, p.started
+    return (p.unready_since, None) if p.unready_since is not None else None
+
+
 def lost_members(pods: Sequence[PodView], node_down_since: Mapping[str, float],
-                 limit: float, now: float) -> tuple[list[Loss], float | None]:
+                 limit: float, now: float, startup_grace: Mapping[str, float]
+                 ) -> tuple[list[Loss], float | None]:
     """Pods lost to their node being NotReady, or to running Unready (an Unready pod
     leaves the world at once, but keeps its index until replaced), for at least
-    ``limit`` seconds; and when the next loss would be due (to look again then)."""
+    ``limit`` seconds; and when the next loss would be due (to look again then).
+
+    ``startup_grace`` holds each role's grace (seconds) for a container that has not been
+    Ready since it started (see :func:`unready_clock`); a role not in it has none."""
     lost: list[Loss] = []
     next_at: float | None = None
 
@@ -74,10 +97,18 @@ def lost_members(pods: Sequence[PodView], node_down_since: Mapping[str, float],
         if down is not None and due(down):
             lost.append(Loss(p, "NodeNotReady",
                              f"{p.name}: node {p.node} NotReady for {now - down:.0f}s"))
-        elif p.state == PodState.UNREADY and p.unready_since is not None \
-                and due(p.unready_since):
-            lost.append(Loss(p, "MemberUnready",
-                             f"{p.name}: not Ready for {now - p.unready_since:.0f}s"))
+        elif p.state == PodState.UNREADY:
+            clock = unready_clock(p, startup_grace.get(p.role, 0.0))
+            if clock is None or not due(clock[0]):
+                continue
+            since, started = clock
+            if started is not None:
+                lost.append(Loss(p, "MemberNeverReady",
+                                 f"{p.name}: not Ready {now - started:.0f}s after its "
+                                 f"container started (startup grace {since - started:.0f}s)"))
+            else:
+                lost.append(Loss(p, "MemberUnready", f"{p.name}: not Ready for "
+                                 f"{now - since:.0f}s"))
     return lost, next_at
 
 

@@ -42,6 +42,12 @@ class PodView:
     """``metadata.creationTimestamp`` as epoch seconds."""
     unready_since: float | None = None
     """For an Unready pod: when its Ready condition last changed."""
+    started: float | None = None
+    """When the training container (the template's first) last started running, as epoch
+    seconds (a kubelet restart of the container moves it); None while it does not run."""
+    starting: bool = False
+    """The training container has not run yet (its image is pulling, or it waits for other
+    containers) although the pod is Running."""
     waiting: str = ""
     """Why a container waits (e.g. ``CrashLoopBackOff``); empty when none does."""
 
@@ -69,6 +75,14 @@ def _waiting(status: Obj) -> str:
     return ""
 
 
+def _training_container(pod: Obj) -> Obj:
+    """The status of the pod's first container (the one the runtime runs in), or {}."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    name = containers[0].get("name")
+    return next((c for c in (pod.get("status") or {}).get("containerStatuses") or []
+                 if c.get("name") == name), {})
+
+
 def view(pod: Obj) -> PodView | None:
     """A :class:`PodView`, or None for a pod without ringwright's role/index labels."""
     meta = pod.get("metadata") or {}
@@ -91,6 +105,8 @@ def view(pod: Obj) -> PodView | None:
     else:
         state = PodState.PENDING
     leaving = (meta.get("annotations") or {}).get(LEAVING_ANNOTATION)
+    training = _training_container(pod)
+    state_ = training.get("state") or {}
     restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
     return PodView(
         name=meta["name"],
@@ -105,4 +121,7 @@ def view(pod: Obj) -> PodView | None:
         created=parse_time(meta.get("creationTimestamp")),
         unready_since=_ready_changed(status) if state == PodState.UNREADY else None,
         waiting=_waiting(status),
+        started=parse_time((state_.get("running") or {}).get("startedAt")),
+        starting=bool(state_.get("waiting")) and not training.get("restartCount")
+        and not (training.get("lastState") or {}).get("terminated"),
     )

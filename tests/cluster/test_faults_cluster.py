@@ -204,6 +204,11 @@ def test_a_member_on_a_lost_node_is_replaced_on_another_node(
         _set_node_down(kube, victim.node, False)
 
 
+def _ago(seconds: float) -> str:
+    """An RFC 3339 time ``seconds`` before now, as the kubelet writes it."""
+    return datetime.fromtimestamp(time.time() - seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
     kube: KubeClient, namespace: str, operator: OperatorProcess, fast_node_loss: str,
 ) -> None:
@@ -218,8 +223,12 @@ def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
         "containerStatuses": [{"name": "train", "image": "ringwright/training:dev",
                                "ready": False, "restartCount": 2, "imageID": "",
                                "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}})
+    # Its container had run (and been Ready) for a while: a hung member, no startup grace.
     kube.merge_patch(api_path("v1", "pods", namespace, stuck.pod, "status"), {"status": {
-        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}]}})
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+        "containerStatuses": [{"name": "train", "image": "ringwright/training:dev",
+                               "ready": False, "restartCount": 0, "imageID": "",
+                               "state": {"running": {"startedAt": _ago(30)}}}]}})
     try:
         def looping() -> str | None:
             return next((c["message"] for c in get_status(kube, namespace, "flaky")
@@ -235,6 +244,43 @@ def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
         # Two container restarts and one lost member, each counted once.
         wait_for(lambda: get_status(kube, namespace, "flaky").get("restarts") == 3,
                  "restarts to count the container restarts and the lost member")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
+
+
+def test_a_slow_start_within_its_grace_is_kept_and_not_counted(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, fast_node_loss: str,
+) -> None:
+    # The policy's unready limit is 4 s; spec.workers.startupGraceSeconds keeps its default.
+    kube.create(tj_path(namespace), training_job("slow", replicas=3, minimum=2,
+                                                 schedulingPolicyName=fast_node_loss))
+    before = wait_world(kube, namespace, "slow", 3)
+    slow = before.members[1]
+    path = api_path("v1", "pods", namespace, slow.pod, "status")
+    # As the kubelet shows a container that just (re)started and still loads its data:
+    # Running, not Ready since long before the limit, the container started now.
+    kube.merge_patch(path, {"status": {
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": _ago(60)}],
+        "containerStatuses": [{"name": "train", "image": "ringwright/training:dev",
+                               "ready": False, "restartCount": 0, "imageID": "",
+                               "state": {"running": {"startedAt": _ago(0)}}}]}})
+    try:
+        # The round that took it out of the world also judged it, past the unready limit.
+        smaller = wait_for(lambda: (w := world_of(kube, namespace, "slow")) is not None
+                           and w.generation > before.generation and w, "a new world")
+        assert {m.pod for m in smaller.members} == {m.pod for m in before.members} - {slow.pod}
+        kept = kube.get(api_path("v1", "pods", namespace, slow.pod))
+        assert kept["metadata"]["uid"] == slow.pod_uid
+        assert "deletionTimestamp" not in kept["metadata"]
+        assert get_status(kube, namespace, "slow").get("restarts", 0) == 0
+        assert not {"MemberUnready", "MemberNeverReady", "MemberLost"} & set(
+            events_of(kube, namespace, "slow"))
+        # Ready at last: the same pod rejoins, and nothing was counted.
+        kube.merge_patch(path, {"status": {
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": _ago(0)}]}})
+        healed = wait_world(kube, namespace, "slow", 3, after=smaller.generation)
+        assert (slow.pod, slow.pod_uid) in {(m.pod, m.pod_uid) for m in healed.members}
+        assert get_status(kube, namespace, "slow").get("restarts", 0) == 0
     except AssertionError as err:
         raise AssertionError(f"{err}\noperator log:\n{operator.tail(40)}") from err
 

@@ -8,6 +8,7 @@ from ringwright.world import ReportKind
 from ...api.conditions import rfc3339
 from ...api.models import JobPhase, TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
+from ..manifests import PS, WORKER
 from ..nodeloss import lost_members, new_container_restarts
 from ..pods import PodState
 from ..types import Event
@@ -58,8 +59,11 @@ def _lost(r: Round) -> tuple[list[str], Outcome]:
                               warning=True))
     # Without a usable policy losses still count, with the default thresholds.
     node_loss = (r.obs.policy or SchedulingPolicySpec()).node_loss
+    grace = {WORKER: float(r.spec.workers.startup_grace_seconds)}
+    if r.spec.ps is not None:
+        grace[PS] = float(r.spec.ps.startup_grace_seconds)
     losses, next_at = lost_members(everyone, r.obs.node_down_since,
-                                   node_loss.unready_seconds, r.now)
+                                   node_loss.unready_seconds, r.now, grace)
     for loss in losses:
         lost.append(f"{loss.pod.name}/{loss.pod.uid}")
         told.append(event(loss.reason, f"{loss.message}; replacing it", warning=True))

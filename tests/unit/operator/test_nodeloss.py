@@ -24,12 +24,17 @@ from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer,
 LIMIT = 20.0
 
 
+GRACE = 300.0
+
+
 def pv(name: str, state: PodState = PodState.READY, node: str = "n1",
        unready_since: float | None = None, restarts: int = 0, uid: str = "",
-       waiting: str = "") -> PodView:
-    return PodView(name=name, uid=uid or f"u-{name}", role="worker", index=0, state=state,
+       waiting: str = "", started: float | None = None, starting: bool = False,
+       role: str = "worker") -> PodView:
+    return PodView(name=name, uid=uid or f"u-{name}", role=role, index=0, state=state,
                    ip="127.0.0.2", node=node, leaving_since=None, restarts=restarts,
-                   unready_since=unready_since, waiting=waiting)
+                   unready_since=unready_since, waiting=waiting, started=started,
+                   starting=starting)
 
 
 def test_tolerations_replace_the_templates_node_loss_ones_and_keep_the_rest() -> None:
@@ -62,9 +67,59 @@ def test_tolerations_replace_the_templates_node_loss_ones_and_keep_the_rest() ->
 ])
 def test_lost_members(pod_: PodView, down: dict[str, float], lost: str,
                       due_at: float | None) -> None:
-    losses, next_at = lost_members([pod_], down, LIMIT, NOW)
+    losses, next_at = lost_members([pod_], down, LIMIT, NOW, {})
     assert [loss.reason for loss in losses] == ([lost] if lost else [])
     assert next_at == due_at
+
+
+U = PodState.UNREADY
+SLOW_LIMIT = 60.0
+"""The unready limit of the slow-start cases: shorter than their containers' age."""
+
+
+@pytest.mark.parametrize(("pod_", "lost", "due_at"), [
+    # Never Ready since its container started 120 s ago (its Ready condition last changed
+    # at the pod's start): within the grace, even past the limit; due at start+grace+limit.
+    (pv("a", U, unready_since=NOW - 400, started=NOW - 120), "",
+     NOW - 120 + GRACE + SLOW_LIMIT),
+    # ... nor at the end of the grace; past the grace plus the limit: lost.
+    (pv("a", U, unready_since=NOW - 400, started=NOW - GRACE), "", NOW + SLOW_LIMIT),
+    (pv("a", U, unready_since=NOW - 400, started=NOW - GRACE - SLOW_LIMIT), "MemberNeverReady",
+     None),
+    # The Ready condition turned False in the same second the container started: it was
+    # not Ready in this container.
+    (pv("a", U, unready_since=NOW - 120, started=NOW - 120), "",
+     NOW - 120 + GRACE + SLOW_LIMIT),
+    # No Ready condition at all, but a running container: the grace counts from its start.
+    (pv("a", U, started=NOW - GRACE - SLOW_LIMIT), "MemberNeverReady", None),
+    # Ready in this container, then Unready past the limit: hung, lost as ever; not yet.
+    (pv("a", U, unready_since=NOW - 65, started=NOW - 120), "MemberUnready", None),
+    (pv("a", U, unready_since=NOW - 5, started=NOW - 120), "", NOW + 55),
+    # Restarted by the kubelet (new startedAt, after its Ready condition turned False):
+    # the new container gets the grace again.
+    (pv("a", U, unready_since=NOW - 500, started=NOW - 10, restarts=3), "",
+     NOW - 10 + GRACE + SLOW_LIMIT),
+    # Waiting between restarts (CrashLoopBackOff: not running): as ever, from the turn.
+    (pv("a", U, unready_since=NOW - 65, restarts=3, waiting="CrashLoopBackOff"),
+     "MemberUnready", None),
+    # The container has not run yet (image still pulling): not judged by readiness.
+    (pv("a", U, unready_since=NOW - 400, starting=True), "", None),
+    # A role without a grace: the limit counts from the container's start.
+    (pv("a", U, unready_since=NOW - 400, started=NOW - SLOW_LIMIT, role="ps"),
+     "MemberNeverReady", None),
+])
+def test_slow_starts_count_from_the_container_start_plus_the_grace(
+        pod_: PodView, lost: str, due_at: float | None) -> None:
+    losses, next_at = lost_members([pod_], {}, SLOW_LIMIT, NOW, {"worker": GRACE})
+    assert [loss.reason for loss in losses] == ([lost] if lost else [])
+    assert next_at == due_at
+
+
+def test_a_slow_start_on_a_lost_node_is_still_lost_with_its_node() -> None:
+    slow = pv("a", U, unready_since=NOW - 400, started=NOW - 10)
+    losses, _ = lost_members([slow, pv("b", U, starting=True)], {"n1": NOW - LIMIT}, LIMIT,
+                             NOW, {"worker": GRACE})
+    assert [loss.reason for loss in losses] == ["NodeNotReady", "NodeNotReady"]
 
 
 def test_container_restarts_count_once_per_pod_incarnation() -> None:
@@ -92,6 +147,31 @@ def test_the_pod_view_reads_unready_since_and_the_waiting_reason() -> None:
     assert seen is not None
     assert seen.state == PodState.UNREADY and seen.unready_since == NOW - 7
     assert seen.waiting == "CrashLoopBackOff" and seen.restarts == 4
+    assert seen.started is None and not seen.starting
+
+
+@pytest.mark.parametrize(("statuses", "started", "starting"), [
+    # The training container (the first in the spec) runs: its start is read.
+    ([{"name": "train", "restartCount": 1, "state": {"running": {"startedAt": rfc3339(NOW - 9)}}}],
+     NOW - 9, False),
+    # Another container's start is not the training container's.
+    ([{"name": "sidecar", "state": {"running": {"startedAt": rfc3339(NOW - 9)}}},
+      {"name": "train", "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}],
+     None, True),
+    # Waiting after it ran: restarting, not starting.
+    ([{"name": "train", "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
+     None, False),
+    ([{"name": "train", "restartCount": 0, "state": {"waiting": {}},
+       "lastState": {"terminated": {"exitCode": 1}}}], None, False),
+    ([], None, False),
+])
+def test_the_pod_view_reads_the_training_containers_start(
+        statuses: list[Obj], started: float | None, starting: bool) -> None:
+    body = pod(0, ready=False)
+    body["spec"]["containers"] = [{"name": "train"}, {"name": "sidecar"}]
+    body["status"]["containerStatuses"] = statuses
+    seen = view(body)
+    assert seen is not None and (seen.started, seen.starting) == (started, starting)
 
 
 def run(pods: list[Obj], status: Obj | None = None, down: dict[str, float] | None = None,
@@ -120,6 +200,52 @@ def test_a_member_unready_too_long_is_replaced() -> None:
                                               lastTransitionTime=rfc3339(NOW - 21))
     decided = run(pods)
     assert decided.delete == ["tj-worker-1"]
+    assert "MemberUnready" in [e.reason for e in decided.events]
+
+
+def slow(body: Obj, started: float, ready_changed: float, restarts: int = 0) -> Obj:
+    """``body`` Running and not Ready: its Ready condition last changed at
+    ``ready_changed``, its training container started at ``started``."""
+    body["status"]["conditions"][0].update(status="False",
+                                           lastTransitionTime=rfc3339(ready_changed))
+    body["spec"]["containers"] = [{"name": "train"}]
+    body["status"]["containerStatuses"] = [
+        {"name": "train", "restartCount": restarts, "ready": False,
+         "state": {"running": {"startedAt": rfc3339(started)}}}]
+    return body
+
+
+def test_a_slow_start_within_its_grace_is_kept_and_not_counted() -> None:
+    # Unready for 400 s (the policy's limit is 20), its container started 120 s ago.
+    pods = [pod(i) for i in range(4)]
+    slow(pods[1], started=NOW - 120, ready_changed=NOW - 400)
+    decided = run(pods, workers={"min": 2, "replicas": 4, "startupGraceSeconds": 300,
+                                 "template": {"spec": {"containers": [{"name": "train"}]}}})
+    assert decided.delete == [] and decided.status.get("restarts", 0) == 0
+    assert "MemberNeverReady" not in [e.reason for e in decided.events]
+    # The default grace (600 s) holds it too; past the grace and the limit it is lost.
+    assert run(pods).delete == []
+    late = [pod(i) for i in range(4)]
+    slow(late[1], started=NOW - 621, ready_changed=NOW - 900)
+    decided = run(late)
+    assert decided.delete == ["tj-worker-1"] and decided.status["restarts"] == 1
+    assert "MemberNeverReady" in [e.reason for e in decided.events]
+
+
+def test_a_restarted_container_gets_the_grace_again_and_its_restarts_count() -> None:
+    pods = [pod(i) for i in range(4)]
+    slow(pods[2], started=NOW - 5, ready_changed=NOW - 300, restarts=2)
+    decided = run(pods, runPolicy={"backoffLimit": 3})
+    assert decided.delete == []
+    assert decided.status["restarts"] == 2
+    assert decided.status["containerRestarts"] == {"tj-worker-2/u2": 2}
+
+
+def test_a_member_ready_in_its_container_then_unready_is_lost_after_the_limit() -> None:
+    pods = [pod(i) for i in range(4)]
+    slow(pods[3], started=NOW - 120, ready_changed=NOW - 21)
+    decided = run(pods)
+    assert decided.delete == ["tj-worker-3"]
     assert "MemberUnready" in [e.reason for e in decided.events]
 
 

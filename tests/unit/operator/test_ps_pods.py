@@ -129,3 +129,34 @@ def test_a_ps_that_is_not_ready_leaves_the_world() -> None:
 def test_an_unchanged_ps_membership_publishes_nothing() -> None:
     decided = _plan([_pod(PS, 0, "p0"), _pod(PS, 1, "p1")], _world(["p0", "p1"]))
     assert decided.world is None
+
+
+def _slow_ps(started: float, ready_changed: float) -> Obj:
+    """tj-ps-1 Running and not Ready since its ``ps`` container started at ``started``."""
+    body = _pod(PS, 1, "p1", ready=False)
+    body["spec"]["containers"] = PS_TEMPLATE["spec"]["containers"]
+    body["status"]["conditions"][0]["lastTransitionTime"] = rfc3339(ready_changed)
+    body["status"]["containerStatuses"] = [
+        {"name": name, "restartCount": 0, "state": {"running": {"startedAt": rfc3339(at)}}}
+        for name, at in (("sidecar", NOW - 900), ("ps", started))]
+    return body
+
+
+def test_a_slow_starting_ps_gets_the_ps_startup_grace() -> None:
+    def decide(grace: int) -> Any:
+        body = ps_job(status={"phase": "Running", "world": {"generation": 1}})
+        body["spec"]["ps"]["startupGraceSeconds"] = grace
+        workers = [_pod(WORKER, i, f"u{i}") for i in range(2)]
+        observed = Observed(job=body, pods=[*workers, _pod(PS, 0, "p0"),
+                                            _slow_ps(started=NOW - 120, ready_changed=NOW - 400)],
+                            world=_world(["p0", "p1"]), reports={},
+                            policy=SchedulingPolicySpec(), inventory=NODES)
+        return plan(observed, SETTINGS, NOW, FakePlacer())
+
+    # Unready past the policy's 60 s, but its container started 120 s ago, within 300 s
+    # of grace (the sidecar's earlier start does not count): kept.
+    assert decide(300).delete == []
+    # With 30 s of grace, 30 + 60 s after the container's start: lost.
+    lost = decide(30)
+    assert lost.delete == ["tj-ps-1"]
+    assert "MemberNeverReady" in [e.reason for e in lost.events]
