@@ -12,9 +12,10 @@ adds a worker, which receives the state by broadcast; ``kill -USR2`` removes one
 
 In a Kubernetes pod the operator sets the ``RINGWRIGHT_*`` environment and the
 script needs no arguments. Without any of it (``python examples/train_elastic.py``,
-under a debugger) the script trains alone, as a world of one. Checkpoints follow the job's ``spec.checkpoint`` (path,
-interval, keep; locally the launcher's ``--checkpoint-path``): the runtime writes them
-and a restarted job resumes from the newest, with no checkpoint code here.
+under a debugger) the script trains alone, as a world of one. Checkpoints follow the
+job's ``spec.checkpoint`` (path, interval, keep; locally the launcher's
+``--checkpoint-path``): the runtime writes them and a restarted job resumes from the
+newest, with no checkpoint code here.
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def test_an_unbound_state_says_how_to_use_it() -> None:
 
 def test_rank_and_world_size_follow_the_world_the_state_trains_in() -> None:
     state = new_state()
-    with pytest.raises(RuntimeError, match="run()"):
+    with pytest.raises(RuntimeError, match=r"run\(\)"):
         _ = state.rank
     world = make_world(3, ["w-0", "w-1", "w-2"])
     state.bind(Binding(world, rank=2))
