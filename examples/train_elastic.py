@@ -6,13 +6,16 @@ On this machine, with a local launcher playing the operator::
         -- python examples/train_elastic.py --epochs 30
 
 then ``kill -9`` one worker: the others roll back to their last commit, rebuild the
-ring at size 2, rescale the learning rate and carry on. ``kill -USR1 <launcher pid>``
+ring at size 2, rescale the learning rate (``--base-world-size 3``: linear scaling for
+3 workers; without it the rate is never changed) and carry on. ``kill -USR1 <launcher pid>``
 adds a worker, which receives the state by broadcast; ``kill -USR2`` removes one.
 
 In a Kubernetes pod the operator sets the ``RINGWRIGHT_*`` environment and the
-script needs no arguments. Checkpoints follow the job's ``spec.checkpoint`` (path,
-interval, keep; locally the launcher's ``--checkpoint-path``): the runtime writes them
-and a restarted job resumes from the newest, with no checkpoint code here.
+script needs no arguments. Without any of it (``python examples/train_elastic.py``,
+under a debugger) the script trains alone, as a world of one. Checkpoints follow the
+job's ``spec.checkpoint`` (path, interval, keep; locally the launcher's
+``--checkpoint-path``): the runtime writes them and a restarted job resumes from the
+newest, with no checkpoint code here.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=0.01,
-                        help="for the job's baseWorldSize; rescaled with the world")
+                        help="as tuned; rescaled with the world only when the job's "
+                        "lrScaling asks for it")
     parser.add_argument("--commit-every", type=int, default=10, help="steps")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -58,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                                 torch.nn.Linear(64, 1)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     state = State(model, optimizer, ElasticSampler(args.samples, args.batch_size, seed=1),
-                  best_loss=float("inf"))
+                  extra={"best_loss": float("inf")})
 
     def train(state: State) -> None:
         while state.sampler.epoch < args.epochs:
@@ -76,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             state.advance()
             if state.sampler.epoch != epoch:
-                # Every worker holds the same model, so each can evaluate it alike.
-                with torch.no_grad():
+                # Every worker holds the same model, so each can evaluate it alike. An
+                # evaluation that outlasts stallTimeoutSeconds is no stall inside busy().
+                with state.busy(), torch.no_grad():
                     full_loss = float(torch.nn.functional.mse_loss(model(xs), ys))
                 state.extra["best_loss"] = min(state.extra["best_loss"], full_loss)
-                if state.binding.rank == 0:
+                if state.rank == 0:
                     log_event(log, logging.INFO, "epoch_done", epoch=epoch, step=state.step,
-                              world_size=state.binding.world.size,
+                              world_size=state.world_size,
                               lr=state.lr.scaled_lrs()[0], loss=full_loss,
                               best_loss=state.extra["best_loss"])
                 state.commit()

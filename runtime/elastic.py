@@ -65,6 +65,7 @@ from .collectives.group import (
 )
 from .collectives.torch_backend import TorchDistributedBackend
 from .kvlog import log_event, runtime_logger
+from .local.solo import SOLO_POD, SoloBackend, SoloSource, solo_world
 from .membership.file_source import FileMembershipSource
 from .membership.health import ReadinessServer, StallWatchdog, show_readiness
 from .membership.kube_source import KubeMembershipSource
@@ -72,7 +73,7 @@ from .membership.liveness import LagListener, PeerFailure
 from .membership.reporter import FileReporter, KubeReporter, LogReporter, Reporter
 from .membership.source import MembershipSource
 from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
-from .settings import RuntimeSettings
+from .settings import RuntimeSettings, SettingsEnv
 from .state import State, Terminated
 from .state_sync import shared_commit
 
@@ -176,9 +177,15 @@ class ElasticRuntime:
         """Configure from the variables the operator (or a local launcher) sets.
 
         ``RINGWRIGHT_WORLD_FILE`` selects the local file source; otherwise the world
-        ConfigMap is watched with ``$KUBECONFIG`` or the pod's ServiceAccount.
+        ConfigMap is watched with ``$KUBECONFIG`` or the pod's ServiceAccount. With none
+        of ``RINGWRIGHT_POD_NAME``, ``RINGWRIGHT_JOB_NAME`` and ``RINGWRIGHT_WORLD_FILE``
+        set (``python train.py``, a debugger, a notebook) the process trains alone as a
+        world of one (:mod:`~ringwright.runtime.local.solo`): no store, no heartbeats,
+        and no stall watchdog unless ``RINGWRIGHT_STALL_TIMEOUT_SECONDS`` asks for one.
         """
         env = os.environ if environ is None else environ
+        if not any(env.get(name, "") for name in (Env.POD_NAME, Env.JOB_NAME, Env.WORLD_FILE)):
+            return cls.solo(env, **setting_overrides)
         pod = env.get(Env.POD_NAME, "")
         if not pod:
             raise ValueError(f"{Env.POD_NAME} is not set: the runtime needs its pod's name")
@@ -208,6 +215,20 @@ class ElasticRuntime:
             client, namespace, env.get(Env.REPORTS_CONFIGMAP) or reports_configmap_name(job),
             pod, key=env.get(Env.REPORT_KEY, ""))
         return cls(source, pod, settings=settings, reporter=reporter, backend_kind=kind)
+
+    @classmethod
+    def solo(cls, environ: Mapping[str, str] | None = None,
+             **setting_overrides: Any) -> ElasticRuntime:
+        """A runtime that trains this process alone, as rank 0 of a world of one."""
+        env = os.environ if environ is None else environ
+        if not env.get(SettingsEnv.STALL_TIMEOUT, ""):
+            # A breakpoint is no stall, and nobody reads readiness here.
+            setting_overrides.setdefault("stall_timeout_s", 0.0)
+        settings = RuntimeSettings.from_env(env, **setting_overrides)
+        log_event(_log, logging.INFO, "solo_run", pod=SOLO_POD,
+                  why=f"none of {Env.POD_NAME}, {Env.JOB_NAME}, {Env.WORLD_FILE} is set")
+        return cls(SoloSource(solo_world(SOLO_POD)), SOLO_POD, settings=settings,
+                   backend_factory=lambda _kind, device, _settings: SoloBackend(device))
 
     def run(self, train_fn: Callable[[State], R], state: State) -> R:
         """Call ``train_fn(state)`` until it returns, across any number of world changes.

@@ -16,6 +16,7 @@ manager stay unaware of them:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -178,6 +179,10 @@ class StepMeter:
         self._inner.progress()
         state = self._state
         self._metrics.step_done(state.step, samples_seen(state), state.lr.factor(state.step))
+
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        """As the group manager's (pauses the stall watchdog)."""
+        return self._inner.busy()
 
 
 class MeteredBackend:

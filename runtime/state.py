@@ -14,10 +14,13 @@ The same dictionary, :meth:`State.to_payload`, is what a checkpointer writes and
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
+import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -111,6 +114,10 @@ class StateBinding(Protocol):
         """Tell the stall watchdog that the training loop advanced."""
         ...
 
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        """Pause the stall watchdog for work that makes no steps (heartbeats go on)."""
+        ...
+
 
 def is_stateful(value: object) -> bool:
     """Whether ``value`` can join the state as an object (has both state-dict methods)."""
@@ -122,9 +129,12 @@ class State:
     """Model, optimizer, sampler, step, named objects, RNG and extras, kept consistent
     across a job's world.
 
-    Keyword arguments besides the named ones join the state by name: objects with
-    ``state_dict``/``load_state_dict`` in :attr:`objects`, plain values in
-    :attr:`extra`. ``rng`` chooses how random-number generators behave across ranks
+    Keyword arguments besides the options below register objects with
+    ``state_dict``/``load_state_dict`` (schedulers, a GradScaler, EMA weights) by name
+    in :attr:`objects`; any other keyword is refused (a mistyped option must not vanish
+    into the state). Plain values to keep with the state (a best loss, a counter) go in
+    ``extra``, a mapping, and live on in :attr:`extra`. ``rng`` chooses how
+    random-number generators behave across ranks
     (:class:`~ringwright.runtime.rng.RNGMode`: ``shared`` or ``per_rank``; ``seed``
     feeds the per-rank streams). ``checkpointer`` and ``checkpoint_policy`` override what
     the job's ``spec.checkpoint`` asks for.
@@ -142,16 +152,18 @@ class State:
         seed: int = 0,
         buckets: BucketSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
-        **extra: Any,
+        extra: Mapping[str, Any] | None = None,
+        **objects: Stateful,
     ) -> None:
+        _check_registrations(objects, extra or {})
         self.model = model
         self.optimizer = optimizer
         self.sampler = sampler
         self.step = 0
         """Global optimizer steps completed (identical on every rank)."""
-        self.objects: dict[str, Stateful] = {k: v for k, v in extra.items() if is_stateful(v)}
+        self.objects: dict[str, Stateful] = dict(objects)
         """Named objects whose state_dict joins the state."""
-        self.extra: dict[str, Any] = {k: v for k, v in extra.items() if k not in self.objects}
+        self.extra: dict[str, Any] = dict(extra or {})
         """User values to keep with the state (plain values, small)."""
         self.rng_mode = RNGMode(rng)
         self.seed = seed
@@ -194,6 +206,47 @@ class State:
         if self._binding is None:
             raise RuntimeError("state is not bound to a group: call it from ringwright's run()")
         return self._binding
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the current world (0 .. world_size-1); it can change
+        when the world does, so read it where it is used rather than keep it."""
+        return self.binding.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many workers the current world has; changes with the world."""
+        return self.binding.world.size
+
+    @property
+    def local_rank(self) -> int:
+        """This process's index among the training processes of its pod: ``LOCAL_RANK``
+        when set (as torchrun sets it), else 0, since ringwright runs one per pod."""
+        value = os.environ.get("LOCAL_RANK", "")
+        if not value:
+            return 0
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"LOCAL_RANK={value!r} is not an integer") from None
+
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        """A block that makes no steps for a while and is not a stall: a long
+        evaluation, a ``torch.compile`` warm-up, a large data load.
+
+        ::
+
+            with state.busy():
+                evaluate(model)
+
+        The stall watchdog (``spec.faultTolerance.stallTimeoutSeconds``) is paused
+        inside and starts its timeout again on leaving. Heartbeats go on from their own
+        thread, so a member that dies inside is still found dead. Outside ``run()``
+        there is no watchdog and the block just runs.
+        """
+        if self._binding is None:
+            return contextlib.nullcontext()
+        return self._binding.busy()
 
     def bind(self, binding: StateBinding) -> None:
         """Attach to the group manager (done once by the elastic runtime)."""
@@ -415,6 +468,29 @@ class State:
         if policy.due(step=self.step, now=self._clock(), last_step=last_step,
                       last_time=last_time) and guard.may_write():
             self.save_checkpoint()
+
+
+def _check_registrations(objects: Mapping[str, object], extra: Mapping[str, object]) -> None:
+    """Refuse what :class:`State` cannot keep as asked, saying what it accepts."""
+    for name, value in objects.items():
+        if not is_stateful(value):
+            options = [p.name for p in inspect.signature(State).parameters.values()
+                       if p.kind is inspect.Parameter.KEYWORD_ONLY]
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise TypeError(
+                f"State() got {name}={shown}, which is neither one of its options "
+                f"({', '.join(options)}) nor an object with state_dict() and "
+                "load_state_dict(). Keyword arguments register such objects (schedulers, "
+                "a GradScaler, EMA weights) by name; keep a plain value or tensor with "
+                f"extra={{{name!r}: ...}}")
+    for name, value in extra.items():
+        if is_stateful(value):
+            raise TypeError(f"State(extra=...) got {name!r}, an object with state_dict(): "
+                            f"pass it as State(..., {name}=...) so that its state_dict joins")
+    both = sorted(objects.keys() & extra.keys())
+    if both:
+        raise ValueError(f"State() got {', '.join(both)} both as an object and in extra")
 
 
 def _same(obj: Any) -> Any:

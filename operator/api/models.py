@@ -317,16 +317,30 @@ class CheckpointSpec(ApiModel):
 class LRScalingSpec(ApiModel):
     """How the learning rate follows the world size."""
 
-    rule: LRRule = Field(
-        default=LRRule.LINEAR,
-        description="linear: lr x size / baseWorldSize; sqrt: lr x √(size / baseWorldSize); "
-        "none: unchanged.",
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.rule == 'none' || has(self.baseWorldSize)",
+                "spec.lrScaling.baseWorldSize is required with rule linear or sqrt: set it "
+                "to the world size the configured learning rate was tuned for, or use "
+                "rule: none",
+                ".baseWorldSize",
+            )
+        )
     )
-    base_world_size: int = Field(
-        default=1,
+
+    rule: LRRule = Field(
+        default=LRRule.NONE,
+        description="none (default): the learning rate the script sets is used unchanged "
+        "at every world size. linear: lr x size / baseWorldSize; sqrt: "
+        "lr x √(size / baseWorldSize); both require baseWorldSize.",
+    )
+    base_world_size: int | None = Field(
+        default=None,
         ge=1,
         le=MAX_WORKERS,
-        description="World size the configured learning rate was tuned for.",
+        description="World size the configured learning rate was tuned for. Required with "
+        "rule linear or sqrt; unused with none.",
     )
     warmup_steps: int = Field(
         default=0,
@@ -483,7 +497,9 @@ class TrainingJobSpec(ApiModel):
         default_factory=CheckpointSpec, description="Checkpoint location and cadence."
     )
     lr_scaling: LRScalingSpec = Field(
-        default_factory=LRScalingSpec, description="Learning-rate rescaling on resize."
+        default_factory=LRScalingSpec,
+        description="Learning-rate rescaling on resize. Off unless asked for: the script's "
+        "learning rate is used as is at every world size.",
     )
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Lifecycle knobs.")
     fault_tolerance: FaultToleranceSpec = Field(

@@ -8,6 +8,7 @@ members reach the same answer without a coordinator.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -212,6 +213,10 @@ class GroupManager:
     def progress(self) -> None:
         """The training loop advanced."""
         self._watchdog.beat()
+
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        """The training loop does work without steps: pause the stall watchdog."""
+        return self._watchdog.paused()
 
     def report(self, kind: ReportKind, detail: str = "") -> None:
         """Tell the operator something about this pod in the current generation, naming

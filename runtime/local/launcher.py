@@ -382,6 +382,21 @@ class LocalJob:
             self._publish(why)
 
 
+def lr_scaling(rule: str | None, base_world_size: int | None, warmup_steps: int) -> LRScaling:
+    """The job's ``spec.lrScaling`` from the command line, with the API server's rule:
+    ``linear`` and ``sqrt`` need a base world size. A base world size alone means
+    ``linear``, as it always has here; neither means ``none``."""
+    chosen = LRRule(rule) if rule is not None else \
+        LRRule.LINEAR if base_world_size is not None else LRRule.NONE
+    if chosen is not LRRule.NONE and base_world_size is None:
+        raise ValueError(f"--lr-rule {chosen.value} needs --base-world-size (the world size "
+                         "the learning rate was tuned for)")
+    if base_world_size is not None and base_world_size < 1:
+        raise ValueError("--base-world-size must be at least 1")
+    return LRScaling(rule=chosen, base_world_size=base_world_size or 1,
+                     warmup_steps=warmup_steps)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: run a script as a local elastic job until it finishes."""
     parser = argparse.ArgumentParser(
@@ -389,8 +404,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--job", default="local")
     parser.add_argument("--workdir", type=Path, default=Path(".ringwright-local"))
-    parser.add_argument("--lr-rule", choices=[r.value for r in LRRule], default="linear")
-    parser.add_argument("--base-world-size", type=int, default=1)
+    parser.add_argument("--lr-rule", choices=[r.value for r in LRRule], default=None,
+                        help="the job's spec.lrScaling.rule (default: linear with "
+                        "--base-world-size, none without)")
+    parser.add_argument("--base-world-size", type=int, default=None,
+                        help="the world size the script's learning rate was tuned for")
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--checkpoint-path", default="",
                         help="the job's spec.checkpoint.path: checkpoints with no script code")
@@ -406,8 +424,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("give the worker command after --")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launcher %(message)s")
-    lr = LRScaling(rule=LRRule(args.lr_rule), base_world_size=args.base_world_size,
-                   warmup_steps=args.warmup_steps)
+    try:
+        lr = lr_scaling(args.lr_rule, args.base_world_size, args.warmup_steps)
+    except ValueError as err:
+        parser.error(str(err))
     checkpoint = CheckpointSettings(path=args.checkpoint_path, keep=args.checkpoint_keep,
                                     intervalSteps=args.checkpoint_interval_steps)
     with LocalJob(command, args.workdir, job=args.job, lr=lr, checkpoint=checkpoint,

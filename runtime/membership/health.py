@@ -5,7 +5,10 @@ marks the pod unready once no beat came for ``timeout`` seconds; the operator th
 drops the pod from the world. Waiting for a new world is not a stall (the pod is
 healthy, its peers are not): the group manager beats while it waits alive (polling
 for a world, in the join barrier), so only a member hung inside a library call
-while forming a group or syncing state turns unready.
+while forming a group or syncing state turns unready. Nor is work the script declares
+long (:meth:`StallWatchdog.paused`, what ``State.busy()`` uses): a long evaluation or a
+``torch.compile`` warm-up. Liveness is separate: heartbeats run on their own thread
+whatever the watchdog says.
 
 Readiness is exposed as a file (present while ready, for an ``exec`` probe such as
 ``test -f``) and/or an HTTP endpoint (``/readyz``; ``/healthz`` is liveness and
@@ -14,12 +17,13 @@ always answers 200 while the process serves requests).
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..kvlog import log_event, runtime_logger
@@ -39,6 +43,8 @@ class StallWatchdog:
         self._clock = clock
         self._lock = threading.Lock()
         self._last = clock()
+        self._paused = 0
+        """How many :meth:`paused` blocks are open (from any thread)."""
         self._ready = True
         self._listeners: list[Listener] = []
         self._stop = threading.Event()
@@ -62,11 +68,28 @@ class StallWatchdog:
         if not self.ready:
             self.check()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No progress is expected inside, however long it takes: not a stall.
+
+        Entering counts as progress (the loop is evidently alive) and so does leaving:
+        the timeout starts again from there. Blocks may nest.
+        """
+        with self._lock:
+            self._paused += 1
+        self.beat()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+            self.beat()
+
     def check(self) -> bool:
         """Re-evaluate readiness now; notifies listeners on a change."""
         with self._lock:
             idle = self._clock() - self._last
-            ready = self.timeout_s <= 0 or idle < self.timeout_s
+            ready = self.timeout_s <= 0 or self._paused > 0 or idle < self.timeout_s
             changed = ready != self._ready
             self._ready = ready
         if changed:

@@ -157,7 +157,15 @@ class Member(_Wire):
 
 
 class LRScaling(_Wire):
-    rule: LRRule = LRRule.LINEAR
+    """How the learning rate follows the world size (``spec.lrScaling``).
+
+    ``none`` unless the world says otherwise: a script's learning rate is never changed
+    unasked. ``base_world_size`` matters only for ``linear`` and ``sqrt``; it stays an
+    integer on the wire (1 when unused) so that a runtime one version older, which
+    requires it, still reads the world.
+    """
+
+    rule: LRRule = LRRule.NONE
     base_world_size: Annotated[int, Field(ge=1, alias="baseWorldSize")] = 1
     warmup_steps: Annotated[int, Field(ge=0, alias="warmupSteps")] = 0
 

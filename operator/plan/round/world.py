@@ -13,7 +13,13 @@ from ringwright.world import (
 )
 
 from ...api.conditions import rfc3339
-from ...api.models import JobPhase, PendingMembership, RackMembers, TrainingJobStatus
+from ...api.models import (
+    JobPhase,
+    LRScalingSpec,
+    PendingMembership,
+    RackMembers,
+    TrainingJobStatus,
+)
 from ..pods import PodState, PodView
 from ..recovery import recovery
 from ..worldplan import (
@@ -73,6 +79,16 @@ def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcom
     return merged(*parts)
 
 
+def lr_settings(spec: LRScalingSpec) -> LRScaling:
+    """The world's learning-rate rule from ``spec.lrScaling``.
+
+    The API server requires ``baseWorldSize`` with ``linear`` and ``sqrt``; with
+    ``none`` it is unused, and the world carries 1 for runtimes that require a number.
+    """
+    return LRScaling(rule=spec.rule, base_world_size=spec.base_world_size or 1,
+                     warmup_steps=spec.warmup_steps)
+
+
 def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
             ready_ps: list[PodView]) -> list[Outcome]:
     """A new world of the ready pods, at the next generation, written over the one read.
@@ -86,9 +102,7 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
         r.obs.inventory.by_name,
         backend=spec.backend.value, mode=spec.mode.value,
         store_port=r.settings.store_port,
-        lr=LRScaling(rule=spec.lr_scaling.rule,
-                     base_world_size=spec.lr_scaling.base_world_size,
-                     warmup_steps=spec.lr_scaling.warmup_steps),
+        lr=lr_settings(spec.lr_scaling),
         checkpoint=CheckpointSettings(
             path=spec.checkpoint.path, interval_steps=spec.checkpoint.interval_steps,
             interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),

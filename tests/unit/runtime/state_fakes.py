@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, TypeVar
 
 import torch
@@ -78,3 +79,6 @@ class Binding:
 
     def progress(self) -> None:
         self.progress_calls += 1
+
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()

@@ -147,11 +147,64 @@ def test_dropped_from_the_world_it_leaves_with_status_zero() -> None:
     assert [k for k, _, _ in reporter.reports] == [ReportKind.LEFT]
 
 
-def test_a_runtime_from_the_environment_needs_its_pod_name() -> None:
+def test_a_runtime_from_a_job_environment_needs_its_pod_name() -> None:
     with pytest.raises(ValueError, match="RINGWRIGHT_POD_NAME"):
-        ElasticRuntime.from_env({})
+        ElasticRuntime.from_env({"RINGWRIGHT_JOB_NAME": "j"})
     with pytest.raises(ValueError, match="RINGWRIGHT_JOB_NAME"):
         ElasticRuntime.from_env({"RINGWRIGHT_POD_NAME": "p"})
+
+
+def test_without_any_job_environment_the_process_trains_as_a_world_of_one() -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    def train(state: State) -> str:
+        seen.append((state.rank, state.world_size, state.binding.world.generation))
+        return Trainer(commit_every=3)(state)
+
+    state = new_state()
+    with ElasticRuntime.from_env({}) as rt:
+        assert rt.settings.stall_timeout_s == 0, "a breakpoint is no stall"
+        assert rt.run(train, state) == "done"
+    assert seen == [(0, 1, 0)]
+    assert state.step == 2 * SAMPLES // BATCH
+    assert state.lr.scaled_lrs() == [0.1], "no rescaling unless a world asks for it"
+    assert ElasticRuntime.from_env(
+        {"RINGWRIGHT_STALL_TIMEOUT_SECONDS": "60"}).settings.stall_timeout_s == 60
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_work_inside_state_busy_is_no_stall_and_heartbeats_are_untouched() -> None:
+    source, backend, reporter = FakeSource(), FakeBackend(), FakeReporter()
+    source.publish(make_world(0, [ME]))
+    clock = Clock()
+    rt = ElasticRuntime(source, ME, settings=RuntimeSettings(stall_timeout_s=10),
+                        reporter=reporter, backend_factory=lambda kind, dev, s: backend,
+                        clock=clock)
+    verdicts: list[bool] = []
+
+    def train(state: State) -> None:
+        clock.now += 11
+        verdicts.append(rt.watchdog.check())
+        with state.busy():
+            clock.now += 1000
+            verdicts.append(rt.watchdog.check())
+        clock.now += 9
+        verdicts.append(rt.watchdog.check())
+        clock.now += 2
+        verdicts.append(rt.watchdog.check())
+
+    with rt:
+        rt.run(train, new_state())
+    assert verdicts == [False, True, True, False]
+    assert [k for k, _, _ in reporter.reports] == [ReportKind.STALLED, ReportKind.STALLED]
+    assert backend.aborted is None and backend.shutdowns == 0, "the group was left alone"
 
 
 def test_default_backends_by_kind() -> None:

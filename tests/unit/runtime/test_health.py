@@ -88,3 +88,21 @@ def test_the_checker_thread_notices_a_stall_by_itself() -> None:
     finally:
         dog.stop()
     assert seen[-1] is False
+
+
+def test_a_busy_block_is_no_stall_and_the_timeout_restarts_on_leaving() -> None:
+    clock = Clock()
+    dog = StallWatchdog(10.0, clock=clock)
+    clock.now += 11
+    assert not dog.check(), "a loop that makes no progress is flagged"
+    with dog.paused():
+        assert dog.ready, "entering a busy block is a sign of life"
+        clock.now += 1000
+        assert dog.check(), "however long the block takes"
+        with dog.paused():
+            clock.now += 1000
+        assert dog.check(), "an inner block's end does not end the outer one"
+    clock.now += 9
+    assert dog.check(), "the timeout counts from leaving the block"
+    clock.now += 2
+    assert not dog.check(), "and flags a stall after it again"

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.optim import lr_scheduler
 
+from ringwright.runtime.local.launcher import lr_scaling
 from ringwright.runtime.lr_scaling import LRScaler, scale_factor
 from ringwright.world import LRRule, LRScaling
 
@@ -185,3 +186,13 @@ def test_linear_rescale_across_4_3_4_is_schedule_times_factor_at_every_step(name
         size = WORLDS[max(start for start in WORLDS if start <= step)]
         assert got == pytest.approx([lr * size / 4 for lr in want]), f"step {step}"
     assert len({round(lr[0], 9) for lr in plain}) > 2, "the schedule itself moved"
+
+
+def test_the_local_launcher_reads_lr_scaling_as_the_api_server_does() -> None:
+    assert lr_scaling(None, None, 0) == LRScaling(rule=LRRule.NONE)
+    assert lr_scaling(None, 3, 5) == LRScaling(rule=LRRule.LINEAR, base_world_size=3,
+                                                warmup_steps=5), "--base-world-size alone"
+    assert lr_scaling("sqrt", 2, 0) == LRScaling(rule=LRRule.SQRT, base_world_size=2)
+    for rule in ("linear", "sqrt"):
+        with pytest.raises(ValueError, match="needs --base-world-size"):
+            lr_scaling(rule, None, 0)

@@ -20,11 +20,12 @@ SAMPLES = 32
 
 
 def new_state(seed: int = 0, checkpointer: Checkpointer | None = None,
-              **extra: Any) -> State:
+              extra: dict[str, Any] | None = None) -> State:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    return State(model, opt, ElasticSampler(SAMPLES, 4), checkpointer=checkpointer, **extra)
+    return State(model, opt, ElasticSampler(SAMPLES, 4), checkpointer=checkpointer,
+                 extra=extra)
 
 
 def bound(state: State, **world_fields: object) -> Binding:
@@ -59,7 +60,7 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def test_restore_rolls_everything_back_to_the_commit_every_time() -> None:
-    state = new_state(extra_value=1)
+    state = new_state(extra={"extra_value": 1})
     binding = bound(state)
     train_steps(state, 3)
     state.extra["extra_value"] = 2
@@ -152,3 +153,23 @@ def test_without_a_checkpointer_there_is_nothing_to_restore() -> None:
 def test_an_unbound_state_says_how_to_use_it() -> None:
     with pytest.raises(RuntimeError, match="run\\(\\)"):
         new_state().commit()
+
+
+def test_rank_and_world_size_follow_the_world_the_state_trains_in() -> None:
+    state = new_state()
+    with pytest.raises(RuntimeError, match=r"run\(\)"):
+        _ = state.rank
+    world = make_world(3, ["w-0", "w-1", "w-2"])
+    state.bind(Binding(world, rank=2))
+    assert (state.rank, state.world_size) == (2, 3)
+
+
+def test_local_rank_is_zero_unless_local_rank_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = new_state()
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert state.local_rank == 0
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert state.local_rank == 3
+    monkeypatch.setenv("LOCAL_RANK", "three")
+    with pytest.raises(ValueError, match="LOCAL_RANK='three'"):
+        _ = state.local_rank

@@ -49,7 +49,7 @@ def new_state(seed: int = 0, rng: RNGMode = RNGMode.SHARED, **kw: Any) -> State:
                  scheduler=lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=100),
                  plateau=lr_scheduler.ReduceLROnPlateau(opt),
                  scaler=torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3),
-                 counter=Counter(), best=1.5, **kw)
+                 counter=Counter(), extra={"best": 1.5}, **kw)
 
 
 def world(size: int = 1, generation: int = 0) -> World:
@@ -119,6 +119,31 @@ def test_objects_are_told_apart_from_plain_values() -> None:
     state.track("ema", torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="state_dict"):
         state.track("best", Counter())
+
+
+def test_an_unknown_keyword_is_refused_naming_what_state_accepts() -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError) as refused:
+        State(model, opt, ElasticSampler(SAMPLES, 4),
+              compression="fp16")  # type: ignore[arg-type]
+    message = str(refused.value)
+    for accepted in ("compression='fp16'", "checkpointer", "checkpoint_policy", "rng", "seed",
+                     "buckets", "extra", "state_dict() and load_state_dict()",
+                     "extra={'compression': ...}"):
+        assert accepted in message, (accepted, message)
+    with pytest.raises(TypeError, match="tensor"):
+        State(model, opt, ElasticSampler(SAMPLES, 4),
+              ema=torch.zeros(3))  # type: ignore[arg-type]
+
+
+def test_objects_go_by_keyword_and_plain_values_in_extra() -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"pass it as State\(\.\.\., counter=\.\.\.\)"):
+        State(model, opt, ElasticSampler(SAMPLES, 4), extra={"counter": Counter()})
+    with pytest.raises(ValueError, match="both"):
+        State(model, opt, ElasticSampler(SAMPLES, 4), counter=Counter(), extra={"counter": 1})
 
 
 def test_objects_and_rng_roll_back_to_the_commit() -> None:
