@@ -8,25 +8,31 @@ received from the loader, not what the sampler meant to hand out.
 
 from __future__ import annotations
 
+import signal
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ringwright.runtime.elastic import ElasticRuntime
+from ringwright.runtime.local.launcher import LocalJob
 from ringwright.runtime.sampler import ElasticSampler, StaleIterator
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.state import State
-from ringwright.world import ReportKind
+from ringwright.world import Env, ReportKind
+from tests.runtime.elastic_traces import assert_resumed_from_commit
+from tests.runtime.test_elastic_processes import WORKER, audit, finish, wait_for_step
 from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world
 
 SAMPLES = 40
 BATCH = 2
 ME = "w-0"
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(420)
 
 
 class Indices(Dataset[int]):
@@ -154,3 +160,41 @@ def test_the_runtime_rolls_back_a_loader_with_prefetching_workers_exactly() -> N
     assert sorted(per_epoch) == [0, 1]
     for epoch, counts in per_epoch.items():
         assert counts == Counter(range(SAMPLES)), f"epoch {epoch}: {counts}"
+
+
+@pytest.fixture()
+def loader_job(tmp_path: Path) -> Iterator[LocalJob]:
+    """Workers of elastic_worker.py that draw their samples through a DataLoader with
+    two worker processes each (the sample counts of test_elastic_processes.py)."""
+    env = {
+        Env.BACKEND: "torch",
+        "TRACE_DIR": str(tmp_path / "trace"),
+        "EPOCHS": "2",
+        "SAMPLES": "192",
+        "BATCH": "4",
+        "COMMIT_EVERY": "4",
+        "STEP_SLEEP": "0.03",
+        "LOADER_WORKERS": "2",
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+        "OMP_NUM_THREADS": "1",
+    }
+    with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env) as local_job:
+        yield local_job
+
+
+def test_sigkill_with_loader_workers_every_sample_trained_once(loader_job: LocalJob) -> None:
+    """A member dies while every member's loader has batches prefetched: the survivors
+    roll back and their loaders start again at the commit; counting the indices the
+    loaders delivered to the surviving attempt of each step, every sample of each
+    epoch was trained exactly once."""
+    loader_job.start(3)
+    wait_for_step(loader_job, 6)
+    victim = loader_job.world.members[1].pod
+    loader_job.kill(victim, signal.SIGKILL)
+    codes = finish(loader_job)
+
+    assert codes[victim] == -signal.SIGKILL
+    assert loader_job.world.size == 2 and loader_job.world.generation == 1
+    t = audit(loader_job)
+    assert_resumed_from_commit(t, before=0, after=1)
+    assert {r["size"] for r in t.starts(1).values()} == {2}
