@@ -52,12 +52,11 @@ class Permutation(Sequence[int]):
         low = bits // 2
         for key in keys:
             high = bits - low
-            # (key, width of the low part, its mask, shift that keeps `high` hash bits)
+            # key; width and mask of the low part; shift keeping `high` hash bits; `high`
             rounds.append((key, low, (1 << low) - 1, 64 - high, high))
             low = high
         self._rounds = tuple(rounds)
-        self._array_rounds = tuple(tuple(np.uint64(v) for v in r[:4]) + (np.uint64(r[4]),)
-                                   for r in rounds)
+        self._array_rounds = tuple(tuple(np.uint64(v) for v in r) for r in rounds)
         self._multiplier = np.uint64(_MULTIPLIER)
 
     def _mix(self, x: int) -> int:

@@ -39,7 +39,7 @@ def test_the_label_decides_the_order() -> None:
 def test_a_billion_positions_without_a_list() -> None:
     n = 10**9
     p = Permutation(n, "big")
-    picked = p.take(range(n - 100, n)) + [p[0], p[-1]]
+    picked = [*p.take(range(n - 100, n)), p[0], p[-1]]
     assert all(0 <= i < n for i in picked)
     assert len(set(picked[:100])) == 100
     assert p[-1] == picked[99]
