@@ -19,6 +19,11 @@
 
     run(train, state)
 
+With a ``DataLoader(data, batch_sampler=state.sampler, num_workers=N)``, iterate it
+inside ``train`` (``for x, y in loader:`` in place of ``state.sampler.batch()``): each
+call of ``train`` then starts a fresh iteration at the committed cursor, and the
+loader discards what its workers had prefetched.
+
 ``run`` joins the job's world, syncs the state, and calls ``train``. When a peer
 fails, the collective raises, the state rolls back to its last commit, the runtime
 waits for the next world, rebuilds the group, syncs and calls ``train`` again, in the

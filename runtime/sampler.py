@@ -7,15 +7,37 @@ mutable state is ``(epoch, offset)``; it is committed, rolled back and broadcast
 the rest of the training state. After a resize the rest of the epoch,
 ``order[offset:]``, is simply split over the new world, so counting from the last
 commit no sample is lost and none is repeated within an epoch.
+
+The order is a keyed permutation computed position by position
+(:class:`~ringwright.runtime.permutation.Permutation`): memory and the cost of a
+batch do not grow with the dataset, so a billion samples work like a thousand.
+
+The sampler is also a torch batch sampler: ``DataLoader(dataset, batch_sampler=sampler,
+num_workers=N)`` loads this rank's share of each global batch, from the cursor to the
+end of the epoch. The loader runs ahead of training (it prefetches
+``prefetch_factor * num_workers`` batches), so iterating never moves the cursor: the
+training loop does, through ``State.advance()``, once per trained batch. A rollback or
+a world change ends the training function; when the runtime calls it again, iterating
+the loader anew starts from the committed cursor, and the loader discards what its
+workers had prefetched. An iterator that outlives a rollback or a world change stops
+with :class:`StaleIterator` rather than hand out batches of a cursor that is gone.
 """
 
 from __future__ import annotations
 
-import random
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from torch.utils.data import Sampler
 
-class ElasticSampler:
+from .permutation import Permutation
+
+
+class StaleIterator(RuntimeError):
+    """A data-loader iterator created before a rollback or world change was used after it."""
+
+
+class ElasticSampler(Sampler[list[int]]):
     """Hands each rank its share of the next global batch of the current epoch."""
 
     def __init__(
@@ -34,9 +56,11 @@ class ElasticSampler:
         """Positions of this epoch's order consumed by completed global batches."""
         self.rank = 0
         self.size = 1
+        self._order: Sequence[int] = range(num_samples)
         self._order_key: tuple[int, int, bool] | None = None
-        """(seed, epoch, shuffle) that :attr:`_order` was drawn for."""
-        self._order: list[int] = []
+        """(seed, epoch, shuffle) that :attr:`_order` was made for."""
+        self._resets = 0
+        """Counts rollbacks, syncs and world changes: an iterator made before one is stale."""
 
     def set_world(self, rank: int, size: int) -> None:
         """Follow a new world: the rest of the epoch is split over ``size`` ranks."""
@@ -44,33 +68,64 @@ class ElasticSampler:
             raise ValueError(f"rank {rank} outside a world of size {size}")
         self.rank = rank
         self.size = size
+        self._resets += 1
 
-    def order(self) -> list[int]:
-        """This epoch's order of sample indices (identical on every rank).
-
-        Drawn once per (seed, epoch, shuffle): a rollback or a sync that lands in the same
-        epoch keeps it, since drawing it again costs a shuffle of the whole dataset (a
-        third of a second for 200,000 samples) before the first step of every recovery.
-        """
+    def order(self) -> Sequence[int]:
+        """This epoch's order of sample indices (identical on every rank), computed
+        position by position: a :class:`Permutation` seeded by (seed, epoch), or the
+        identity without shuffling."""
         key = (self.seed, self.epoch, self.shuffle)
         if self._order_key != key:
-            order = list(range(self.num_samples))
-            if self.shuffle:
-                random.Random(f"ringwright-sampler:{self.seed}:{self.epoch}").shuffle(order)
-            self._order, self._order_key = order, key
+            self._order = (Permutation(self.num_samples,
+                                       f"ringwright-sampler:{self.seed}:{self.epoch}")
+                           if self.shuffle else range(self.num_samples))
+            self._order_key = key
         return self._order
 
     def global_positions(self) -> range:
         """Positions in :meth:`order` that the next global batch covers."""
-        end = min(self.offset + self.size * self.batch_size, self.num_samples)
-        return range(self.offset, end)
+        return self._positions_at(self.offset)
 
     def batch(self) -> list[int]:
         """This rank's sample indices for the next step (may be short at the epoch's end)."""
-        positions = self.global_positions()
+        return self._share_of(self.global_positions())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """This rank's share of every global batch from the cursor to the end of the
+        epoch, for a ``DataLoader``'s ``batch_sampler``; the cursor itself stays put.
+
+        Raises :class:`StaleIterator` when asked for a batch after a rollback, a sync or
+        a world change: iterate the loader again (``for batch in loader`` inside the
+        training function) to continue from the committed cursor.
+        """
+        # Taken now, not at the first next(): the cursor is the one iter() was called at.
+        return self._batches_from(self.offset, self._resets)
+
+    def _batches_from(self, position: int, resets: int) -> Iterator[list[int]]:
+        while position < self.num_samples:
+            if self._resets != resets:
+                raise StaleIterator(
+                    "this data-loader iterator predates a rollback or a world change: "
+                    "iterate the loader again (for batch in loader) inside the training "
+                    "function; it continues from the committed position")
+            positions = self._positions_at(position)
+            yield self._share_of(positions)
+            position = positions.stop
+
+    def __len__(self) -> int:
+        """Steps left in this epoch (what ``len(loader)`` reports)."""
+        return -(-self.remaining // (self.size * self.batch_size))
+
+    def _positions_at(self, offset: int) -> range:
+        return range(offset, min(offset + self.size * self.batch_size, self.num_samples))
+
+    def _share_of(self, positions: range) -> list[int]:
         start, count = _share(len(positions), self.size, self.rank)
+        mine = positions[start:start + count]
         order = self.order()
-        return [order[p] for p in positions[start:start + count]]
+        if isinstance(order, Permutation):
+            return order.take(mine)
+        return [order[p] for p in mine]
 
     def advance(self) -> None:
         """Record that every rank finished the current global batch."""
@@ -107,6 +162,7 @@ class ElasticSampler:
         self.seed = int(state["seed"])
         self.shuffle = bool(state["shuffle"])
         self.batch_size = int(state["batch_size"])
+        self._resets += 1
 
 
 def _share(total: int, size: int, rank: int) -> tuple[int, int]:

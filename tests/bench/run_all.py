@@ -4,7 +4,7 @@ Each benchmark measures its own baseline in the same run and prints ratios; this
 sequences them and says which failed. Pass names to run a subset:
 
     python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator] [network]
-                                  [ps]
+                                  [ps] [sampler]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ BENCHES = {
     "operator": "bench_operator.py",
     "network": "bench_network.py",
     "ps": "bench_ps.py",
+    "sampler": "bench_sampler.py",
 }
 
 

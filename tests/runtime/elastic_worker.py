@@ -19,6 +19,9 @@ rank that completes that step first sleep once per job (a slow evaluation, a str
 late, not dead); PAUSE_FILE (default: in TRACE_DIR) records that it happened.
 USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
 training function, as user code may.
+LOADER_WORKERS=N draws each step's samples through a torch ``DataLoader`` with N worker
+processes (persistent, prefetching) driven by the elastic sampler; the step's indices
+are then the ones the loader delivered.
 CUDA=1 trains on GPU ``<pod index> % device count`` (NCCL with the torch backend).
 BALLAST_MB adds a buffer of that size to the model: it is not trained, but every state
 broadcast carries it, so a test can act while one is under way.
@@ -36,10 +39,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.storage import LocalStorage
@@ -70,6 +75,19 @@ class Trace:
     def write(self, **record: Any) -> None:
         record["t"] = time.time()
         os.write(self._fd, (json.dumps(record) + "\n").encode())
+
+
+class SampleIndices(Dataset[int]):
+    """Sample ``i`` is its index: the trace records what the loader delivered."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int) -> int:
+        return i
 
 
 def pause_once(path: Path, seconds: float) -> bool:
@@ -162,6 +180,23 @@ def main() -> int:
     buckets = BucketSettings(bucket_bytes=int(bucket_bytes)) if bucket_bytes else None
     state = State(model, optimizer, ElasticSampler(samples, batch, seed=7),
                   checkpointer=checkpointer, buckets=buckets)
+    loader_workers = int(os.environ.get("LOADER_WORKERS", "0"))
+    loader = DataLoader(SampleIndices(samples), batch_sampler=state.sampler,
+                        num_workers=loader_workers,
+                        persistent_workers=True) if loader_workers else None
+
+    def steps(state: State) -> Iterator[tuple[int, int, list[int]]]:
+        """(data epoch, global batch, this rank's indices) of each step to train."""
+        while state.sampler.epoch < epochs:
+            if loader is None:
+                yield (state.sampler.epoch, len(state.sampler.global_positions()),
+                       state.sampler.batch())
+                continue
+            # A new iteration per epoch and per call of train(): it starts at the
+            # committed cursor, whatever the loader's workers had prefetched.
+            for loaded in loader:
+                yield (state.sampler.epoch, len(state.sampler.global_positions()),
+                       loaded.tolist())
 
     def train(state: State) -> None:
         world = state.binding.world
@@ -177,10 +212,7 @@ def main() -> int:
 
     def train_in_world(state: State) -> None:
         world = state.binding.world
-        while state.sampler.epoch < epochs:
-            data_epoch = state.sampler.epoch
-            global_batch = len(state.sampler.global_positions())
-            indices = state.sampler.batch()
+        for data_epoch, global_batch, indices in steps(state):
             optimizer.zero_grad()
             loss = torch.zeros((), device=xs.device)
             if indices:

@@ -3,14 +3,16 @@ commits, whatever sequence of steps, commits, resizes and rollbacks happens."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringwright.runtime.sampler import ElasticSampler
+from ringwright.runtime.sampler import ElasticSampler, StaleIterator
 
 
 @dataclass
@@ -129,28 +131,26 @@ def test_a_global_batch_is_split_as_evenly_as_possible(
 def test_the_order_is_the_same_on_every_rank_and_changes_per_epoch() -> None:
     a, b = ElasticSampler(50, 5, seed=1), ElasticSampler(50, 5, seed=1)
     b.set_world(3, 4)
-    assert a.order() == b.order()
+    assert list(a.order()) == list(b.order())
     first = list(a.order())
     a.epoch = 1
-    assert a.order() != first
+    assert list(a.order()) != first
     assert sorted(a.order()) == list(range(50))
 
 
-def test_a_rollback_in_the_same_epoch_keeps_the_drawn_order() -> None:
-    """Drawing the order again would shuffle the whole dataset before the first step of
-    every recovery; only a new seed, epoch or shuffle flag draws a new one."""
+def test_the_order_follows_seed_epoch_and_shuffle_from_a_loaded_state() -> None:
     s = ElasticSampler(50, 5, seed=1)
     committed = s.state_dict()
-    drawn = s.order()
+    drawn = list(s.order())
     s.advance()
     s.load_state_dict(committed)
-    assert s.order() is drawn
+    assert list(s.order()) == drawn
     s.load_state_dict({**committed, "seed": 2})
-    assert s.order() != drawn
+    assert list(s.order()) != drawn
     s.load_state_dict({**committed, "shuffle": False})
-    assert s.order() == list(range(50))
+    assert list(s.order()) == list(range(50))
     s.load_state_dict({**committed, "epoch": 1})
-    assert sorted(s.order()) == list(range(50)) and s.order() != drawn
+    assert sorted(s.order()) == list(range(50)) and list(s.order()) != drawn
 
 
 def test_epoch_rolls_over_after_its_last_batch() -> None:
@@ -175,3 +175,103 @@ def test_bad_arguments_are_refused() -> None:
         ElasticSampler(1, 0)
     with pytest.raises(ValueError):
         ElasticSampler(5, 1).set_world(2, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(samples=st.integers(1, 80), batch=st.integers(1, 5), size=st.integers(1, 5),
+       ahead=st.integers(0, 6),
+       ops=st.lists(st.tuples(st.sampled_from(["train", "commit", "rollback", "resize"]),
+                              st.integers(1, 5)), max_size=30))
+def test_iterators_running_ahead_lose_and_repeat_nothing(
+        samples: int, batch: int, size: int, ahead: int,
+        ops: list[tuple[str, int]]) -> None:
+    """Each rank's batches come from ``iter(sampler)`` pulled ``ahead`` batches beyond
+    training, as a data loader prefetches; a rollback or a resize at any offset drops
+    the prefetched ones and iterates again from the committed cursor."""
+    snapshot = ElasticSampler(samples, batch, seed=5).state_dict()
+    ranks: list[ElasticSampler] = []
+    queues: list[list[list[int]]] = []
+    iterators: list[Iterator[list[int]]] = []
+
+    def world(new_size: int) -> None:
+        ranks.clear()
+        for rank in range(new_size):
+            s = ElasticSampler(samples, batch)
+            s.load_state_dict(dict(snapshot))
+            s.set_world(rank, new_size)
+            ranks.append(s)
+        restart()
+
+    def restart() -> None:
+        iterators[:] = [iter(s) for s in ranks]
+        queues[:] = [[] for _ in ranks]
+        for q, it in zip(queues, iterators, strict=True):
+            q.extend(itertools.islice(it, ahead))
+
+    world(size)
+    committed: dict[int, Counter[int]] = defaultdict(Counter)
+    pending: list[tuple[int, int]] = []
+
+    def train() -> None:
+        epoch = ranks[0].epoch
+        for q, it in zip(queues, iterators, strict=True):
+            q.extend(itertools.islice(it, 1))
+        if not queues[0]:
+            restart()  # the loader ran out: the next epoch's iteration
+            return train()
+        for q, s in zip(queues, ranks, strict=True):
+            pending.extend((epoch, i) for i in q.pop(0))
+            s.advance()
+        if ranks[0].epoch != epoch:
+            restart()
+        return None
+
+    def commit() -> None:
+        nonlocal snapshot
+        for epoch, i in pending:
+            committed[epoch][i] += 1
+        pending.clear()
+        snapshot = ranks[0].state_dict()
+
+    for op, arg in ops:
+        if op == "train":
+            for _ in range(arg):
+                train()
+        elif op == "commit":
+            commit()
+        elif op == "rollback":
+            pending.clear()
+            world(len(ranks))
+        else:
+            commit()
+            world(arg)
+    commit()
+    start_epoch = ranks[0].epoch
+    while ranks[0].epoch == start_epoch:
+        train()
+    commit()
+    # Every epoch completed so far, counted from the commits, trained each sample once.
+    assert sorted(committed) == list(range(ranks[0].epoch))
+    for epoch, counts in committed.items():
+        assert counts == Counter(range(samples)), f"epoch {epoch}"
+
+
+def test_an_iterator_from_before_a_rollback_refuses_to_go_on() -> None:
+    s = ElasticSampler(40, 2, seed=1)
+    s.set_world(0, 2)
+    committed = s.state_dict()
+    it = iter(s)
+    next(it)
+    s.load_state_dict(committed)
+    with pytest.raises(StaleIterator, match="iterate the loader again"):
+        next(it)
+    assert next(iter(s)) == s.batch(), "a new iterator starts at the committed cursor"
+
+
+def test_len_counts_the_steps_left_in_the_epoch() -> None:
+    s = ElasticSampler(10, 2)
+    s.set_world(1, 2)
+    assert len(s) == 3 == len(list(s))
+    s.advance()
+    assert len(s) == 2 == len(list(s))
+    assert list(s) == [s.batch(), [s.order()[9]]]
