@@ -338,7 +338,8 @@ class GenerationLog:
                                        f"with two memberships")
             return
         if seen and world.generation < seen[-1][0]:
-            self.violations.append(f"{world.job.name}: generation {seen[-1][0]} -> {world.generation}")
+            self.violations.append(
+                f"{world.job.name}: generation {seen[-1][0]} -> {world.generation}")
         seen.append((world.generation, members))
         self._sizes.setdefault(world.job.name, {})[world.generation] = world.size
 
