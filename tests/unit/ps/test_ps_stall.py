@@ -21,6 +21,7 @@ from ringwright.runtime.ps.serving.server import ParameterServer
 from ringwright.runtime.ps.wire.codec import Header, Tensors
 from ringwright.runtime.ps.wire.transport import Stub, serve
 from ringwright.world import JobRef, Member, Mode, StoreAddress, World
+from tests.waiting import wait_for
 
 STALL_S = 0.6
 
@@ -132,9 +133,12 @@ def test_a_pod_waiting_for_a_world_that_lists_it_keeps_beating(tmp_path: Path) -
     beats: list[float] = []
 
     def publish() -> None:
-        time.sleep(0.5)
+        # Each world goes out once the waiter has beaten twice more: a waiter that stops
+        # beating never sees the world that lists it, and the wait below times out.
+        wait_for(lambda: len(beats) >= 2 or None, "beats before any world", timeout=20)
         write_world_file(path, _world(1, ("ps-0",)))  # not yet listing ps-1
-        time.sleep(0.5)
+        seen = len(beats)
+        wait_for(lambda: len(beats) >= seen + 2 or None, "beats while not listed", timeout=20)
         write_world_file(path, _world(2, ("ps-0", "ps-1")))
 
     publisher = threading.Thread(target=publish)
@@ -146,4 +150,3 @@ def test_a_pod_waiting_for_a_world_that_lists_it_keeps_beating(tmp_path: Path) -
         publisher.join()
         source.close()
     assert world.generation == 2
-    assert len(beats) >= 5  # about every 0.1 s for about 1 s
