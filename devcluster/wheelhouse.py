@@ -92,8 +92,8 @@ def _wanted(req: Requirement, extras: Iterable[str]) -> bool:
 
 def closure(roots: Iterable[str], dists: Mapping[str, Installed], venv: Path,
             leave_out: Iterable[str] = ()) -> list[Installed]:
-    """The distributions of ``dists`` that installing ``roots`` (requirement strings)
-    brings in, dependencies of dependencies included, sorted by name.
+    """The distributions of ``dists`` that installing ``roots`` (requirement strings,
+    markers and all) brings in, dependencies of dependencies included, sorted by name.
 
     Names in ``leave_out`` are neither taken nor followed. Raises
     :class:`WheelhouseError` when the venv lacks one or has a version the requirement
@@ -102,7 +102,7 @@ def closure(roots: Iterable[str], dists: Mapping[str, Installed], venv: Path,
     skip = {canonicalize_name(n) for n in leave_out}
     taken: dict[str, Installed] = {}
     seen: set[tuple[str, frozenset[str]]] = set()
-    todo = [(Requirement(r), "the image") for r in roots]
+    todo = [(r, "the image") for r in map(Requirement, roots) if _wanted(r, ())]
     while todo:
         req, wanted_by = todo.pop()
         name = canonicalize_name(req.name)

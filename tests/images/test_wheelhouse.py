@@ -121,6 +121,9 @@ def test_the_closure_follows_dependencies_extras_and_markers() -> None:
     assert names == ["app", "base", "lib"]
     names = [d.name for d in closure(["app[cli]"], DISTS, Path("/venv"))]
     assert names == ["app", "base", "lib", "tool"]
+    # Roots carry markers too (a wheel's Requires-Dist lists its test extras).
+    names = [d.name for d in closure(["lib", "missing; extra == 'test'"], DISTS, Path("/v"))]
+    assert names == ["base", "lib"]
 
 
 def test_a_left_out_distribution_is_not_followed() -> None:
