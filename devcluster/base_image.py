@@ -79,7 +79,6 @@ def ensure(workdir: Path, recipe: Recipe = RECIPE) -> str:
     ref = recipe.reference()
     if buildah.image_id(ref) is not None:
         return ref
-    buildah.require("buildah", "mmdebstrap")
     workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=workdir, prefix=".base-") as tmp:
         tarball = Path(tmp) / "rootfs.tar"

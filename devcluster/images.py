@@ -117,7 +117,8 @@ class BuiltImage:
     """False when the cache already had it."""
 
 
-def _project() -> dict[str, Any]:
+def pyproject() -> dict[str, Any]:
+    """The checkout's pyproject.toml."""
     with (ROOT / "pyproject.toml").open("rb") as f:
         return tomllib.load(f)
 
@@ -144,22 +145,27 @@ def horovod_wheel(venv: Path, cache: Path) -> Path:
     """The Horovod wheel built against ``venv``'s torch, from the cache of
     ``scripts/build_horovod.sh`` (which builds it first when missing: minutes)."""
     common = ["bash", str(HOROVOD_SCRIPT), "--venv", str(venv), "--cache", str(cache)]
-    key = subprocess.run([*common, "--print-key"], capture_output=True, text=True,
-                         check=True).stdout.strip()
+
+    def script(*args: str) -> str:
+        proc = subprocess.run([*common, *args], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise ImageError(f"{HOROVOD_SCRIPT.name} {' '.join(args)} failed:\n"
+                             f"{proc.stderr[-4000:]}")
+        return proc.stdout
+
+    key = script("--print-key").strip()
     found = sorted((cache / "wheels" / key).glob("horovod-*.whl"))
     if not found:
         log.info("no Horovod wheel for this venv yet: building it (make env does too)")
-        proc = subprocess.run([*common, "--no-install", "--no-smoke"], text=True,
-                              capture_output=True, stdin=subprocess.DEVNULL)
-        if proc.returncode != 0:
-            raise ImageError(f"building the Horovod wheel failed:\n{proc.stderr[-4000:]}")
+        script("--no-install", "--no-smoke")
         found = sorted((cache / "wheels" / key).glob("horovod-*.whl"))
     return found[0]
 
 
 def plan(target: Target, venv: Path, cache: Path) -> Plan:
     """Everything ``target``'s image is made of, and its key."""
-    project = _project()
+    project = pyproject()
     dists = wheelhouse.installed(wheelhouse.site_packages(venv))
     wheels = wheelhouse.closure(roots(target, project), dists, venv, leave_out=["horovod"])
     hvd_wheel, hvd_wheels = None, []
