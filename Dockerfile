@@ -40,7 +40,10 @@ FROM scratch AS wheelhouse
 # Built once and installed by the stages below, so no image needs the sources.
 FROM ${PYTHON_IMAGE} AS wheel
 ARG WHEELHOUSE
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+# Zip entries dated 1980: the same sources make the same wheel file, so a rebuilt
+# stage leaves the layers that copy and install it as they were.
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+    SOURCE_DATE_EPOCH=315532800
 WORKDIR /build
 COPY pyproject.toml README.md ./
 # The training image's dependencies, apart from the sources: it installs them (torch)

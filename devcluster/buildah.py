@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,3 +59,14 @@ def tags(repository: str) -> list[str]:
     out = run("images", "--format", "{{.Name}}:{{.Tag}}")
     return sorted(line.rsplit(":", 1)[1] for line in out.split()
                   if line.rsplit(":", 1)[0] == repository)
+
+
+def layers(ref: str) -> list[str]:
+    """The diff IDs of the layers of local image ``ref``, base first."""
+    return run("inspect", "--type", "image", "--format",
+               "{{range .OCIv1.RootFS.DiffIDs}}{{.}} {{end}}", ref).split()
+
+
+def images() -> list[tuple[str, list[str]]]:
+    """Every local image, intermediate ones included: (ID, names)."""
+    return [(i["id"], list(i["names"] or [])) for i in json.loads(run("images", "-a", "--json"))]

@@ -244,6 +244,23 @@ def _build(p: Plan, cache: Path) -> BuiltImage:
     return BuiltImage(p.target.name, (p.name, p.keyed_name), image, archive, True)
 
 
+def drop_stale_cache(base: str) -> None:
+    """Remove the intermediate images of older builds on ``base``: untagged images that
+    no tagged image is built on (an old build's builder stages and source layers, an
+    old set of wheels). Those a tagged image is built on stay: they are the layer cache
+    that spares the next build installing torch again."""
+    listing = buildah.images()
+    tagged = [buildah.layers(image) for image, names in listing if names]
+    root = buildah.layers(base)[:1]
+    for image, names in listing:
+        chain = buildah.layers(image) if not names else []
+        if chain[:1] == root and not any(t[:len(chain)] == chain for t in tagged):
+            try:
+                buildah.run("rmi", image)
+            except ImageError as err:  # in use by a container: next time
+                log.info("kept %s: %s", image, err)
+
+
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """One image build per cache at a time (make images and a test run may overlap)."""
@@ -273,6 +290,8 @@ def build(names: list[str], venv: Path | None = None,
             p = plan(TARGETS[name], venv, cache)
             found = _cached(p, cache)
             built.append(found if found is not None else _build(p, cache))
+        if any(image.built for image in built):
+            drop_stale_cache(base_image.RECIPE.reference())
     return built
 
 
