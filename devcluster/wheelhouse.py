@@ -52,12 +52,8 @@ class Installed:
     dist_info: Path
     requires: tuple[str, ...]
     digest: str
-    """sha256 of the name, version and RECORD (which hashes every installed file)."""
-
-    @property
-    def site(self) -> Path:
-        """The site-packages folder it is installed in."""
-        return self.dist_info.parent
+    """sha256 of the name, version and the RECORD hashes of the files its wheel held:
+    the same distribution installed in two venvs has one digest."""
 
 
 def site_packages(venv: Path) -> Path:
@@ -74,13 +70,14 @@ def installed(site: Path) -> dict[str, Installed]:
     found: dict[str, Installed] = {}
     for dist_info in sorted(site.glob("*.dist-info")):
         dist = PathDistribution(dist_info)
-        record = dist.read_text("RECORD")
-        if record is None:
+        if dist.read_text("RECORD") is None:
             continue
         name = canonicalize_name(dist.metadata["Name"])
-        digest = hashlib.sha256(f"{name}\0{dist.version}\0{record}".encode()).hexdigest()
+        digest = hashlib.sha256(f"{name}\0{dist.version}".encode())
+        for _, arcname, record_hash in _members(dist_info):
+            digest.update(f"\0{arcname}\0{record_hash}".encode())
         found[name] = Installed(name, dist.version, dist_info, tuple(dist.requires or ()),
-                                digest)
+                                digest.hexdigest())
     return found
 
 
@@ -148,39 +145,40 @@ def wheel_name(dist: Installed) -> str:
     return "-".join(parts) + ".whl"
 
 
-def _data_folder(dist: Installed) -> str:
-    return dist.dist_info.name.removesuffix(".dist-info") + ".data"
+def _data_folder(dist_info: Path) -> str:
+    return dist_info.name.removesuffix(".dist-info") + ".data"
 
 
-def _entry_points(dist: Installed) -> set[str]:
+def _entry_points(dist_info: Path) -> set[str]:
     """Names of the scripts the installer wrote from entry points."""
-    return {ep.name for ep in PathDistribution(dist.dist_info).entry_points
+    return {ep.name for ep in PathDistribution(dist_info).entry_points
             if ep.group in ("console_scripts", "gui_scripts")}
 
 
-def _members(dist: Installed) -> list[tuple[Path, str]]:
-    """(installed file, name in the wheel) for every file the wheel had."""
-    site = dist.site
+def _members(dist_info: Path) -> list[tuple[Path, str, str]]:
+    """(installed file, name in the wheel, hash in RECORD) for every file the wheel
+    held: not what the installer made (bytecode, entry-point scripts, its records)."""
+    site = dist_info.parent
     prefix = site.parents[2]
-    data = _data_folder(dist)
-    scripts = _entry_points(dist)
-    members: list[tuple[Path, str]] = []
-    for row in csv.reader(io.StringIO((dist.dist_info / "RECORD").read_text())):
-        rel = row[0]
+    data = _data_folder(dist_info)
+    scripts = _entry_points(dist_info)
+    members: list[tuple[Path, str, str]] = []
+    for row in csv.reader(io.StringIO((dist_info / "RECORD").read_text())):
+        rel, record_hash = row[0], row[1] if len(row) > 1 else ""
         path = Path(os.path.normpath(site / rel))
-        if path.parent == dist.dist_info and path.name in _INSTALLER_FILES:
+        if path.parent == dist_info and path.name in _INSTALLER_FILES:
             continue
         if path.suffix == ".pyc" and path.parent.name == "__pycache__":
-            continue  # compiled by the installer
+            continue
         if path.is_relative_to(site):
-            members.append((path, path.relative_to(site).as_posix()))
+            members.append((path, path.relative_to(site).as_posix(), record_hash))
             continue
         outside = path.relative_to(prefix).as_posix()
         if outside.startswith("bin/"):
             if path.name not in scripts:
-                members.append((path, f"{data}/scripts/{path.name}"))
+                members.append((path, f"{data}/scripts/{path.name}", record_hash))
         else:
-            members.append((path, f"{data}/data/{outside}"))
+            members.append((path, f"{data}/data/{outside}", record_hash))
     return members
 
 
@@ -201,11 +199,11 @@ def repack(dist: Installed, dest: Path) -> Path:
     """
     target = dest / wheel_name(dist)
     record_name = f"{dist.dist_info.name}/RECORD"
-    data_scripts = _data_folder(dist) + "/scripts/"
+    data_scripts = _data_folder(dist.dist_info) + "/scripts/"
     lines: list[str] = []
     with tempfile.NamedTemporaryFile(dir=dest, suffix=".part", delete=False) as tmp, \
             zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as wheel:
-        for path, arcname in _members(dist):
+        for path, arcname, _ in _members(dist.dist_info):
             if not path.is_file():
                 raise WheelhouseError(f"{path} is listed in {dist.dist_info}/RECORD but "
                                       f"missing; reinstall {dist.name} in the venv")

@@ -86,6 +86,20 @@ def test_a_repacked_wheel_holds_what_the_wheel_held(tmp_path: Path) -> None:
         assert (digest, int(size)) == (f"sha256={b64}", len(data))
 
 
+def test_what_the_installer_made_leaves_the_digest_alone(tmp_path: Path) -> None:
+    venv = _fake_venv(tmp_path / "venv")
+    site = site_packages(venv)
+    before = installed(site)["demo-pkg"].digest
+    record = site / "demo_pkg-1.0.dist-info" / "RECORD"
+    # Another venv: other bytecode, an entry-point script naming another interpreter.
+    for rel, text in (("demo_pkg/__pycache__/__init__.cpython-311.pyc", "other"),
+                      ("../../../bin/demo-tool", "#!/other/bin/python\nimport demo_pkg\n")):
+        old = _record_row(site, rel)
+        (site / rel).write_text(text)
+        record.write_text(record.read_text().replace(old, _record_row(site, rel)))
+    assert installed(site)["demo-pkg"].digest == before
+
+
 def test_pip_installs_the_repacked_wheel(tmp_path: Path) -> None:
     venv = _fake_venv(tmp_path / "venv")
     out = tmp_path / "out"
