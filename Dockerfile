@@ -18,8 +18,8 @@
 # builder stages.
 
 # Debian bookworm: its cmake is 3.x, which the Horovod build requires (cmake 4
-# refuses Horovod's bundled third-party projects). Any base with python, pip, the venv
-# module, groupadd and useradd will do.
+# refuses Horovod's bundled third-party projects). Another bookworm base does as well
+# if it has python, pip, the venv module, groupadd, useradd and apt-get.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # Optional torch wheel index, e.g. https://download.pytorch.org/whl/cpu for a
 # CPU-only training image; empty: PyPI's default torch (CUDA on x86_64).
