@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 MAKEFLAGS += --jobs=2
 
-.PHONY: help env binaries lint test test-unit demo down bench crds clean-cache
+.PHONY: help env binaries lint test test-unit demo down bench crds images clean-cache
 
 help:
 	@grep -E '^#' Makefile | head -8
@@ -71,6 +71,15 @@ demo: binaries env
 
 down: env
 	$(PY) -m ringwright.devcluster down
+
+# The container images, built without Docker or a registry: buildah on a Debian base
+# made by mmdebstrap, from this venv's wheels (devcluster/images.py; the tools: apt-get
+# install -y buildah mmdebstrap runc podman). TARGET=operator|training|training-horovod.
+# Cached under $(CACHE)/images (OCI archives) and buildah's storage, keyed by a digest
+# of their inputs: with nothing changed, seconds.
+images: env build/typecheck/ringwright
+	PYTHONPATH=build/typecheck $(PY) -P -m ringwright.devcluster.images build \
+		--target $(or $(TARGET),all)
 
 bench: binaries env
 	$(PY) tests/bench/run_all.py
