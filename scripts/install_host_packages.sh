@@ -13,8 +13,7 @@ packages=(containerd runc containernetworking-plugins gcc libc6-dev iproute2 uti
 image_packages=(buildah mmdebstrap podman)
 
 missing=()
-for cmd in containerd containerd-shim-runc-v2 ctr runc gcc ip nsenter unshare mount umount \
-        buildah mmdebstrap podman; do
+for cmd in containerd containerd-shim-runc-v2 ctr runc gcc ip nsenter unshare mount umount; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
 done
 if [[ ! -x /usr/lib/cni/bridge && ! -x /opt/cni/bin/bridge ]]; then
@@ -24,6 +23,9 @@ if command -v gcc >/dev/null 2>&1 \
         && ! echo 'int main(void) { return 0; }' | gcc -static -x c -o /dev/null - 2>/dev/null; then
     missing+=("a static libc")
 fi
+for cmd in buildah mmdebstrap podman; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
+done
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi

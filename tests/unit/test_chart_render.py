@@ -634,6 +634,8 @@ def ancestry(stages: dict[str, Stage], name: str) -> list[Stage]:
         for copy in stage.all("COPY"):
             if m := re.search(r"--from=(\S+)", copy):
                 todo.append(m.group(1))
+        for run in stage.all("RUN"):  # RUN --mount=type=bind,from=<stage>
+            todo.extend(f for f in re.findall(r"[,=]from=([\w.-]+)", run) if f in stages)
     return seen
 
 
@@ -687,10 +689,17 @@ def test_training_images_install_the_runtime_and_horovod(
     dockerfile: tuple[dict[str, str], dict[str, Stage]],
 ) -> None:
     _, stages = dockerfile
-    training = " ".join(c for s in ancestry(stages, "training") for c in _pip_installs(s))
-    assert "[runtime]" in training and "horovod" not in training
+    chain = ancestry(stages, "training")
+    # The wheel stage writes the base and runtime requirements out; the training venv
+    # installs them in a layer of their own, then the project's wheel without deps.
+    assert "['optional-dependencies']['runtime']" in " ".join(
+        r for s in chain for r in s.all("RUN"))
+    assert any("/deps/runtime.txt /tmp/requirements.txt" in c
+               for s in chain for c in s.all("COPY"))
+    training = " ".join(c for s in chain for c in _pip_installs(s))
+    assert "-r /tmp/requirements.txt" in training and "horovod" not in training
     horovod_chain = ancestry(stages, "training-horovod")
-    assert "[horovod]" in " ".join(c for s in horovod_chain for c in _pip_installs(s))
+    assert "horovod-*.whl" in " ".join(c for s in horovod_chain for c in _pip_installs(s))
     builds = [run for s in horovod_chain for run in s.all("RUN") if "build_horovod.sh" in run]
     assert len(builds) == 1
     # Every option the Dockerfile passes is one the script accepts.
