@@ -25,6 +25,7 @@ import yaml
 
 from ringwright.devcluster.control_plane import Cluster, free_port
 from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
+from ringwright.objects import Obj
 from ringwright.world import WORLD_KEY, parse_world, world_configmap_name
 from tests.jobs import tj_path, training_job
 from tests.unit.test_chart_notes import Target, check_notes
@@ -33,7 +34,6 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
-Obj = dict[str, Any]
 RBAC = "rbac.authorization.k8s.io/v1"
 CRDS = ("trainingjobs.ringwright.dev", "schedulingpolicies.ringwright.dev")
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ringwright.objects import Obj
 from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.plan.manifests import JOB_LABEL, METRICS_PORT_NAME, ROLE_LABEL
 from ringwright.runtime.metrics import RuntimeMetrics
@@ -20,7 +20,6 @@ from tests.unit.test_chart_render import CHART, RELEASE_NS, by_kind, container, 
 
 __all__ = ["helm"]  # the fixture, shared with the chart render tests
 
-Obj = dict[str, Any]
 ON = {"metrics": {"port": 9400, "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
                   "podMonitor": {"enabled": True}, "dashboard": {"enabled": True}}}
 

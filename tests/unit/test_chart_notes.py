@@ -10,12 +10,12 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from ringwright.devcluster.versions import KUBERNETES
+from ringwright.objects import Obj
 from tests.unit.test_chart_render import (
     CHART,
     CHART_CRDS,
@@ -31,7 +31,6 @@ from tests.unit.test_chart_render import (
 
 __all__ = ["helm"]  # the fixture, shared with the chart render tests
 
-Obj = dict[str, Any]
 DEMO = "examples/trainingjob-demo.yaml"
 BUILTIN = {"deployment": "Deployment", "node": "Node"}
 """The built-in resources the notes name, as kubectl spells them."""

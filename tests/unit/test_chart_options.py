@@ -16,6 +16,7 @@ import yaml
 from pydantic.alias_generators import to_camel
 
 from ringwright.devcluster.versions import KUBERNETES
+from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicy
 from ringwright.operator.settings import OperatorSettings
 from tests.unit.test_chart_render import (
@@ -34,7 +35,6 @@ from tests.unit.test_chart_values import schema_properties
 
 __all__ = ["helm"]  # the fixture, shared with the chart render tests
 
-Obj = dict[str, Any]
 DIGEST = "sha256:" + "ab" * 32
 
 

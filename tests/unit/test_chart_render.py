@@ -17,7 +17,6 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -25,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from ringwright.devcluster.build import OVERRIDE_VARS, cached_path
 from ringwright.devcluster.versions import COMPONENTS, KUBERNETES
+from ringwright.objects import Obj
 from ringwright.operator.__main__ import main as operator_main
 from ringwright.operator.api.schedulingpolicy import (
     DEFAULT_POLICY_NAME,
@@ -32,8 +32,6 @@ from ringwright.operator.api.schedulingpolicy import (
     SchedulingPolicySpec,
 )
 from ringwright.operator.settings import OperatorSettings
-
-Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ringwright"

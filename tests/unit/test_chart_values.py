@@ -11,18 +11,17 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from pydantic.alias_generators import to_camel
 
+from ringwright.objects import Obj
 from ringwright.operator.settings import OperatorSettings
 from tests.unit.test_chart_render import CHART, helm, one, render
 
 __all__ = ["helm"]  # the fixture, shared with the chart render tests
 
-Obj = dict[str, Any]
 KeyPath = tuple[str, ...]
 
 COMMENTED_KEY = re.compile(r"^(?P<indent> *)# (?P<key>[a-z][A-Za-z0-9]*):(?P<rest> .*)?$")

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from ringwright.objects import Obj
 from ringwright.operator.api import crdgen
 from ringwright.operator.api.base import VALIDATIONS
 from ringwright.operator.api.models import TrainingJob
@@ -25,7 +26,6 @@ from ringwright.operator.api.schedulingpolicy import SchedulingPolicy
 
 ROOT = Path(__file__).resolve().parents[3]
 INVALID = ROOT / "tests" / "data" / "invalid"
-Obj = dict[str, Any]
 
 TRAINER = {"spec": {"containers": [{"name": "trainer", "image": "busybox"}]}}
 MINIMAL_JOB: Obj = {

@@ -17,9 +17,8 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
 
-Obj = dict[str, Any]
+from ringwright.objects import Obj
 
 
 @dataclass
