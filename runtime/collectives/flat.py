@@ -16,8 +16,12 @@ def by_dtype(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 
 def flatten(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """One contiguous copy of ``tensors`` (all of one dtype) on ``device``."""
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).to(device)
+    """One contiguous copy of ``tensors`` (all of one dtype) on ``device``.
+
+    The tensors may sit on different devices: a GPU state holds CPU tensors too
+    (Adam's ``step`` counts stay on the CPU), each is moved before they are joined.
+    """
+    return torch.cat([t.detach().reshape(-1).to(device) for t in tensors])
 
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ringwright.runtime.collectives.flat import flatten, unflatten_into
 from ringwright.runtime.collectives.torch_backend import (
     NCCL_ERROR_ENV,
     TorchDistributedBackend,
@@ -53,3 +54,16 @@ def test_abort_group(group: FakeCommunicators | None, outcome: str) -> None:
     assert abort_group(group) == outcome
     if group is not None:
         assert group.aborts == 1
+
+
+def test_a_gpu_state_with_cpu_tensors_flattens_onto_the_collective_device() -> None:
+    # Adam keeps its step counts on the CPU beside CUDA moments, in the same dtype:
+    # a state sync on a GPU joins both into one buffer on the GPU ("meta" stands in
+    # for it here; joining tensors of two devices raises, as on a GPU).
+    on_gpu = torch.ones(3, device="meta")
+    step = torch.tensor(5.0)
+    flat = flatten([on_gpu, step], torch.device("meta"))
+    assert flat.device.type == "meta" and flat.shape == (4,)
+    back = [torch.empty(3), torch.tensor(0.0)]
+    unflatten_into(torch.arange(4.0), back)
+    assert back[0].tolist() == [0.0, 1.0, 2.0] and float(back[1]) == 3.0
