@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from ringwright.kube import ApiError
 from ringwright.objects import Obj
 
-from ..api.conditions import condition, set_condition
+from ..api.models import Condition, ConditionStatus
+from ..plan.round.status import with_condition
 
 CONDITION = "WritesAccepted"
 """False while the API server refuses the job's creates or patches (reason says which)."""
@@ -65,18 +66,23 @@ def refusal_conditions(conditions: list[Obj], refusals: list[Refused], attempted
 
     The first refusal names the condition's reason. A round that attempted its writes
     with none refused clears a False condition; a round that held them back (backoff)
-    leaves it as it was.
+    leaves it as it was. The status the round wrote is plain JSON here, so the typed
+    rule of :func:`~ringwright.operator.plan.round.status.with_condition` is applied
+    to it and the result written back in the same form.
     """
+    typed = [Condition.model_validate(c) for c in conditions]
     if refusals:
         first = refusals[0]
         more = f" (and {len(refusals) - 1} more refused writes)" if len(refusals) > 1 else ""
-        return set_condition(conditions, CONDITION, False, first.reason,
-                             first.describe() + more, now, generation)
-    current = condition(conditions, CONDITION)
-    if attempted and current is not None and current.get("status") == "False":
-        return set_condition(conditions, CONDITION, True, "Accepted",
-                             "the API server accepts the job's writes again", now, generation)
-    return conditions
+        typed = with_condition(typed, CONDITION, False, first.reason,
+                               first.describe() + more, now, generation)
+    elif attempted and any(c.type == CONDITION and c.status is ConditionStatus.FALSE
+                           for c in typed):
+        typed = with_condition(typed, CONDITION, True, "Accepted",
+                               "the API server accepts the job's writes again", now, generation)
+    else:
+        return conditions
+    return [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in typed]
 
 
 @dataclass
