@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringwright.devcluster.s3server import S3Server
-from ringwright.runtime.checkpoint.s3 import client_from_env
 
 
 @dataclass(frozen=True)
@@ -34,9 +33,20 @@ class S3Bucket:
         return [u["UploadId"] for u in found.get("Uploads", ()) if u["Key"] == key]
 
 
+def server_client(server: S3Server) -> Any:
+    """A client of ``server`` that takes nothing from the environment."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3", endpoint_url=server.endpoint, region_name=server.region,
+        aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key,
+        config=Config(s3={"addressing_style": "path"}))
+
+
 def new_bucket(server: S3Server) -> S3Bucket:
-    """Create a bucket with a random name (the caller's environment points at ``server``)."""
-    client = client_from_env()
+    """Create a bucket with a random name."""
+    client = server_client(server)
     name = f"ckpt-{secrets.token_hex(6)}"
     client.create_bucket(Bucket=name)
     return S3Bucket(name, client, server)
