@@ -53,8 +53,14 @@ def parse_url(url: str) -> tuple[str, str]:
 
 def client_from_env() -> Any:
     """An S3 client configured from the standard AWS variables (see the module's doc)."""
-    import boto3
-    from botocore.config import Config
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:
+        raise ImportError(
+            "checkpoints at an s3:// path need boto3: install ringwright[runtime] "
+            "(the training image has it)"
+        ) from exc
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -189,12 +195,16 @@ class _S3StagedFile:
                     )
                     self._upload_id = None
         except BaseException:
-            self.abort()
+            with contextlib.suppress(OSError):  # the commit's own error is the one to see
+                self.abort()
             raise
         self._state = "committed"
         self._buffer = bytearray()
         if self._marker:
-            self._storage.delete(self._marker)
+            # The file is committed either way; a marker left behind names a finished
+            # upload, and the checkpointer's next prune removes it.
+            with contextlib.suppress(OSError):
+                self._storage.delete(self._marker)
 
     def abort(self) -> None:
         if self._state != "open":
