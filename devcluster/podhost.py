@@ -249,13 +249,30 @@ class PodHost:
                   "status.podIP": pod["status"]["podIP"]}
         env: dict[str, str] = {}
         for var in pod["spec"]["containers"][0].get("env") or []:
+            source = var.get("valueFrom") or {}
             if "value" in var:
                 env[var["name"]] = var["value"]
+            elif "secretKeyRef" in source:
+                value = self._secret_key(source["secretKeyRef"])
+                if value is not None:
+                    env[var["name"]] = value
             else:
-                ref = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+                ref = (source.get("fieldRef") or {}).get("fieldPath", "")
                 if ref in fields:
                     env[var["name"]] = fields[ref]
         return env
+
+    def _secret_key(self, ref: Obj) -> str | None:
+        """One key of a Secret in the pod's namespace, as a kubelet sets it in the
+        environment; None for an optional key or Secret that is absent."""
+        secret = self.kube.get_or_none(api_path("v1", "secrets", self.namespace, ref["name"]))
+        data = (secret or {}).get("data") or {}
+        if ref["key"] in data:
+            return base64.b64decode(data[ref["key"]]).decode()
+        if not ref.get("optional"):
+            # A kubelet would not start the container (CreateContainerConfigError).
+            log.warning("secret %s has no key %s, which the pod needs", ref["name"], ref["key"])
+        return None
 
     def _mounted(self, pod: Obj, env: dict[str, str]) -> dict[str, str]:
         """Write the Secret volumes the training container mounts under the pod's folder;

@@ -13,6 +13,9 @@ KWOK = "v0.7.0"
 HELM = "v3.19.0"
 PROMETHEUS = "v0.315.1"
 """The Go module version of Prometheus 3.15.1 (Prometheus tags v3.x.y as v0.3xx.y)."""
+MINIO = "v0.0.0-20260212201848-7aac2a2c5b7c"
+"""MinIO's newest source on the module proxy (it tags releases as RELEASE.<date>, which Go
+does not read as versions, so the module is known by this pseudo-version)."""
 
 GO_DIR = Path(__file__).resolve().parent / "go"
 
@@ -79,6 +82,8 @@ COMPONENTS: tuple[Component, ...] = (
     # which `go install pkg@version` refuses, so it builds inside our own go.mod.
     Component("prometheus", PROMETHEUS, "prometheus",
               "github.com/prometheus/prometheus/cmd/prometheus", control_plane=False),
+    # A real S3-compatible server for the tests of checkpoints in object storage.
+    Component("minio", MINIO, "", f"github.com/minio/minio@{MINIO}", control_plane=False),
 )
 
 CONTROL_PLANE = tuple(c.name for c in COMPONENTS if c.control_plane)

@@ -58,7 +58,7 @@ from ringwright.world import (
 
 from .checkpoint.checkpointer import Checkpointer
 from .checkpoint.policy import TerminationSignal
-from .checkpoint.storage import LocalStorage
+from .checkpoint.storage import storage_for
 from .collectives.backend import CollectiveBackend, CollectiveError
 from .collectives.group import (
     Fenced,
@@ -414,7 +414,7 @@ class ElasticRuntime:
         brought its own, and route checkpoint failures to the operator."""
         settings = world.checkpoint
         if state.checkpoints is None and settings.path:
-            self._checkpointer = Checkpointer(LocalStorage(settings.path), keep=settings.keep)
+            self._checkpointer = Checkpointer(storage_for(settings.path), keep=settings.keep)
             state.use_checkpointer(self._checkpointer, where=settings.path)
             log_event(_log, logging.INFO, "checkpointer_from_job", path=settings.path,
                       keep=settings.keep, interval_steps=settings.interval_steps,

@@ -32,12 +32,14 @@ import hypothesis
 import pytest
 from _pytest.terminal import TerminalReporter
 
-from ringwright.devcluster.build import OVERRIDE_VARS, cached_path
+from ringwright.devcluster.build import OVERRIDE_VARS, BuildError, cached_path, ensure_binaries
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.install import install_api
+from ringwright.devcluster.s3server import S3Server
 from ringwright.devcluster.versions import COMPONENTS
 from ringwright.kube import KubeClient
 from tests.jobs import OperatorProcess, fresh_namespace
+from tests.s3 import S3Bucket, new_bucket
 from tests.seeds import SEED_VAR, run_seed, seed_generators, seed_of_test
 from tests.xdist_groups import assign_groups, plain_nodeid
 
@@ -205,3 +207,29 @@ def operator(cluster: Cluster, api: None, tmp_path_factory: pytest.TempPathFacto
     proc.start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3 server (MinIO, built from its Go module on first use) on a free port."""
+    try:
+        binary = ensure_binaries(("minio",))["minio"]
+    except BuildError as err:
+        if IN_CI:
+            raise
+        pytest.skip(f"the S3 test server cannot be built here (`make binaries`): {err}")
+    server = S3Server(binary, tmp_path_factory.mktemp("s3"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def s3_bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Bucket:
+    """A fresh bucket on the test S3 server; the AWS_* variables point at it (processes
+    the test starts inherit them)."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return new_bucket(s3_server)

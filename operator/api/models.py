@@ -294,14 +294,42 @@ class CheckpointSpec(ApiModel):
                 "spec.checkpoint.intervalSteps and spec.checkpoint.intervalSeconds "
                 "need spec.checkpoint.path",
                 ".path",
-            )
+            ),
+            cel(
+                "self.path.startsWith('s3://') || (self.credentialsSecret == '' "
+                "&& self.endpoint == '' && self.region == '')",
+                "spec.checkpoint.credentialsSecret, endpoint and region are for object "
+                "storage: set spec.checkpoint.path to s3://<bucket>/<prefix>, or remove them",
+                ".path",
+            ),
         )
     )
 
     path: str = Field(
         default="",
         max_length=4096,
-        description="Directory (shared by all pods) that holds checkpoints. Empty: none.",
+        description="Where checkpoints go: a directory shared by all pods (a mounted "
+        "volume), or s3://<bucket>/<prefix> in S3-compatible object storage. Empty: none.",
+    )
+    credentials_secret: str = Field(
+        default="",
+        max_length=253,
+        description="For an s3:// path: a Secret in the job's namespace whose keys "
+        "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and (optional) AWS_SESSION_TOKEN become "
+        "the pods' variables of the same names. Empty: the pods' own credentials (e.g. "
+        "from a service account's cloud identity).",
+    )
+    endpoint: str = Field(
+        default="",
+        max_length=2048,
+        description="For an s3:// path: the URL of an S3-compatible server (MinIO, Ceph, "
+        "...), set as AWS_ENDPOINT_URL_S3. Empty: AWS S3 itself.",
+    )
+    region: str = Field(
+        default="",
+        max_length=64,
+        description="For an s3:// path: the bucket's region, set as AWS_REGION. "
+        "Empty: us-east-1, or what the pod's environment says.",
     )
     interval_steps: int = Field(
         default=0, ge=0, description="Checkpoint every this many steps; 0: not by steps."

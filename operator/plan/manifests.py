@@ -155,6 +155,7 @@ def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
         {"name": Env.TERMINATION_GRACE, "value": str(grace_seconds)},
         *_fault_tolerance_env(job),
         *_ps_env(job),
+        *_object_storage_env(job),
         {"name": Env.METRICS_PORT, "value": str(DEFAULT_METRICS_PORT)},
     ]
 
@@ -168,6 +169,28 @@ def _fault_tolerance_env(job: Obj) -> list[Obj]:
     ]
     # Unset fields keep the runtime's defaults, which are the schema's defaults.
     return [{"name": name, "value": str(v)} for name, v in values if v is not None]
+
+
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+"""The keys of spec.checkpoint.credentialsSecret, each set as the variable of its name."""
+
+
+def _object_storage_env(job: Obj) -> list[Obj]:
+    """spec.checkpoint's object storage settings, as the standard variables an S3 client
+    reads; the credentials stay in their Secret (the pod references them)."""
+    ckpt = job["spec"].get("checkpoint") or {}
+    env: list[Obj] = []
+    if ckpt.get("endpoint"):
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": ckpt["endpoint"]})
+    if ckpt.get("region"):
+        env.append({"name": "AWS_REGION", "value": ckpt["region"]})
+    if secret := ckpt.get("credentialsSecret"):
+        env.extend(
+            {"name": key, "valueFrom": {"secretKeyRef": {
+                "name": secret, "key": key, "optional": key == "AWS_SESSION_TOKEN"}}}
+            for key in S3_SECRET_KEYS
+        )
+    return env
 
 
 def _unreserved(keys: dict[str, str] | None) -> dict[str, str]:

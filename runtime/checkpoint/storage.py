@@ -6,10 +6,9 @@ not at all, read it back, list a folder, delete. :class:`CheckpointStorage` name
 :class:`LocalStorage` implements them on a directory, which in a cluster is a mounted
 PersistentVolumeClaim.
 
-Object storage (S3, GCS, Azure) fits the same interface through ``fsspec``: an object
-becomes visible only when its upload completes, so ``create`` can write to the final key
-directly and ``commit`` closes the upload; ``listdir`` maps to ``fs.ls`` and ``delete`` to
-``fs.rm``. It is not a dependency of the runtime until such a backend is written.
+An ``s3://bucket/prefix`` path selects :class:`~.s3.S3Storage` instead (see
+:func:`storage_for`): S3-compatible object storage, where an object becomes visible only
+when its upload completes.
 """
 
 from __future__ import annotations
@@ -98,6 +97,25 @@ class CheckpointStorage(Protocol):
         ...
 
 
+def check_name(name: str) -> None:
+    """Refuse a storage name that is absolute, empty or climbs out of the root."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(
+            f"storage name {name!r} must be relative, '/'-separated, without '.' or '..'"
+        )
+
+
+def storage_for(path: str) -> CheckpointStorage:
+    """The storage a job's ``spec.checkpoint.path`` names: ``s3://...`` or a directory."""
+    if path.startswith("s3://"):
+        # Imported here: boto3 is needed only by jobs that checkpoint to object storage.
+        from .s3 import S3Storage
+
+        return S3Storage(path)
+    return LocalStorage(path)
+
+
 def _fsync_dir(path: Path) -> None:
     # A rename or a new entry is durable only once the directory itself is synced.
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -169,12 +187,8 @@ class LocalStorage:
         self.root = Path(root)
 
     def _path(self, name: str) -> Path:
-        parts = name.split("/")
-        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(
-                f"storage name {name!r} must be relative, '/'-separated, without '.' or '..'"
-            )
-        return self.root.joinpath(*parts)
+        check_name(name)
+        return self.root.joinpath(*name.split("/"))
 
     def _make_parents(self, path: Path) -> None:
         # Create missing folders top-down and sync each parent, so that a folder created

@@ -19,7 +19,8 @@ import torch
 
 from ringwright.world import Env, World
 
-from ..checkpoint.checkpointer import Checkpointer, LocalStorage, ps_shard
+from ..checkpoint.checkpointer import Checkpointer, ps_shard
+from ..checkpoint.storage import storage_for
 from ..kvlog import log_event, runtime_logger
 from ..membership.source import MembershipSource
 from .env import (
@@ -78,7 +79,8 @@ class ShardCheckpoints:
                  keep: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
         self.ps, self.every, self.seconds, self.keep = ps, every, seconds, keep
         self.clock = clock
-        self.storage = LocalStorage(root)
+        self.root = root
+        self.storage = storage_for(root)
         self._writers: dict[int, Checkpointer] = {}
         self._saved: dict[int, tuple[int, float]] = {}
         """Per shard: the version last saved (or restored) and when."""
@@ -166,7 +168,7 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
         version = checkpoints.restore(me.rank)
         if version is not None:
             log_event(_log, logging.INFO, "ps_restored", shard=me.rank, version=version,
-                      root=checkpoints.storage.root)
+                      root=checkpoints.root)
     server, _ = serve(ps, f"{me.ip}:{port}", threads=max(32, 4 * len(cpus)), cpus=cpus,
                       progress=progress)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",

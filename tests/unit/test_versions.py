@@ -8,7 +8,8 @@ from ringwright.devcluster.versions import COMPONENTS, CONTROL_PLANE, GO_DIR, PR
 def test_the_cluster_starts_without_test_tools() -> None:
     assert set(CONTROL_PLANE) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler",
                                   "etcd", "kwok", "helm"}
-    assert {c.name for c in COMPONENTS} == {*CONTROL_PLANE, "prometheus", "kubelet"}
+    assert {c.name for c in COMPONENTS} == {*CONTROL_PLANE, "prometheus", "kubelet",
+                                                "minio"}
 
 
 def test_prometheus_is_pinned_in_its_go_module() -> None:

@@ -59,6 +59,15 @@ PS_SYNC_JOB: Obj = {
         "ps": {"replicas": 1, "template": TRAINER, "consistency": "Sync", "backupWorkers": 3},
     },
 }
+S3_JOB: Obj = {
+    **MINIMAL_JOB,
+    "spec": {
+        **MINIMAL_JOB["spec"],
+        "checkpoint": {"path": "s3://models/demo", "credentialsSecret": "s3-creds",
+                       "endpoint": "http://minio.storage:9000", "region": "eu-west-1",
+                       "intervalSteps": 100},
+    },
+}
 POLICY: Obj = {
     "apiVersion": "ringwright.dev/v1alpha1",
     "kind": "SchedulingPolicy",
@@ -269,8 +278,8 @@ def test_empty_policy_gets_documented_defaults() -> None:
 @pytest.mark.parametrize(
     ("kind", "manifest"),
     [("TrainingJob", MINIMAL_JOB), ("TrainingJob", PS_JOB), ("TrainingJob", PS_SYNC_JOB),
-     ("SchedulingPolicy", POLICY)],
-    ids=["minimal-job", "ps-job", "ps-sync-job", "empty-policy"],
+     ("TrainingJob", S3_JOB), ("SchedulingPolicy", POLICY)],
+    ids=["minimal-job", "ps-job", "ps-sync-job", "s3-checkpoints", "empty-policy"],
 )
 def test_valid_manifests_pass_every_rule(kind: str, manifest: Obj) -> None:
     assert refusals(kind, manifest) == []
