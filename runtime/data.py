@@ -188,7 +188,14 @@ class ElasticShards(ElasticSampler):
     def advance(self) -> None:
         """Record that every rank finished the current step."""
         taken = self.leases.step(self.size, self.batch_size, self.order(), self.sizes)
-        self.offset += sum(stop - start for mine in taken for _, start, stop in mine)
+        count = sum(stop - start for mine in taken for _, start, stop in mine)
+        if not count:
+            # Else training would go on with empty batches and never end the epoch.
+            raise RuntimeError(
+                f"the shard leases cover none of the {self.remaining} samples left in "
+                f"epoch {self.epoch}: this sampler state is inconsistent; resume from an "
+                "earlier checkpoint")
+        self.offset += count
         if self.offset >= self.num_samples:
             self.epoch += 1
             self.offset = 0

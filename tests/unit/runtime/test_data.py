@@ -182,3 +182,15 @@ def test_the_loader_reads_the_committed_cursor_and_stale_iterations_fail() -> No
     with pytest.raises(StaleIterator):
         next(batches)
     assert next(iter(loader)) == first, "a new iteration starts at the commit"
+
+
+def test_a_state_whose_leases_lost_samples_stops_instead_of_training_empty_steps() -> None:
+    shards = ElasticShards([4, 4], 2, shuffle=False)
+    shards.set_world(0, 2)
+    shards.advance()
+    broken = shards.state_dict()
+    broken["shards"]["held"] = [None, None]
+    broken["shards"]["next_shard"] = 2
+    shards.load_state_dict(broken)
+    with pytest.raises(RuntimeError, match="4 samples left in epoch 0"):
+        shards.advance()
