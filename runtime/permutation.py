@@ -87,13 +87,19 @@ class Permutation(Sequence[int]):
         they are computed all at once: a few dozen array operations, not a loop per index."""
         if len(positions) < _ARRAY_FROM:
             return [self._at(p) for p in positions]
-        x = self._mix_array(np.arange(positions.start, positions.stop, positions.step,
-                                      dtype=np.uint64))
+        values: list[int] = self.take_array(
+            np.arange(positions.start, positions.stop, positions.step, dtype=np.uint64)
+        ).tolist()
+        return values
+
+    def take_array(self, positions: np.ndarray) -> np.ndarray:
+        """``self[p]`` for every in-range position of a ``uint64`` array, at once."""
+        x = self._mix_array(positions)
         outside = np.flatnonzero(x >= self.n)
         while outside.size:
             x[outside] = self._mix_array(x[outside])
             outside = outside[x[outside] >= self.n]
-        return [int(v) for v in x.tolist()]
+        return x
 
     @overload
     def __getitem__(self, index: int) -> int: ...

@@ -25,12 +25,19 @@ with :class:`StaleIterator` rather than hand out batches of a cursor that is gon
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Sampler
 
 from .permutation import Permutation
+
+_CHUNK_INDICES = 4096
+"""An iterator computes the indices of up to this many samples' batches at once."""
+_CHUNK_FROM = 64
+"""Fewer indices than this are computed one by one (array passes cost more)."""
 
 
 class StaleIterator(RuntimeError):
@@ -102,15 +109,35 @@ class ElasticSampler(Sampler[list[int]]):
         return self._batches_from(self.offset, self._resets)
 
     def _batches_from(self, position: int, resets: int) -> Iterator[list[int]]:
+        chunk = 1
         while position < self.num_samples:
-            if self._resets != resets:
-                raise StaleIterator(
-                    "this data-loader iterator predates a rollback or a world change: "
-                    "iterate the loader again (for batch in loader) inside the training "
-                    "function; it continues from the committed position")
-            positions = self._positions_at(position)
-            yield self._share_of(positions)
-            position = positions.stop
+            # The shares of several batches are computed together (one pass of array
+            # operations): a loader asks for batch after batch, and per batch the
+            # passes' fixed cost would dominate. Doubling keeps the first batch quick.
+            shares: list[range] = []
+            while position < self.num_samples and len(shares) < chunk:
+                positions = self._positions_at(position)
+                start, count = _share(len(positions), self.size, self.rank)
+                shares.append(positions[start:start + count])
+                position = positions.stop
+            chunk = min(2 * chunk, max(1, _CHUNK_INDICES // self.batch_size))
+            for batch in self._take(shares):
+                if self._resets != resets:
+                    raise StaleIterator(
+                        "this data-loader iterator predates a rollback or a world change: "
+                        "iterate the loader again (for batch in loader) inside the "
+                        "training function; it continues from the committed position")
+                yield batch
+
+    def _take(self, shares: list[range]) -> list[list[int]]:
+        """The sample indices at each range of positions of this epoch's order."""
+        order = self.order()
+        if not isinstance(order, Permutation) or sum(map(len, shares)) < _CHUNK_FROM:
+            return [self._indices(share) for share in shares]
+        taken: list[int] = order.take_array(np.concatenate(
+            [np.arange(r.start, r.stop, dtype=np.uint64) for r in shares])).tolist()
+        bounds = [0, *itertools.accumulate(map(len, shares))]
+        return [taken[a:b] for a, b in itertools.pairwise(bounds)]
 
     def __len__(self) -> int:
         """Steps left in this epoch (what ``len(loader)`` reports)."""
@@ -121,11 +148,13 @@ class ElasticSampler(Sampler[list[int]]):
 
     def _share_of(self, positions: range) -> list[int]:
         start, count = _share(len(positions), self.size, self.rank)
-        mine = positions[start:start + count]
+        return self._indices(positions[start:start + count])
+
+    def _indices(self, positions: range) -> list[int]:
         order = self.order()
         if isinstance(order, Permutation):
-            return order.take(mine)
-        return [order[p] for p in mine]
+            return order.take(positions)
+        return [order[p] for p in positions]
 
     def advance(self) -> None:
         """Record that every rank finished the current global batch."""

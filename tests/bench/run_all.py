@@ -4,7 +4,7 @@ Each benchmark measures its own baseline in the same run and prints ratios; this
 sequences them and says which failed. Pass names to run a subset:
 
     python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator] [network]
-                                  [ps] [sampler]
+                                  [ps] [sampler] [dataloader]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ BENCHES = {
     "network": "bench_network.py",
     "ps": "bench_ps.py",
     "sampler": "bench_sampler.py",
+    "dataloader": "bench_dataloader.py",
 }
 
 

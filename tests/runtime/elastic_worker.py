@@ -21,7 +21,9 @@ USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
 training function, as user code may.
 LOADER_WORKERS=N draws each step's samples through a torch ``DataLoader`` with N worker
 processes (persistent, prefetching) driven by the elastic sampler; the step's indices
-are then the ones the loader delivered.
+are then the ones the loader delivered. SHARD_SIZES=n0,n1,... (summing to SAMPLES) reads
+the samples as leased shards instead (:class:`ElasticShards` and its loader, with
+LOADER_WORKERS worker processes, 0 for none).
 CUDA=1 trains on GPU ``<pod index> % device count`` (NCCL with the torch backend).
 BALLAST_MB adds a buffer of that size to the model: it is not trained, but every state
 broadcast carries it, so a test can act while one is under way.
@@ -39,7 +41,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ from torch.utils.data import DataLoader, Dataset
 from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.storage import LocalStorage
 from ringwright.runtime.collectives.buckets import BucketSettings
+from ringwright.runtime.data import ElasticShards
 from ringwright.runtime.elastic import ElasticRuntime
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import State, Terminated
@@ -178,12 +181,23 @@ def main() -> int:
     checkpointer = Checkpointer(LocalStorage(checkpoint_dir)) if checkpoint_dir else None
     bucket_bytes = os.environ.get("BUCKET_BYTES", "")
     buckets = BucketSettings(bucket_bytes=int(bucket_bytes)) if bucket_bytes else None
-    state = State(model, optimizer, ElasticSampler(samples, batch, seed=7),
-                  checkpointer=checkpointer, buckets=buckets)
     loader_workers = int(os.environ.get("LOADER_WORKERS", "0"))
-    loader = DataLoader(SampleIndices(samples), batch_sampler=state.sampler,
-                        num_workers=loader_workers,
-                        persistent_workers=True) if loader_workers else None
+    shard_sizes = [int(n) for n in os.environ.get("SHARD_SIZES", "").split(",") if n]
+    sampler = (ElasticShards(shard_sizes, batch, seed=7) if shard_sizes
+               else ElasticSampler(samples, batch, seed=7))
+    state = State(model, optimizer, sampler, checkpointer=checkpointer, buckets=buckets)
+    loader: Iterable[Any] | None = None
+    if isinstance(sampler, ElasticShards):
+        starts = sampler.starts
+
+        def read(shard: int, start: int, stop: int) -> range:
+            return range(starts[shard] + start, starts[shard] + stop)
+
+        loader = sampler.loader(read, num_workers=loader_workers,
+                                persistent_workers=loader_workers > 0)
+    elif loader_workers:
+        loader = DataLoader(SampleIndices(samples), batch_sampler=state.sampler,
+                            num_workers=loader_workers, persistent_workers=True)
 
     def steps(state: State) -> Iterator[tuple[int, int, list[int]]]:
         """(data epoch, global batch, this rank's indices) of each step to train."""
@@ -195,8 +209,9 @@ def main() -> int:
             # A new iteration per epoch and per call of train(): it starts at the
             # committed cursor, whatever the loader's workers had prefetched.
             for loaded in loader:
+                # A rank left without samples at an epoch's end gets an empty list.
                 yield (state.sampler.epoch, len(state.sampler.global_positions()),
-                       loaded.tolist())
+                       loaded.tolist() if isinstance(loaded, torch.Tensor) else [])
 
     def train(state: State) -> None:
         world = state.binding.world

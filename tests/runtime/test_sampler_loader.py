@@ -8,12 +8,14 @@ received from the loader, not what the sampler meant to hand out.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -24,7 +26,7 @@ from ringwright.runtime.sampler import ElasticSampler, StaleIterator
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.state import State
 from ringwright.world import Env, ReportKind
-from tests.runtime.elastic_traces import assert_resumed_from_commit
+from tests.runtime.elastic_traces import Traces, assert_resumed_from_commit
 from tests.runtime.test_elastic_processes import WORKER, audit, finish, wait_for_step
 from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world
 
@@ -162,10 +164,15 @@ def test_the_runtime_rolls_back_a_loader_with_prefetching_workers_exactly() -> N
         assert counts == Counter(range(SAMPLES)), f"epoch {epoch}: {counts}"
 
 
-@pytest.fixture()
-def loader_job(tmp_path: Path) -> Iterator[LocalJob]:
+SHARD_SIZES = "50,7,0,61,30,44"
+"""Uneven shards of the workers' 192 samples (one empty)."""
+
+
+@pytest.fixture(params=["sampler", "shards"])
+def loader_job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
     """Workers of elastic_worker.py that draw their samples through a DataLoader with
-    two worker processes each (the sample counts of test_elastic_processes.py)."""
+    four worker processes each (the sample counts of test_elastic_processes.py): the
+    elastic batch sampler over a map-style dataset, or leased shards."""
     env = {
         Env.BACKEND: "torch",
         "TRACE_DIR": str(tmp_path / "trace"),
@@ -174,21 +181,31 @@ def loader_job(tmp_path: Path) -> Iterator[LocalJob]:
         "BATCH": "4",
         "COMMIT_EVERY": "4",
         "STEP_SLEEP": "0.03",
-        "LOADER_WORKERS": "2",
+        "LOADER_WORKERS": "4",
         "TORCH_CPP_LOG_LEVEL": "ERROR",
         "OMP_NUM_THREADS": "1",
     }
+    if request.param == "shards":
+        env["SHARD_SIZES"] = SHARD_SIZES
     with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env) as local_job:
         yield local_job
 
 
+def loader_pids(job: LocalJob, pod: str) -> list[int]:
+    """The DataLoader worker processes of ``pod``'s training process."""
+    trainer = Traces.load(job.workdir / "trace").pids(pod)[-1]
+    return [child.pid for child in psutil.Process(trainer).children()]
+
+
 def test_sigkill_with_loader_workers_every_sample_trained_once(loader_job: LocalJob) -> None:
-    """A member dies while every member's loader has batches prefetched: the survivors
-    roll back and their loaders start again at the commit; counting the indices the
-    loaders delivered to the surviving attempt of each step, every sample of each
-    epoch was trained exactly once."""
+    """A member dies while every member's loader has batches prefetched by its four
+    workers: the survivors roll back and their loaders start again at the commit;
+    counting the indices the loaders delivered to the surviving attempt of each step,
+    every sample of each epoch was trained exactly once."""
     loader_job.start(3)
     wait_for_step(loader_job, 6)
+    survivor = loader_job.world.members[0].pod
+    assert len(loader_pids(loader_job, survivor)) == 4, "four loader workers per member"
     victim = loader_job.world.members[1].pod
     loader_job.kill(victim, signal.SIGKILL)
     codes = finish(loader_job)
@@ -198,3 +215,21 @@ def test_sigkill_with_loader_workers_every_sample_trained_once(loader_job: Local
     t = audit(loader_job)
     assert_resumed_from_commit(t, before=0, after=1)
     assert {r["size"] for r in t.starts(1).values()} == {2}
+
+
+def test_a_killed_loader_worker_takes_its_member_out_and_the_rest_goes_on_exactly(
+        loader_job: LocalJob) -> None:
+    """SIGKILL one of a member's four loader workers: the loader raises in that member,
+    which fails like a dead member (as a plain DDP job would fail as a whole); the
+    others roll back to the commit and finish, every sample of each epoch trained once."""
+    loader_job.start(3)
+    wait_for_step(loader_job, 6)
+    victim = loader_job.world.members[1].pod
+    os.kill(loader_pids(loader_job, victim)[2], signal.SIGKILL)
+    codes = finish(loader_job)
+
+    assert codes[victim] not in (0, None), "the member whose loader lost a worker failed"
+    assert loader_job.world.size == 2
+    t = audit(loader_job)
+    after = t.generations()[-1]
+    assert_resumed_from_commit(t, before=after - 1, after=after)

@@ -275,3 +275,18 @@ def test_len_counts_the_steps_left_in_the_epoch() -> None:
     s.advance()
     assert len(s) == 2 == len(list(s))
     assert list(s) == [s.batch(), [s.order()[9]]]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_an_iterator_computing_batches_in_chunks_gives_what_batch_gives(shuffle: bool) -> None:
+    """Iterators compute many batches' indices in one array pass: the batches are those
+    that ``batch()`` and ``advance()`` give one at a time, to the end of the epoch."""
+    s, one_by_one = (ElasticSampler(10_000, 32, seed=4, shuffle=shuffle) for _ in range(2))
+    for sampler in (s, one_by_one):
+        sampler.set_world(1, 3)
+        sampler.offset = 96 * 5 + 7  # mid-epoch, as after a resize
+    expected = []
+    while one_by_one.epoch == 0:
+        expected.append(one_by_one.batch())
+        one_by_one.advance()
+    assert list(s) == expected
