@@ -94,7 +94,10 @@ class ElasticSampler(Sampler[list[int]]):
         return self._positions_at(self.offset)
 
     def batch(self) -> list[int]:
-        """This rank's sample indices for the next step (may be short at the epoch's end)."""
+        """This rank's sample indices for the next step. At the epoch's end a share may be
+        short, or a few samples longer: a tail of fewer samples than ranks is spread
+        over the last full batch, so that no rank gets an empty batch (unless fewer
+        samples than ranks are left in the whole epoch, after a late resize)."""
         return self._share_of(self.global_positions())
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -141,10 +144,16 @@ class ElasticSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Steps left in this epoch (what ``len(loader)`` reports)."""
-        return -(-self.remaining // (self.size * self.batch_size))
+        full, tail = divmod(self.remaining, self.size * self.batch_size)
+        return full + (1 if tail and (tail >= self.size or not full) else 0)
 
     def _positions_at(self, offset: int) -> range:
-        return range(offset, min(offset + self.size * self.batch_size, self.num_samples))
+        stop = offset + self.size * self.batch_size
+        # A last global batch of fewer samples than ranks would leave a rank an empty
+        # batch, which a DataLoader cannot collate: such a tail joins the batch before.
+        if self.num_samples - stop < self.size:
+            stop = self.num_samples
+        return range(offset, stop)
 
     def _share_of(self, positions: range) -> list[int]:
         start, count = _share(len(positions), self.size, self.rank)

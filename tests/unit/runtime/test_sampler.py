@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,6 +118,7 @@ def test_each_epoch_trains_every_sample_exactly_once_from_the_commits(
         (16, 2, 4, [2, 2, 2, 2]),
         (7, 2, 4, [2, 2, 2, 1]),  # the epoch's last global batch is short
         (3, 2, 4, [1, 1, 1, 0]),  # a rank may get nothing and still take part
+        (9, 2, 4, [3, 2, 2, 2]),  # a tail of fewer samples than ranks joins the batch
         (10, 4, 1, [4]),
     ],
 )
@@ -266,6 +268,35 @@ def test_an_iterator_from_before_a_rollback_refuses_to_go_on() -> None:
     with pytest.raises(StaleIterator, match="iterate the loader again"):
         next(it)
     assert next(iter(s)) == s.batch(), "a new iterator starts at the committed cursor"
+
+
+@given(samples=st.integers(1, 200), batch=st.integers(1, 8), size=st.integers(1, 8))
+@settings(max_examples=200)
+def test_no_rank_gets_an_empty_batch_while_the_epoch_has_a_sample_per_rank(
+        samples: int, batch: int, size: int) -> None:
+    """A DataLoader cannot collate an empty batch (``default_collate([])`` raises), so
+    a rank's share is empty only when the whole epoch has fewer samples than ranks."""
+    ranks = [ElasticSampler(samples, batch) for _ in range(size)]
+    for rank, s in enumerate(ranks):
+        s.set_world(rank, size)
+    steps = [list(s) for s in ranks]
+    assert all(len(batches) == len(s) for batches, s in zip(steps, ranks, strict=True))
+    assert len({len(batches) for batches in steps}) == 1, "every rank takes every step"
+    if samples >= size:
+        assert all(b for batches in steps for b in batches)
+    trained = Counter(i for batches in steps for b in batches for i in b)
+    assert trained == Counter(range(samples))
+
+
+def test_a_data_loader_with_the_default_collate_reaches_the_end_of_an_uneven_epoch() -> None:
+    dataset = torch.utils.data.TensorDataset(torch.arange(13))
+    seen: list[int] = []
+    for rank in range(3):
+        s = ElasticSampler(13, 4)
+        s.set_world(rank, 3)
+        for (batch,) in torch.utils.data.DataLoader(dataset, batch_sampler=s):
+            seen += batch.tolist()
+    assert sorted(seen) == list(range(13))
 
 
 def test_len_counts_the_steps_left_in_the_epoch() -> None:
