@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from ringwright.devcluster import images
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.realnode import (
     RealNodeSet,
@@ -21,9 +22,11 @@ from ringwright.devcluster.realnode import (
 from tests.conftest import IN_CI
 
 SPECS = (RealNodeSpec("real-rack-r0-node-0", rack="rack-r0", nvlink_domain="rack-r0-nvl-3",
-                      gpu_model="NVIDIA-A100-SXM4-40GB", gpus=4),)
+                      gpu_model="NVIDIA-A100-SXM4-40GB", gpus=4),
+         RealNodeSpec("real-rack-r0-node-1", rack="rack-r0", nvlink_domain="rack-r0-nvl-3",
+                      gpu_model="NVIDIA-A100-SXM4-40GB", gpus=4))
 """The module's real nodes: labels and GPUs unlike the spec's defaults, so a test sees
-that they come from the spec."""
+that they come from the spec; two, so pods on one reach pods on the other."""
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +49,19 @@ def real_nodes(cluster: Cluster, can_run_real_nodes: None) -> Iterator[RealNodeS
             yield nodes
         finally:
             nodes.stop(kube)
+
+
+@pytest.fixture(scope="module")
+def operator_image(real_nodes: RealNodeSet) -> str:
+    """The ``operator`` image (built here, or found in the cache), loaded into the real
+    nodes' containerd; its name as a pod spec gives it."""
+    built = images.build(["operator"])[0]
+    real_nodes.load_image(built.archive)
+    return image_name("operator")
+
+
+def image_name(target: str) -> str:
+    """How a pod spec names the image of Dockerfile target ``target`` (the name its
+    archive gives it, as the chart and the examples write it)."""
+    t = images.TARGETS[target]
+    return f"{t.repository}:{images.pyproject()['project']['version']}{t.tag_suffix}"
