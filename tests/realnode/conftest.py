@@ -60,6 +60,14 @@ def operator_image(real_nodes: RealNodeSet) -> str:
     return image_name("operator")
 
 
+@pytest.fixture(scope="module")
+def training_image(real_nodes: RealNodeSet) -> str:
+    """The ``training`` image, loaded into the real nodes' containerd; its name."""
+    built = images.build(["training"])[0]
+    real_nodes.load_image(built.archive)
+    return image_name("training")
+
+
 def image_name(target: str) -> str:
     """How a pod spec names the image of Dockerfile target ``target`` (the name its
     archive gives it, as the chart and the examples write it)."""
