@@ -1,13 +1,19 @@
-"""`examples/trainingjob-demo.yaml`, unchanged, trains in real containers of the
-`training` image on the real nodes (CPU and gloo; its GPU request is met by the
+"""`examples/trainingjob-demo.yaml` (one overlay, below) trains in real containers of
+the `training` image on the real nodes (CPU and gloo; its GPU request is met by the
 nodes' advertised `nvidia.com/gpu`), and survives what users and nodes do to it: a
-worker's pod deleted with `kubectl delete pod`, a training process killed inside
-its container (the kubelet restarts the container), and `kubectl scale` up.
+worker's pod deleted with `kubectl delete pod` (the runtime exits 143 on the kubelet's
+SIGTERM), a training process killed inside its container (the kubelet restarts the
+container), and `kubectl scale` up.
 
 The example carries no toleration for the real nodes' taint and names no node, so for
 this module the real nodes are made plain nodes (their taint removed) and the KWOK
 nodes are cordoned, both as `kubectl taint` and `kubectl cordon` would, and put back
 after: the job lands on real nodes through the operator's own placement.
+
+Beside it, jobs of the same image under a SchedulingPolicy with a 10 s unready limit:
+workers that sleep 120 s before training join late and are never taken for lost
+members (their startupGraceSeconds covers the wait), while containers that exit at once
+crash-loop and fail their job.
 
 One overlay, as a user's kustomization would add it: ``args: [--epochs, ...]`` on the
 training container. The example's 20 epochs end within a minute on these CPUs, before
@@ -119,6 +125,25 @@ def _container_pids(container_id: str) -> list[int]:
     return pids
 
 
+SIGTERM_EXIT = 128 + signal.SIGTERM
+"""How the runtime exits after the kubelet's SIGTERM (once its last checkpoint is out)."""
+
+
+def _exit_code_until_gone(kube: KubeClient, ns: str, name: str, version: str) -> int | None:
+    """The exit code pod ``name``'s container last reported before the pod was deleted
+    (watched from ``version`` on, so no status in between is missed)."""
+    code = None
+    for event in kube.watch(api_path("v1", "pods", ns), resource_version=version,
+                            timeout_seconds=180, fieldSelector=f"metadata.name={name}"):
+        statuses = (event["object"].get("status") or {}).get("containerStatuses") or []
+        for status in statuses:
+            if finished := (status.get("state") or {}).get("terminated"):
+                code = int(finished["exitCode"])
+        if event["type"] == "DELETED":
+            break
+    return code
+
+
 def _pod(kube: KubeClient, ns: str, name: str) -> Obj:
     return kube.get(api_path("v1", "pods", ns, name))
 
@@ -155,10 +180,13 @@ def test_the_example_trains_in_real_containers_and_survives_pod_and_container_lo
     except AssertionError:
         raise AssertionError(_logs(kube, namespace)) from None
 
-    # `kubectl delete pod` of a worker: a world of 3 goes on, then the replacement joins.
+    # `kubectl delete pod` of a worker: the kubelet's SIGTERM, within the grace period,
+    # ends the runtime with 143; a world of 3 goes on, then the replacement joins.
     step = _trained_step(kube, namespace)
     victim = first.members[-1].pod
+    version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
     kube.delete(api_path("v1", "pods", namespace, victim))
+    assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
     smaller = wait_for(lambda: _world_where(kube, namespace, 3, first.generation),
                        "a world of 3 without the deleted pod", timeout=300)
     assert victim not in {m.pod for m in smaller.members}
