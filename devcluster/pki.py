@@ -1,6 +1,7 @@
 """Certificates and keys for the local control plane, made with the openssl CLI.
 
-One CA signs the API server's serving certificate (valid for 127.0.0.1 and localhost);
+One CA signs the API server's serving certificate (valid for 127.0.0.1, localhost and
+the ``kubernetes`` Service's address, where real nodes' pods reach it);
 an RSA key pair signs and verifies ServiceAccount tokens; a static bearer token
 authenticates the admin and the control-plane components.
 """
@@ -12,6 +13,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+SERVICE_IP = "10.96.0.1"
+"""The ``kubernetes`` Service's cluster IP: the first of the API server's
+``--service-cluster-ip-range``; in-cluster clients (pods on real nodes) dial it."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ def ensure_pki(folder: Path) -> Pki:
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
                  "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver", cwd=folder)
         (folder / "san.ext").write_text(
-            "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+            f"subjectAltName=IP:127.0.0.1,IP:{SERVICE_IP},DNS:localhost,DNS:kubernetes,"
             "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
         )
         _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",

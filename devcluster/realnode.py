@@ -21,10 +21,12 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -33,8 +35,15 @@ from ringwright.objects import Obj
 
 from .build import ensure_binaries
 from .inventory import GPU_RESOURCE
-from .node import configs, host, image
-from .node.layout import REAL_NODE_LABEL, NodeLayout, RealNodeSpec, layouts
+from .node import apiproxy, configs, host, image
+from .node.layout import (
+    API_PROXY_PORT,
+    REAL_NODE_LABEL,
+    NodeLayout,
+    RealNodeSpec,
+    backbone_netns,
+    layouts,
+)
 from .node.registry import Registry, SetRecord
 from .versions import cache_root
 
@@ -47,11 +56,11 @@ __all__ = [
 log = logging.getLogger("ringwright.devcluster.realnode")
 
 APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "gcc", "libc6-dev",
-                "iproute2", "util-linux", "mount")
+                "iproute2", "util-linux", "mount", "nftables")
 """Debian/Ubuntu packages real nodes need (containerd 1.6+, runc, the CNI plugins, a
-C compiler with a static libc for the local image, ip, nsenter/unshare, mount)."""
+C compiler with a static libc for the local image, ip, nsenter/unshare, mount, nft)."""
 COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "gcc", "ip", "nsenter",
-            "unshare", "mount", "umount")
+            "unshare", "mount", "umount", "nft")
 CNI_BIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 """Where Debian's and upstream's CNI plugin packages put the plugins."""
 
@@ -114,6 +123,13 @@ class RealNodeSet:
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
+    def load_image(self, archive: Path) -> None:
+        """Import the OCI archive ``archive`` into every node's containerd (no registry
+        is reachable: pods of its image use ``imagePullPolicy: Never``)."""
+        ctr = Path(shutil.which("ctr") or "ctr")
+        for layout in self.nodes:
+            image.import_image(ctr, layout.containerd_socket, archive)
+
     def stop(self, kube: KubeClient | None = None) -> None:
         """Stop every process and remove every host resource of the set (idempotent);
         with ``kube``, also delete its Node objects and the pods bound to them."""
@@ -150,10 +166,14 @@ def start_real_nodes(kube: KubeClient, cluster_dir: Path, kubeconfig: Path,
     nodes = RealNodeSet(record, registry)
     _forget_nodes(kube, nodes.names)
     try:
+        service = _api_service(kube)
+        api_server = _api_server(kubeconfig)
+        host.create_backbone(backbone_netns(record.slot))
         for layout in nodes.nodes:
             _start_node(layout, record, registry, cluster_dir / "logs", kubelet=kubelet,
                         kubeconfig=kubeconfig, sandbox_image=ref, archive=archive,
-                        cni_dir=cni_dir)
+                        cni_dir=cni_dir, service=service, api_server=api_server)
+        host.route_between(nodes.nodes)
         _wait_ready(kube, nodes, cluster_dir / "logs", timeout)
         for layout in nodes.nodes:
             quantity = str(layout.spec.gpus)
@@ -195,11 +215,26 @@ def _usable(registry: Registry) -> bool:
     return registry.folder.is_dir() and os.access(registry.folder, os.W_OK)
 
 
+def _api_service(kube: KubeClient) -> tuple[str, int]:
+    """The ``kubernetes`` Service's cluster IP and port: what in-cluster clients dial."""
+    spec = kube.get(api_path("v1", "services", "default", "kubernetes"))["spec"]
+    return spec["clusterIP"], int(spec["ports"][0]["port"])
+
+
+def _api_server(kubeconfig: Path) -> tuple[str, int]:
+    """The API server's address in ``kubeconfig`` (on loopback here)."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    url = urlsplit(doc["clusters"][0]["cluster"]["server"])
+    assert url.hostname is not None and url.port is not None, url
+    return url.hostname, url.port
+
+
 def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs: Path, *,
                 kubelet: Path, kubeconfig: Path, sandbox_image: str, archive: Path,
-                cni_dir: Path) -> None:
-    """Create one node's network, cgroup and mount namespace; start its containerd,
-    import the local image, then start its kubelet."""
+                cni_dir: Path, service: tuple[str, int], api_server: tuple[str, int]
+                ) -> None:
+    """Create one node's network, cgroup and mount namespace; start its API relay and
+    containerd, import the local image, then start its kubelet."""
     shutil.rmtree(layout.dir, ignore_errors=True)
     for folder in (layout.containerd_root, layout.containerd_state, layout.cni_conf_dir,
                    layout.ipam_dir, layout.kubelet_root):
@@ -218,6 +253,14 @@ def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs:
         registry.save(record)
         return proc
 
+    relay = (layout.node_ip, API_PROXY_PORT)
+    relay_log = logs / f"realnode-{layout.name}-api-proxy.log"
+    proxy = started(host.spawn(
+        "api-proxy", layout.name,
+        [sys.executable, str(Path(apiproxy.__file__)), f"{relay[0]}:{relay[1]}",
+         f"{api_server[0]}:{api_server[1]}"], relay_log))
+    host.wait_for_port(relay, proxy, relay_log, timeout=30)
+    host.expose_api(layout, service, relay)
     holder = started(host.start_mount_holder(layout, logs / f"realnode-{layout.name}.log"))
     containerd_log = logs / f"realnode-{layout.name}-containerd.log"
     daemon = started(host.spawn(

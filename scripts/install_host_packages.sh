@@ -8,12 +8,12 @@
 set -euo pipefail
 
 # Keep in step with APT_PACKAGES in devcluster/realnode.py (a unit test compares them).
-packages=(containerd runc containernetworking-plugins gcc libc6-dev iproute2 util-linux mount)
+packages=(containerd runc containernetworking-plugins gcc libc6-dev iproute2 util-linux mount nftables)
 # Keep in step with INSTALL in devcluster/buildah.py.
 image_packages=(buildah mmdebstrap podman)
 
 missing=()
-for cmd in containerd containerd-shim-runc-v2 ctr runc gcc ip nsenter unshare mount umount; do
+for cmd in containerd containerd-shim-runc-v2 ctr runc gcc ip nsenter unshare mount umount nft; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
 done
 if [[ ! -x /usr/lib/cni/bridge && ! -x /opt/cni/bin/bridge ]]; then

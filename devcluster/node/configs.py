@@ -116,11 +116,14 @@ def kubelet_config(layout: NodeLayout) -> dict[str, Any]:
         # No iptables chains in the host's namespace.
         "makeIPTablesUtilChains": False,
         # Images are built locally and cannot be pulled again: never collect them, and
-        # evict nothing over a host disk that other work fills.
+        # evict nothing over a host disk that other work fills. Under disk pressure the
+        # kubelet deletes every unused image, the sandbox image too, and the node can
+        # start no pod after (seen when parallel runs imported 2.8 GB images at once):
+        # absolute floors, far below the 1% (2.5 GB here) that was crossed then.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
-                         "nodefs.inodesFree": "1%", "imagefs.available": "1%",
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "100Mi",
+                         "nodefs.inodesFree": "1%", "imagefs.available": "100Mi",
                          "imagefs.inodesFree": "1%"},
         "registerWithTaints": [{"key": REAL_NODE_LABEL, "value": "true",
                                 "effect": "NoSchedule"}],

@@ -8,7 +8,9 @@ Every node runs in two namespaces of its own:
   pod network namespaces) never appear on the host, and the host paths they insist on
   are bound over with the node's folders (:meth:`NodeLayout.binds`);
 * a network namespace for containerd (so the CNI bridge and the pods' links live
-  there) joined to the host by a veth pair whose host end carries the node's address.
+  there) joined to the host by a veth pair whose host end carries the node's address,
+  and to the set's backbone namespace (one bridge) that routes between the nodes' pods;
+  it rewrites the ``kubernetes`` Service's address to the API relay on the host.
 
 The kubelet itself stays in the host's network namespace, where the API server is.
 :mod:`.registry` records what was made and removes it.
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import IO
 
 from .layout import (
+    BACKBONE_LINK,
+    BACKBONE_PREFIX_LEN,
     KUBELET_SYSCTLS,
     LINK_PREFIX,
     LINK_PREFIX_LEN,
@@ -43,9 +47,10 @@ class HostError(RuntimeError):
     """A host resource of a real node could not be created."""
 
 
-def run(argv: Sequence[str]) -> None:
-    """Run a command; fail with its output."""
-    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+def run(argv: Sequence[str], stdin: str | None = None) -> None:
+    """Run a command (``stdin`` its input); fail with its output."""
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False,
+                          input=stdin)
     if done.returncode != 0:
         raise HostError(f"{' '.join(argv)} failed: {(done.stderr or done.stdout).strip()}")
 
@@ -228,9 +233,26 @@ def mounts_under(folder: Path) -> list[str]:
 # -- the node's network ----------------------------------------------------------------
 
 
+BACKBONE_BRIDGE = "br0"
+
+
+def create_backbone(netns: str) -> None:
+    """The set's backbone: a namespace holding one bridge, which every node's namespace
+    joins (:func:`create_network`)."""
+    run(["ip", "netns", "add", netns])
+    for argv in (
+        ["ip", "-n", netns, "link", "set", "lo", "up"],
+        ["ip", "-n", netns, "link", "add", BACKBONE_BRIDGE, "type", "bridge"],
+        ["ip", "-n", netns, "link", "set", BACKBONE_BRIDGE, "up"],
+    ):
+        run(argv)
+
+
 def create_network(layout: NodeLayout) -> None:
-    """The node's namespace, its link to the host and the route to its pods."""
-    ns, link = layout.netns, layout.host_link
+    """The node's namespace, its link to the host, the route to its pods and its link to
+    the set's backbone (:func:`create_backbone` first); it forwards between its pods,
+    the host and the backbone."""
+    ns, link, backbone = layout.netns, layout.host_link, layout.backbone_netns
     run(["ip", "netns", "add", ns])
     for argv in (
         ["ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns],
@@ -240,8 +262,58 @@ def create_network(layout: NodeLayout) -> None:
         ["ip", "-n", ns, "addr", "add", f"{layout.peer_ip}/{LINK_PREFIX_LEN}", "dev", "eth0"],
         ["ip", "-n", ns, "link", "set", "eth0", "up"],
         ["ip", "route", "add", layout.pod_cidr, "via", layout.peer_ip, "dev", link],
+        ["ip", "-n", ns, "link", "add", BACKBONE_LINK, "type", "veth", "peer", "name",
+         layout.backbone_port, "netns", backbone],
+        ["ip", "-n", backbone, "link", "set", layout.backbone_port, "master",
+         BACKBONE_BRIDGE],
+        ["ip", "-n", backbone, "link", "set", layout.backbone_port, "up"],
+        ["ip", "-n", ns, "addr", "add", f"{layout.backbone_ip}/{BACKBONE_PREFIX_LEN}",
+         "dev", BACKBONE_LINK],
+        ["ip", "-n", ns, "link", "set", BACKBONE_LINK, "up"],
+        # The namespace's own setting (a new namespace does not forward).
+        ["ip", "netns", "exec", ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"],
     ):
         run(argv)
+
+
+def route_between(nodes: Sequence[NodeLayout]) -> None:
+    """Each node's namespace routes the other nodes' pods over the backbone."""
+    for node in nodes:
+        for other in nodes:
+            if other is not node:
+                run(["ip", "-n", node.netns, "route", "add", other.pod_cidr, "via",
+                     other.backbone_ip, "dev", BACKBONE_LINK])
+
+
+NAT_TABLE = "ringwright"
+
+
+def expose_api(layout: NodeLayout, service: tuple[str, int], relay: tuple[str, int]) -> None:
+    """In the node's namespace, send the pods' connections to the ``kubernetes``
+    Service (``service``: its cluster IP and port) to ``relay`` on the host (what
+    kube-proxy would program; :mod:`.apiproxy` listens there)."""
+    (ip, port), (to_ip, to_port) = service, relay
+    run(["ip", "netns", "exec", layout.netns, "nft", "-f", "-"], stdin=(
+        f"table ip {NAT_TABLE} {{\n"
+        "  chain prerouting {\n"
+        "    type nat hook prerouting priority dstnat; policy accept;\n"
+        f"    ip daddr {ip} tcp dport {port} dnat to {to_ip}:{to_port}\n"
+        "  }\n"
+        "}\n"))
+
+
+def wait_for_port(address: tuple[str, int], proc: Proc, log: Path, timeout: float) -> None:
+    """Wait until something accepts TCP connections at ``address``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise HostError(f"{proc.role} of {proc.node} exited; last lines of {log}:\n"
+                            f"{tail(log)}")
+        with contextlib.suppress(OSError), socket.create_connection(address, timeout=1):
+            return
+        time.sleep(0.1)
+    raise HostError(f"{proc.role} of {proc.node} did not listen on {address[0]}:"
+                    f"{address[1]} within {timeout:.0f}s; last lines of {log}:\n{tail(log)}")
 
 
 def network_namespaces() -> list[str]:

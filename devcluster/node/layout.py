@@ -29,6 +29,14 @@ tolerate it land there, so the cluster's other tests never meet a real kubelet."
 LINK_PREFIX_LEN = 30
 """The node's link is a /30: its address on the host end, its namespace's on the other."""
 
+BACKBONE_PREFIX_LEN = 25
+"""The set's backbone: one bridge in a namespace of its own, every node's namespace on
+it at ``10.214.<slot>.<128 + index>/25`` (above the links' /30s in the slot's /24)."""
+BACKBONE_LINK = "rt0"
+"""The node's end of its link to the backbone (in the node's namespace)."""
+API_PROXY_PORT = 6443
+"""Where the API server's proxy listens on each node's address (host side)."""
+
 SOCKET_PATH_MAX = 107
 """Longest path a unix socket may have (``sun_path`` holds 108 bytes with its NUL)."""
 
@@ -93,6 +101,22 @@ class NodeLayout:
     def netns(self) -> str:
         """The node's network namespace: containerd, the CNI bridge and its pods' links."""
         return f"{NAME_PREFIX}s{self.slot}n{self.index}"
+
+    @property
+    def backbone_netns(self) -> str:
+        """The set's backbone namespace: a bridge joining its nodes' namespaces, so each
+        node routes to the others' pods without the host forwarding anything."""
+        return backbone_netns(self.slot)
+
+    @property
+    def backbone_port(self) -> str:
+        """The backbone's end of this node's link (a port of its bridge)."""
+        return f"n{self.index}"
+
+    @property
+    def backbone_ip(self) -> str:
+        """The node's namespace on the backbone: the other nodes route its pods here."""
+        return f"10.214.{self.slot}.{128 + self.index}"
 
     @property
     def cgroup(self) -> str:
@@ -179,6 +203,11 @@ class NodeLayout:
     def from_record(cls, record: dict[str, Any]) -> NodeLayout:
         return cls(spec=RealNodeSpec(**record["spec"]), slot=int(record["slot"]),
                    index=int(record["index"]), dir=Path(record["dir"]))
+
+
+def backbone_netns(slot: int) -> str:
+    """The backbone namespace of the set in ``slot``."""
+    return f"{NAME_PREFIX}s{slot}b"
 
 
 def layouts(specs: list[RealNodeSpec], slot: int, root: Path) -> list[NodeLayout]:

@@ -5,9 +5,10 @@ A set of real nodes holds a slot (:mod:`.layout`); its record, a JSON file in
 :data:`REGISTRY`, is written before anything is created and lists the set's nodes and
 every process started for them, with the process that owns the set. The record alone
 is enough to remove the set: :func:`teardown` kills the kubelets, every process in
-the nodes' cgroups, containerd's shims, containerd and the holder of each node's mount
-namespace (whose mounts go with it), then deletes the network namespaces (their links
-and routes go with them), the cgroups and the nodes' folders, and last the record. A
+the nodes' cgroups, containerd's shims, containerd, the API relays and the holder of
+each node's mount namespace (whose mounts go with it), then deletes the network
+namespaces (their links and routes go with them), the cgroups, the nodes' folders and
+the set's backbone namespace, and last the record. A
 set whose owner is gone is torn down by the next :meth:`Registry.sweep` on the machine
 (every start runs one), whichever cluster it belonged to.
 """
@@ -39,7 +40,7 @@ from .host import (
     start_ticks,
     stop,
 )
-from .layout import LINK_PREFIX, NAME_PREFIX, SLOTS, NodeLayout
+from .layout import LINK_PREFIX, NAME_PREFIX, SLOTS, NodeLayout, backbone_netns
 
 REGISTRY = Path("/run/ringwright-realnodes")
 """One record per live set of real nodes on this machine (a tmpfs: a reboot, which
@@ -157,6 +158,7 @@ def teardown(record: SetRecord) -> None:
         shutil.rmtree(layout.dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             layout.dir.parent.rmdir()
+    remove_network(backbone_netns(record.slot), "")
 
 
 def _slot_of(name: str, prefix: str) -> int | None:

@@ -7,9 +7,12 @@ without them fails the tests, elsewhere they skip.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from ringwright.devcluster import images
+from ringwright.devcluster.buildah import ImageError
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.realnode import (
     RealNodeSet,
@@ -21,9 +24,11 @@ from ringwright.devcluster.realnode import (
 from tests.conftest import IN_CI
 
 SPECS = (RealNodeSpec("real-rack-r0-node-0", rack="rack-r0", nvlink_domain="rack-r0-nvl-3",
-                      gpu_model="NVIDIA-A100-SXM4-40GB", gpus=4),)
+                      gpu_model="NVIDIA-A100-SXM4-40GB", gpus=4),
+         RealNodeSpec("real-rack-r0-node-1", rack="rack-r0", nvlink_domain="rack-r0-nvl-3",
+                      gpu_model="NVIDIA-A100-SXM4-40GB", gpus=4))
 """The module's real nodes: labels and GPUs unlike the spec's defaults, so a test sees
-that they come from the spec."""
+that they come from the spec; two, so pods on one reach pods on the other."""
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +51,37 @@ def real_nodes(cluster: Cluster, can_run_real_nodes: None) -> Iterator[RealNodeS
             yield nodes
         finally:
             nodes.stop(kube)
+
+
+@pytest.fixture(scope="module")
+def operator_image(real_nodes: RealNodeSet) -> str:
+    """The ``operator`` image (built here, or found in the cache), loaded into the real
+    nodes' containerd; its name as a pod spec gives it."""
+    real_nodes.load_image(_built("operator"))
+    return image_name("operator")
+
+
+@pytest.fixture(scope="module")
+def training_image(real_nodes: RealNodeSet) -> str:
+    """The ``training`` image, loaded into the real nodes' containerd; its name."""
+    real_nodes.load_image(_built("training"))
+    return image_name("training")
+
+
+def _built(target: str) -> Path:
+    """The OCI archive of ``target`` (built here, or found in the cache); a skip where
+    images cannot be built (a failure in CI)."""
+    try:
+        return images.build([target])[0].archive
+    except ImageError as err:
+        message = f"cannot build the {target} image: {err}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def image_name(target: str) -> str:
+    """How a pod spec names the image of Dockerfile target ``target`` (the name its
+    archive gives it, as the chart and the examples write it)."""
+    t = images.TARGETS[target]
+    return f"{t.repository}:{images.pyproject()['project']['version']}{t.tag_suffix}"

@@ -13,7 +13,9 @@ import pytest
 from ringwright.devcluster.node import configs, image
 from ringwright.devcluster.node.host import Proc
 from ringwright.devcluster.node.layout import (
+    BACKBONE_PREFIX_LEN,
     KUBELET_SYSCTLS,
+    LINK_PREFIX_LEN,
     NODES_PER_SLOT,
     SLOTS,
     NodeLayout,
@@ -43,6 +45,21 @@ def test_no_two_nodes_on_the_machine_share_a_name_or_an_address(tmp_path: Path) 
         link = ip_network(f"{n.node_ip}/30", strict=False)
         assert ip_address(n.peer_ip) in link and not ip_address(n.node_ip).is_loopback
         assert ip_network(f"{n.node_ip}/24", strict=False) not in pod_nets
+
+
+def test_the_backbone_addresses_lie_apart_from_the_links_and_the_pods(tmp_path: Path) -> None:
+    every = _every_layout(tmp_path)
+    backbone = [ip_address(n.backbone_ip) for n in every]
+    assert len(set(backbone)) == len(backbone)
+    links = [ip_network(f"{n.node_ip}/{LINK_PREFIX_LEN}", strict=False) for n in every]
+    pods = [ip_network(n.pod_cidr) for n in every]
+    assert not any(a in net for a in backbone for net in links + pods)
+    for n in every:
+        # One backbone per set, its subnet holding exactly the set's nodes.
+        net = ip_network(f"{n.backbone_ip}/{BACKBONE_PREFIX_LEN}", strict=False)
+        assert {m.backbone_netns for m in every if ip_address(m.backbone_ip) in net} \
+            == {n.backbone_netns}
+        assert n.backbone_netns not in {m.netns for m in every}
 
 
 def test_a_set_refuses_repeated_names_and_too_many_nodes(tmp_path: Path) -> None:

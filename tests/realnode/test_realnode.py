@@ -165,7 +165,8 @@ def _leftovers(layout: NodeLayout, processes: list[host.Proc]) -> dict[str, list
             str(pid) for pid in host.pids_mentioning(str(layout.dir))],
         "processes in the node's cgroups": [str(p) for p in host.cgroup_pids(layout.cgroup)],
         "cgroups": host.cgroups_named(layout.netns),
-        "network namespace": [ns for ns in host.network_namespaces() if ns == layout.netns],
+        "network namespaces": [ns for ns in host.network_namespaces()
+                               if ns in (layout.netns, layout.backbone_netns)],
         "host link": [link for link in host.host_links() if link == layout.host_link],
         "route to the pods": [route] if route else [],
         "folder": [str(layout.dir)] if layout.dir.exists() else [],

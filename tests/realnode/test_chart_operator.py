@@ -1,0 +1,146 @@
+"""`helm install` of the chart onto real nodes, as a user runs it: the operator image
+as the chart's Deployment (two replicas electing a leader through a Lease, the chart's
+ServiceAccount and RBAC, its metrics Service, a read-only root filesystem, non-root),
+the image already in the nodes' containerd (the chart's IfNotPresent never pulls it).
+Deleting the leader's pod hands the Lease to the other replica."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
+from ringwright.kube import KubeClient, api_path
+from ringwright.objects import Obj
+from tests.conftest import IN_CI
+from tests.unit.test_chart_render import CHART, find_helm
+from tests.waiting import wait_for
+from tests.xdist_groups import CLUSTER_GROUP
+
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(CLUSTER_GROUP)]
+
+LEASE = "ringwright-operator"
+"""The operator's default Lease name (the chart sets none)."""
+OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"
+
+
+def _helm(cluster: Cluster, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    helm = find_helm()
+    if helm is None:
+        message = "no helm binary: run `make binaries`"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+           "HELM_CONFIG_HOME": str(tmp / "helm-config"),
+           "HELM_CACHE_HOME": str(tmp / "helm-cache"), "HELM_DATA_HOME": str(tmp / "helm-data")}
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+
+
+def real_node_values(namespace: str) -> Obj:
+    """What a user sets to put the operator on the real nodes: their taint tolerated,
+    their label selected. Cluster-scoped names carry the namespace (other tests own the
+    default PriorityClasses and SchedulingPolicy; helm adopts nothing), and the operator
+    serves only its own namespace (the run's shared operator serves the others)."""
+    return {
+        "priorityClasses": {"ps": {"name": f"{namespace}-ps"},
+                            "worker": {"name": f"{namespace}-worker"}},
+        "schedulingPolicy": {"name": f"{namespace}-policy"},
+        "operator": {
+            "watchNamespaces": [namespace],
+            "nodeSelector": {REAL_NODE_LABEL: "true"},
+            "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists",
+                             "effect": "NoSchedule"}],
+        },
+    }
+
+
+@pytest.fixture()
+def release(cluster: Cluster, kube: KubeClient, namespace: str, tmp_path: Path,
+            real_nodes: RealNodeSet, operator_image: str) -> Iterator[str]:
+    """The chart installed into ``namespace``; its full name. Uninstalled after."""
+    name = f"rw-{namespace}"
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(real_node_values(namespace)))
+    kube.merge_patch(api_path("v1", "namespaces", name=namespace), {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    proc = _helm(cluster, tmp_path, "install", name, str(CHART), "--namespace", namespace,
+                 "--values", str(tmp_path / "values.yaml"), "--timeout", "2m")
+    assert proc.returncode == 0, f"helm install failed:\n{proc.stderr}"
+    try:
+        yield f"{name}-ringwright"
+    finally:
+        out = _helm(cluster, tmp_path, "uninstall", name, "--namespace", namespace, "--wait",
+                    "--timeout", "2m")
+        assert out.returncode == 0, f"helm uninstall failed:\n{out.stderr}"
+
+
+def _ready(pod: Obj) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+def _operator_pods(kube: KubeClient, namespace: str) -> list[Obj]:
+    return [p for p in kube.list(api_path("v1", "pods", namespace),
+                                 labelSelector=OPERATOR_SELECTOR)
+            if not p["metadata"].get("deletionTimestamp")]
+
+
+def _holder(kube: KubeClient, namespace: str) -> str:
+    lease = kube.get_or_none(api_path("coordination.k8s.io/v1", "leases", namespace, LEASE))
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+def _pod_holding(pods: list[Obj], holder: str) -> Obj | None:
+    """The pod whose operator holds the Lease (its identity starts with the host name,
+    which is the pod's name)."""
+    return next((p for p in pods if holder.startswith(p["metadata"]["name"] + "-")), None)
+
+
+def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
+    kube: KubeClient, namespace: str, real_nodes: RealNodeSet, release: str,
+) -> None:
+    def two_ready() -> list[Obj] | None:
+        pods = _operator_pods(kube, namespace)
+        return pods if len(pods) == 2 and all(map(_ready, pods)) else None
+
+    pods = wait_for(two_ready, "both operator replicas to be Ready", timeout=240)
+    assert {p["spec"]["nodeName"] for p in pods} <= set(real_nodes.names)
+    for pod in pods:
+        assert pod["spec"]["serviceAccountName"] == release
+        (container,) = pod["spec"]["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert container["imagePullPolicy"] == "IfNotPresent"
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+
+    leader = wait_for(lambda: _pod_holding(pods, _holder(kube, namespace)),
+                      "one replica to take the Lease", timeout=120)
+    standby = next(p for p in pods if p is not leader)
+
+    # The metrics Service's endpoints are the replicas, and each serves its metrics
+    # (the host routes to pod addresses, as a Prometheus in the cluster would reach them).
+    def endpoint_ips() -> set[str] | None:
+        ep = kube.get_or_none(api_path("v1", "endpoints", namespace, f"{release}-metrics"))
+        ips = {a["ip"] for s in (ep or {}).get("subsets") or [] for a in s.get("addresses", [])}
+        return ips if len(ips) == 2 else None
+
+    ips = wait_for(endpoint_ips, "the metrics Service to list both replicas", timeout=60)
+    assert ips == {p["status"]["podIP"] for p in pods}
+    for ip in sorted(ips):
+        body = httpx.get(f"http://{ip}:9400/metrics", timeout=10).text
+        assert "ringwright_" in body
+
+    before = _holder(kube, namespace)
+    kube.delete(api_path("v1", "pods", namespace, leader["metadata"]["name"]))
+    wait_for(lambda: _pod_holding([standby], _holder(kube, namespace)),
+             f"the standby {standby['metadata']['name']} to take the Lease from {before}",
+             timeout=180)
+    assert _pod_holding([leader], _holder(kube, namespace)) is None

@@ -1,0 +1,316 @@
+"""`examples/trainingjob-demo.yaml` (one overlay, below) trains in real containers of
+the `training` image on the real nodes (CPU and gloo; its GPU request is met by the
+nodes' advertised `nvidia.com/gpu`), and survives what users and nodes do to it: a
+worker's pod deleted with `kubectl delete pod` (the runtime exits 143 on the kubelet's
+SIGTERM), a training process killed inside its container (the kubelet restarts the
+container), and `kubectl scale` up.
+
+The example carries no toleration for the real nodes' taint and names no node, so for
+this module the real nodes are made plain nodes (their taint removed) and the KWOK
+nodes are cordoned, both as `kubectl taint` and `kubectl cordon` would, and put back
+after: the job lands on real nodes through the operator's own placement.
+
+Beside it, jobs of the same image under a SchedulingPolicy with a 10 s unready limit:
+workers that sleep 120 s before training join late and are never taken for lost
+members (their startupGraceSeconds covers the wait), while containers that exit at once
+crash-loop and fail their job.
+
+One overlay, as a user's kustomization would add it: ``args: [--epochs, ...]`` on the
+training container. The example's 20 epochs end within a minute on these CPUs, before
+a deleted worker's replacement can rejoin (seen: the job Succeeded at a world of 3).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ringwright.devcluster.inventory import KWOK_NODE_ANNOTATION
+from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
+from ringwright.kube import ApiError, KubeClient, api_path
+from ringwright.objects import Obj
+from ringwright.world import World, parse_world, world_configmap_name
+from tests.jobs import OperatorProcess, get_status, tj_path
+from tests.waiting import wait_for
+from tests.xdist_groups import CLUSTER_GROUP
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(CLUSTER_GROUP),
+              pytest.mark.timeout(1800)]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainingjob-demo.yaml"
+JOB = "resnet"
+"""The example's job name."""
+LONG_EPOCHS = 100_000
+"""The overlay's epochs: training outlasts the test (its namespace goes with it)."""
+
+
+@pytest.fixture()
+def real_nodes_only(kube: KubeClient, real_nodes: RealNodeSet) -> Iterator[None]:
+    """KWOK nodes cordoned and the real nodes' taint removed; both put back after."""
+    kwok = [n["metadata"]["name"] for n in kube.list(api_path("v1", "nodes"))
+            if KWOK_NODE_ANNOTATION in (n["metadata"].get("annotations") or {})]
+
+    def taints(node: str, keep_real: bool) -> list[Obj]:
+        current = kube.get(api_path("v1", "nodes", name=node))["spec"].get("taints") or []
+        rest = [t for t in current if t["key"] != REAL_NODE_LABEL]
+        real = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+        return [*rest, real] if keep_real else rest
+
+    for node in kwok:
+        kube.merge_patch(api_path("v1", "nodes", name=node), {"spec": {"unschedulable": True}})
+    for node in real_nodes.names:
+        kube.merge_patch(api_path("v1", "nodes", name=node),
+                         {"spec": {"taints": taints(node, keep_real=False)}})
+    try:
+        yield
+    finally:
+        for node in real_nodes.names:
+            kube.merge_patch(api_path("v1", "nodes", name=node),
+                             {"spec": {"taints": taints(node, keep_real=True)}})
+        for node in kwok:
+            kube.merge_patch(api_path("v1", "nodes", name=node),
+                             {"spec": {"unschedulable": None}})
+
+
+def _world(kube: KubeClient, ns: str) -> World | None:
+    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(JOB)))
+    text = ((cm or {}).get("data") or {}).get("world.json")
+    return parse_world(text) if text else None
+
+
+def _world_where(kube: KubeClient, ns: str, size: int, after: int) -> World | None:
+    world = _world(kube, ns)
+    return world if world and world.size == size and world.generation > after else None
+
+
+STEP = re.compile(r" epoch_done .*\bstep=(\d+)")
+"""The example's line at the end of every epoch (its rank 0 logs it)."""
+
+
+def _trained_step(kube: KubeClient, ns: str) -> int:
+    """The latest step an epoch ended at, in the logs of the job's pods now."""
+    steps = [0]
+    for pod in kube.list(api_path("v1", "pods", ns)):
+        try:
+            text = kube.get_text(api_path("v1", "pods", ns, pod["metadata"]["name"],
+                                          subresource="log"))
+        except (ApiError, OSError):
+            continue
+        steps += [int(m.group(1)) for m in STEP.finditer(text)]
+    return max(steps)
+
+
+def _trained_past(kube: KubeClient, ns: str, step: int, timeout: float = 300) -> int:
+    """Wait for an epoch to end after step ``step`` (training went on); its step."""
+    return wait_for(lambda: s if (s := _trained_step(kube, ns)) > step else None,
+                    f"an epoch to end after step {step}", timeout=timeout, interval=2)
+
+
+def _container_pids(container_id: str) -> list[int]:
+    """The processes of container ``container_id`` (its id names its cgroup)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if container_id in (entry / "cgroup").read_text():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+SIGTERM_EXIT = 128 + signal.SIGTERM
+"""How the runtime exits after the kubelet's SIGTERM (once its last checkpoint is out)."""
+
+
+def _exit_code_until_gone(kube: KubeClient, ns: str, name: str, version: str) -> int | None:
+    """The exit code pod ``name``'s container last reported before the pod was deleted
+    (watched from ``version`` on, so no status in between is missed)."""
+    code = None
+    for event in kube.watch(api_path("v1", "pods", ns), resource_version=version,
+                            timeout_seconds=180, fieldSelector=f"metadata.name={name}"):
+        statuses = (event["object"].get("status") or {}).get("containerStatuses") or []
+        for status in statuses:
+            if finished := (status.get("state") or {}).get("terminated"):
+                code = int(finished["exitCode"])
+        if event["type"] == "DELETED":
+            break
+    return code
+
+
+def _pod(kube: KubeClient, ns: str, name: str) -> Obj:
+    return kube.get(api_path("v1", "pods", ns, name))
+
+
+def _logs(kube: KubeClient, ns: str) -> str:
+    out = []
+    for pod in kube.list(api_path("v1", "pods", ns)):
+        name = pod["metadata"]["name"]
+        try:
+            text = kube.get_text(api_path("v1", "pods", ns, name, subresource="log"))
+        except (ApiError, OSError) as err:
+            text = f"(no log: {err})"
+        out.append(f"--- {name}\n" + "\n".join(text.splitlines()[-15:]))
+    return "\n".join(out)
+
+
+def test_the_example_trains_in_real_containers_and_survives_pod_and_container_loss(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    training_image: str, real_nodes_only: None,
+) -> None:
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    (container,) = manifest["spec"]["workers"]["template"]["spec"]["containers"]
+    assert container["image"] == training_image
+    assert "args" not in container
+    container["args"] = ["--epochs", str(LONG_EPOCHS)]
+    kube.create(tj_path(namespace), manifest)
+
+    first = wait_for(lambda: _world_where(kube, namespace, 4, 0),
+                     "a world of the example's 4 workers", timeout=900)
+    nodes = {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in first.members}
+    assert nodes <= set(real_nodes.names)
+    try:
+        _trained_past(kube, namespace, 0, timeout=600)
+    except AssertionError:
+        raise AssertionError(_logs(kube, namespace)) from None
+
+    # `kubectl delete pod` of a worker: the kubelet's SIGTERM, within the grace period,
+    # ends the runtime with 143; a world of 3 goes on, then the replacement joins.
+    step = _trained_step(kube, namespace)
+    victim = first.members[-1].pod
+    version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
+    kube.delete(api_path("v1", "pods", namespace, victim))
+    assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
+    smaller = wait_for(lambda: _world_where(kube, namespace, 3, first.generation),
+                       "a world of 3 without the deleted pod", timeout=300)
+    assert victim not in {m.pod for m in smaller.members}
+    healed = wait_for(lambda: _world_where(kube, namespace, 4, smaller.generation),
+                      "a world of 4 again", timeout=600)
+    _trained_past(kube, namespace, step)
+
+    # A training process killed inside its container: the kubelet restarts the
+    # container in the same pod, which rejoins.
+    step = _trained_step(kube, namespace)
+    target = healed.members[0].pod
+    before = _pod(kube, namespace, target)
+    container_id = before["status"]["containerStatuses"][0]["containerID"].split("//")[-1]
+    pids = _container_pids(container_id)
+    assert pids, f"no process of container {container_id} found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _pod(kube, namespace, target)["status"]["containerStatuses"][0]
+             .get("restartCount", 0) >= 1, "the kubelet to restart the container", timeout=300)
+    after = _pod(kube, namespace, target)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+
+    def rejoined() -> World | None:
+        world = _world_where(kube, namespace, 4, healed.generation)
+        return world if world and target in {m.pod for m in world.members} else None
+
+    back = wait_for(rejoined, "a world of 4 with the restarted container", timeout=600)
+    _trained_past(kube, namespace, step)
+
+    # `kubectl scale trainingjob resnet --replicas=5`: a fifth worker joins.
+    step = _trained_step(kube, namespace)
+    kube.merge_patch(tj_path(namespace, JOB, "scale"), {"spec": {"replicas": 5}})
+    grown = wait_for(lambda: _world_where(kube, namespace, 5, back.generation),
+                     "a world of 5 after kubectl scale", timeout=600)
+    assert {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in grown.members} \
+        <= set(real_nodes.names)
+    _trained_past(kube, namespace, step)
+
+
+SLOW_START = 120
+"""Seconds a slow worker spends before it starts training (loading data, say)."""
+UNREADY_SECONDS = 10
+"""The policy's unready limit for these jobs: far below the slow start, so only the
+startup grace keeps a slow worker from being taken for a lost member."""
+
+
+@pytest.fixture()
+def strict_policy(kube: KubeClient, namespace: str) -> Iterator[str]:
+    """A SchedulingPolicy whose unready limit is :data:`UNREADY_SECONDS`; its name."""
+    name = f"{namespace}-strict"
+    path = api_path("ringwright.dev/v1alpha1", "schedulingpolicies", name=name)
+    kube.create(api_path("ringwright.dev/v1alpha1", "schedulingpolicies"), {
+        "apiVersion": "ringwright.dev/v1alpha1", "kind": "SchedulingPolicy",
+        "metadata": {"name": name},
+        "spec": {"nodeLoss": {"tolerationSeconds": 30, "unreadySeconds": UNREADY_SECONDS}}})
+    try:
+        yield name
+    finally:
+        kube.delete(path)
+
+
+def _job(name: str, image: str, policy: str, command: list[str], **workers: object) -> Obj:
+    """A CPU job of the training image for the real nodes."""
+    return {
+        "apiVersion": "ringwright.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "backend": "torch", "gpusPerWorker": 0, "schedulingPolicyName": policy,
+            "workers": {"min": 2, "replicas": 2, "max": 2, **workers, "template": {"spec": {
+                "containers": [{"name": "train", "image": image, "command": command}]}}},
+            "runPolicy": {"backoffLimit": 2},
+        },
+    }
+
+
+def _job_world(kube: KubeClient, ns: str, job: str) -> World | None:
+    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(job)))
+    text = ((cm or {}).get("data") or {}).get("world.json")
+    return parse_world(text) if text else None
+
+
+def _pod_uids(kube: KubeClient, ns: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in kube.list(api_path("v1", "pods", ns))}
+
+
+def test_a_worker_sleeping_before_training_joins_late_and_is_never_lost(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    training_image: str, real_nodes_only: None, strict_policy: str,
+) -> None:
+    command = ["sh", "-c", f"sleep {SLOW_START} && exec python "
+               "/app/examples/train_elastic.py --epochs 100000"]
+    kube.create(tj_path(namespace), _job("slow", training_image, strict_policy, command,
+                                         startupGraceSeconds=SLOW_START * 3))
+
+    def running_pods() -> dict[str, str] | None:
+        pods = [p for p in kube.list(api_path("v1", "pods", namespace))
+                if p["status"].get("phase") == "Running"]
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods} \
+            if len(pods) == 2 else None
+
+    first = wait_for(running_pods, "both slow workers' containers to run", timeout=600)
+    def world_of_two() -> World | None:
+        world = _job_world(kube, namespace, "slow")
+        return world if world is not None and world.size == 2 else None
+
+    world = wait_for(world_of_two, "the slow workers to form a world of 2",
+                     timeout=SLOW_START + 600)
+    assert {m.pod for m in world.members} == set(first)
+    assert _pod_uids(kube, namespace) == first, "a slow worker was replaced"
+    status = get_status(kube, namespace, "slow")
+    assert status.get("restarts", 0) == 0, status
+    assert status.get("phase") == "Running", status
+
+
+def test_a_real_crash_loop_is_still_a_failure(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    training_image: str, real_nodes_only: None, strict_policy: str,
+) -> None:
+    """Containers that exit at once, again and again, within the startup grace: the
+    kubelet's restarts count toward backoffLimit and the job fails."""
+    kube.create(tj_path(namespace), _job("crashing", training_image, strict_policy,
+                                         ["sh", "-c", "exit 3"]))
+    status = wait_for(
+        lambda: s if (s := get_status(kube, namespace, "crashing")).get("phase") == "Failed"
+        else None, "the crash-looping job to fail", timeout=600)
+    assert status.get("restarts", 0) >= 1, status
