@@ -61,13 +61,11 @@ crds: env
 
 # Most tests wait (on processes, clocks, the cluster) rather than compute, so
 # TEST_WORKERS pytest-xdist workers share the machine; every cluster test runs on one of
-# them, against one control plane (tests/README.md). Real-process and cluster tests race
-# the clock on a 2-core machine: a failure is tried again up to twice (a test that fails
-# three times fails the run). The tests that needed it in the last full runs are listed in
-# tests/README.md; the goal is to mark only those flaky and drop the global retry.
+# them, against one control plane (tests/README.md). No failure is retried, except in a
+# test marked flaky with the reason it is (tests/README.md, "Reruns").
 test: binaries lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \
-		--reruns 2 --reruns-delay 2 $(PYTEST_ARGS) tests --ignore=tests/bench
+		$(PYTEST_ARGS) tests --ignore=tests/bench
 
 demo: binaries env
 	$(PY) -m ringwright.devcluster.demo

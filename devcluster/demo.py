@@ -4,9 +4,9 @@
 2. install the CRDs and the default policy, start the operator;
 3. apply a TrainingJob; real runtime processes stand in for its pods (127.x pod IPs);
 4. show where each worker landed and the ring order;
-5. delete one worker's pod mid-training and show the new generation, the rebuilt ring, the
-   rescaled learning rate, training continuing from the last commit, and the replacement
-   joining again;
+5. cordon the nodes, delete one worker's pod mid-training and show the new generation,
+   the rebuilt ring, the rescaled learning rate and training continuing from the last
+   commit; then uncordon them and show the replacement joining again;
 6. print the log lines of every process merged by time, the recovery as the runtime's
    and the operator's Prometheus metrics count it, and draw a PNG timeline.
 The cluster is left running (``python -m ringwright.devcluster down`` stops it).
@@ -59,11 +59,7 @@ SAMPLES = 1024
 SHOWN = ("rolled_back", "lr_rescale", "world_ready", "left_world", "published world",
          "created pod", "MemberLost")
 """Log lines worth reading in the merged log (runtime events and operator decisions)."""
-OPERATOR_SETTINGS = {
-    "RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15",
-    # Replace a lost pod only after the smaller world is out, so the demo shows both
-    # steps: the ring shrinking and the replacement joining.
-    "RINGWRIGHT_BACKOFF_BASE_SECONDS": "4"}
+OPERATOR_SETTINGS = {"RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15"}
 """The operator's settings in the demo (the rest are the defaults)."""
 T = TypeVar("T")
 
@@ -125,6 +121,19 @@ def kubectl(cluster: Cluster, *args: str) -> None:
         return
     print(f"$ kubectl {' '.join(args)}")
     subprocess.run([exe, "--kubeconfig", str(cluster.kubeconfig), *args], check=False)
+
+
+def set_cordoned(kube: KubeClient, nodes: list[str], cordoned: bool) -> None:
+    """``kubectl cordon`` (or ``uncordon``) each of ``nodes``."""
+    for node in nodes:
+        kube.merge_patch(api_path("v1", "nodes", name=node),
+                         {"spec": {"unschedulable": cordoned or None}})
+
+
+def schedulable_nodes(kube: KubeClient) -> list[str]:
+    """The nodes not cordoned now."""
+    return sorted(n["metadata"]["name"] for n in kube.list(api_path("v1", "nodes"))
+                  if not (n.get("spec") or {}).get("unschedulable"))
 
 
 def pod_lines(host: PodHost) -> list[LogLine]:
@@ -296,13 +305,24 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
         if before_failure is not None:
             before_failure(world)
         victim = world.members[-1].pod
-        say(f"failure: kubectl delete pod {victim} (rank {world.members[-1].rank})")
-        failure_at = time.time()
-        kube.delete(api_path("v1", "pods", namespace, victim), grace=0)
-        shrunk = next_world(world.generation)
-        show(shrunk)
-        trained_in(shrunk.generation, 1)
-        healed = shrunk if shrunk.size == replicas else next_world(shrunk.generation, replicas)
+        # With room for it, the replacement is Ready as soon as it runs, and the operator
+        # publishes a full set of ready pods at once: when its round after the loss came
+        # late, the ring went from 4 straight back to 4. Cordoned nodes take no
+        # replacement, so the smaller world always comes first.
+        cordoned = schedulable_nodes(kube)
+        say(f"kubectl cordon {' '.join(cordoned)}: the replacement must wait")
+        set_cordoned(kube, cordoned, True)
+        try:
+            say(f"failure: kubectl delete pod {victim} (rank {world.members[-1].rank})")
+            failure_at = time.time()
+            kube.delete(api_path("v1", "pods", namespace, victim), grace=0)
+            shrunk = next_world(world.generation, replicas - 1)
+            show(shrunk)
+            trained_in(shrunk.generation, 1)
+        finally:
+            set_cordoned(kube, cordoned, False)
+        say("kubectl uncordon: the operator places the replacement")
+        healed = next_world(shrunk.generation, replicas)
         say("the replacement joined; the ring is whole again")
         show(healed)
         trained_in(healed.generation, 3)

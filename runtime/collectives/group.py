@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -112,6 +114,7 @@ class GroupManager:
         watchdog: StallWatchdog,
         *,
         clock: Callable[[], float] = time.monotonic,
+        exit_process: Callable[[int], object] = os._exit,
     ) -> None:
         self._source = source
         self._backend = backend
@@ -120,6 +123,10 @@ class GroupManager:
         self._reporter = reporter
         self._watchdog = watchdog
         self._clock = clock
+        self._exit = exit_process
+        self._back = threading.Event()
+        """Set once the training thread came back to the manager after a peer was found
+        dead (it reported the failure, left cleanly, or waits for a world)."""
         self._world: World | None = None
         self._rank = -1
         self._ever_joined = False
@@ -240,22 +247,57 @@ class GroupManager:
         do not talk to it directly.
         """
         self._failing = True
+        self._back.set()
         self._backend.abort(f"a collective failed here: {err}")
         self.report(ReportKind.COLLECTIVE_FAILED, str(err))
 
     def leave_cleanly(self) -> None:
         """Every member agreed to move on: leave the group without alarming anyone."""
+        self._back.set()
         self._backend.shutdown(left_cleanly=True)
 
     def _peer_failed(self, failure: PeerFailure) -> None:
-        # Called from the heartbeat thread, after the group was aborted.
+        # Called from the heartbeat thread; the backend aborts the group next.
         self._suspects = {failure.generation: failure}
         self._reporter.report(ReportKind.PEER_DEAD, failure.generation, failure.evidence,
                               failure.pods)
+        self._back.clear()
+        threading.Thread(target=self._fence_if_stuck, args=(failure.generation,),
+                         name="ringwright-fence", daemon=True).start()
+
+    def _fence_if_stuck(self, generation: int) -> None:
+        """Fence this process from here when the training thread stays blocked in the
+        aborted collective and a newer world has left this pod out.
+
+        The abort fails the blocked collective at once, as a rule. Not always: a member
+        frozen mid-collective (SIGSTOP) and woken after the survivors moved on stayed
+        blocked for the whole collective timeout, with Horovod (its background thread
+        waiting in a gloo send, ``UnboundBuffer::waitSend``) and with torch's gloo
+        group. Dropped after a failure, it has nothing left to do but fence itself, so
+        it does, ``failure_detect_s`` after the abort at the earliest.
+        """
+        earliest = self._clock() + self._settings.failure_detect_s
+        while not self._back.wait(WAIT_SLICE_S):
+            latest = self._source.latest()
+            if (self._clock() >= earliest and latest is not None
+                    and latest.generation > generation and latest.member(self.pod) is None):
+                fenced = Fenced(self.pod, f"not a member of world generation "
+                                          f"{latest.generation}, and still blocked in the "
+                                          f"aborted collective of generation {generation}")
+                log_event(_log, logging.WARNING, "fenced", pod=self.pod, message=fenced.message)
+                self._reporter.report(ReportKind.LEFT, generation, fenced.message)
+                self._reporter.close()
+                for handler in logging.getLogger().handlers:
+                    handler.flush()
+                # The training thread is inside the library: only ending the process
+                # stops it.
+                self._exit(FENCED_EXIT)
+                return
 
     def _wait_for_world(self, after: int, deadline: float) -> World:
         while True:
             self._watchdog.beat()
+            self._back.set()  # the training thread is here, not stuck in a collective
             left = deadline - self._clock()
             try:
                 return self._source.wait_for_world(after, max(min(left, WAIT_SLICE_S), 0.0))

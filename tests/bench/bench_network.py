@@ -24,7 +24,11 @@ Every ratio is against a baseline measured in the same run; the bench exits non-
 when any measured run fails.
 
     python tests/bench/bench_network.py [--mbit 50] [--oversubscription 4] [--delays-ms 2,5]
-                                        [--size-mb 4] [--sizes-mb 0.25,1,4]
+                                        [--size-mb 4] [--sizes-mb 0.25,1,4] [--delay-line]
+
+The alpha-beta table holds the figures tests/network/test_netemu.py does not assert:
+bandwidth inside a rack against across racks, and the latency the spine's delay adds
+between racks (``--delay-line``: through the user-space relay even where netem exists).
 """
 
 from __future__ import annotations
@@ -213,6 +217,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--layouts", default="4x2,4x4",
                         help="comma-separated PERxRACKS worker layouts")
+    parser.add_argument("--delay-line", action="store_true",
+                        help="delay with the user-space relay even where the kernel has netem")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_network needs root (network namespaces, tc)", file=sys.stderr)
@@ -225,7 +231,7 @@ def main(argv: Sequence[str]) -> int:
                     spec = NetworkSpec(racks=(per,) * racks, worker_mbit=args.mbit,
                                        oversubscription=args.oversubscription,
                                        spine_delay_ms=delay)
-                    with EmulatedNetwork(spec) as net:
+                    with EmulatedNetwork(spec, False if args.delay_line else None) as net:
                         how = "delay line" if net.plan.relays else "netem"
                         print(f"\n== {per * racks} workers, {racks} racks of {per}: worker "
                               f"links {args.mbit:g} Mbit/s, uplinks {spec.uplink_mbit(0):g} "

@@ -197,10 +197,19 @@ def test_operator_killed_mid_scale_up_converges_without_duplicates(
     operator.start()
 
     grown = wait_world(kube, namespace, "crash", 8, after=down_world.generation, timeout=120)
+    # The operator logs a world after writing it: read its log once the line of the world
+    # just seen is there, not at once (under load the line came after the test read).
+    logged = f"published world {namespace}/crash generation={grown.generation} "
+
+    def lines_through_grown() -> list[str] | None:
+        lines = operator.log_since(restarted)
+        return lines if any(logged in line for line in lines) else None
+
+    lines = wait_for(lines_through_grown, f"the operator's log line {logged!r}")
     # Nothing reacted while the operator was down: the restarted one found the job as the
     # outage left it. It created exactly the pods missing then (the victim's among them)
     # and its first world is the one after the last world before the outage.
-    ours = [line for line in operator.log_since(restarted) if f" {namespace}/crash" in line]
+    ours = [line for line in lines if f" {namespace}/crash" in line]
     created = {line.rsplit("/", 1)[1] for line in ours if "created pod" in line}
     assert created == {f"crash-worker-{i}" for i in range(8)} - down_pods, ours
     assert victim["name"] in created

@@ -1,8 +1,9 @@
 """The demo's driver, end to end on the test suite's cluster and operator, watched by a
 real Prometheus.
 
-The driver applies the example job, deletes a worker's pod mid-training and waits for
-the smaller world and the replacement's rejoin, reading the job's status only once it
+The driver applies the example job, cordons the nodes (so the replacement waits),
+deletes a worker's pod mid-training and waits for the smaller world, uncordons them and
+waits for the replacement's rejoin, reading the job's status only once it
 shows the generation awaited. The test reads every world the operator publishes meanwhile:
 one at the reduced size must come between the first and the healed one. Prometheus
 (built from its Go module like the control plane) scrapes the operator and discovers
@@ -40,9 +41,7 @@ FAILED = ReportKind.COLLECTIVE_FAILED.value
 @pytest.fixture()
 def demo_operator(cluster: Cluster, operator: OperatorProcess,
                   tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator as `make demo` runs it, in place of the suite's for this test: with
-    the suite's short backoff a lost pod's replacement came before the smaller world, so
-    the demo's "3 workers, then 4 again" was never seen."""
+    """The operator as `make demo` runs it, in place of the suite's for this test."""
     operator.stop()
     demo = OperatorProcess(cluster, tmp_path / "operator.log", settings=OPERATOR_SETTINGS)
     demo.start()

@@ -111,8 +111,10 @@ def test_sigstop_one_of_four_is_found_dead_and_fenced_when_it_wakes(
         make_job: JobFactory, backend: str) -> None:
     port = free_port()
     # A settle window this test never sees end: the next world comes because every
-    # survivor stopped and waits for it, as the operator publishes it.
-    job = make_job(backend=backend, settle_s=3600.0,
+    # survivor stopped and waits for it, as the operator publishes it. No eviction kill
+    # either: the woken member must end by fencing itself, which the launcher's kill
+    # would hide (it did, for a member stuck in the aborted collective).
+    job = make_job(backend=backend, settle_s=3600.0, evict_grace_s=3600.0,
                    **{SettingsEnv.READINESS_PORT: str(port)})
     job.start(4)
     wait_for_step(job, 6)

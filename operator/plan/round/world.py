@@ -123,9 +123,16 @@ def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
 
     Sets: status.world, startTime (once), lastRecovery (once per loss); phase Running."""
     racks, edges, per_rack = ring_summary(followed)
-    change = StatusChange(world=world_changed(status.world, WorldChange(
+    summary = WorldChange(
         generation=followed.generation, size=followed.size, racks=racks, cross_rack_edges=edges,
-        rack_members=[RackMembers(rack=rack, members=n) for rack, n in per_rack])))
+        rack_members=[RackMembers(rack=rack, members=n) for rack, n in per_rack])
+    models = {m.gpu_model for m in followed.members}
+    if len(models) == 1 and "" not in models:
+        # The model the members run on, not the one a placement last chose: a round that
+        # read the pods index before it held this round's creates re-placed them on
+        # another model (creates refused as AlreadyExists) and left that model here.
+        summary["gpu_model"] = models.pop()
+    change = StatusChange(world=world_changed(status.world, summary))
     moves: tuple[Move, ...] = ()
     if status.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
         moves = (Move(JobPhase.RUNNING, "Running", f"world generation {followed.generation} has "

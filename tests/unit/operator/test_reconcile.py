@@ -115,6 +115,18 @@ def test_all_ready_publishes_first_world_and_runs() -> None:
     assert [e.reason for e in result.events] == ["WorldPublished", "Running"]
 
 
+def test_the_status_names_the_gpu_model_the_world_runs_on() -> None:
+    # A round that read the pods index before it held the previous round's creates
+    # planned the "missing" pods on another model; its creates were refused as
+    # AlreadyExists but its status change stayed.
+    stale = run(job()).status
+    stale["world"]["gpuModel"] = "A100"
+    result = run(job(status=stale), pods=[pod(i) for i in range(4)])
+    assert result.world is not None
+    assert {m.gpu_model for m in result.world.members} == {"H100"}
+    assert result.status["world"]["gpuModel"] == "H100"
+
+
 def test_partial_membership_waits_for_settle_window_then_publishes_once() -> None:
     pods = [pod(i) for i in range(3)] + [pod(3, phase="Pending")]
     first = run(job(), pods=pods)

@@ -201,3 +201,59 @@ def test_waiting_alive_for_a_world_beats_the_watchdog() -> None:
     m.join(-1)
     timer.join()
     assert dog.beats >= 2, "one beat per wait slice, so a long wait is not a stall"
+
+
+class Exits:
+    """Stands in for ``os._exit``: records the status instead of ending the test."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.called = threading.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.called.set()
+
+
+def stuck_member(reporter: FakeReporter, exits: Exits) -> tuple[FakeSource, GroupManager,
+                                                                  FakeBackend]:
+    """A member of generation 1 whose heartbeats just found ``w-0`` dead."""
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(1, ["w-0", ME]))
+    m = GroupManager(source, backend, ME, RuntimeSettings(failure_detect_s=0.2), reporter,
+                     StallWatchdog(0), exit_process=exits)
+    m.join(-1)
+    backend.peers_dead(PeerFailure(1, ("w-0",), "w-0 (rank 0): no heartbeat for 0.2s"))
+    return source, m, backend
+
+
+def test_a_member_stuck_in_the_aborted_collective_fences_itself_once_left_out() -> None:
+    reporter, exits = FakeReporter(), Exits()
+    source, _, _ = stuck_member(reporter, exits)
+    # The training thread never comes back (a send the abort did not end); the survivors
+    # publish a world without this pod.
+    source.publish(make_world(2, ["w-0"]))
+    assert exits.called.wait(30), "the stuck member never fenced itself"
+    assert exits.codes == [FENCED_EXIT]
+    kind, generation, detail = reporter.reports[-1]
+    assert (kind, generation) == (ReportKind.LEFT, 1)
+    assert "not a member of world generation 2" in detail
+
+
+def test_a_training_thread_that_comes_back_fences_itself_the_usual_way() -> None:
+    reporter, exits = FakeReporter(), Exits()
+    source, m, _ = stuck_member(reporter, exits)
+    m.failed(CollectiveError("allreduce aborted"))
+    source.publish(make_world(2, ["w-0"]))
+    with pytest.raises(Fenced):
+        m.join(1)
+    # Well past the grace and a wait slice: the side thread stood down.
+    assert not exits.called.wait(1.5)
+
+
+def test_a_member_stuck_while_the_next_world_still_includes_it_is_left_alone() -> None:
+    reporter, exits = FakeReporter(), Exits()
+    source, _, _ = stuck_member(reporter, exits)
+    source.publish(make_world(2, ["w-0", ME]))
+    assert not exits.called.wait(1.5)
+
