@@ -1,0 +1,95 @@
+"""The worker pod template for several ranks per pod and NCCL within a node."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from ringwright.objects import Obj
+from ringwright.operator.plan.manifests import LAUNCH_COMMAND, pod, procs_per_pod
+from ringwright.world import Env
+
+
+def job(gpus: int = 8, nproc: Any = None, mode: str = "AllReduce",
+        container: Obj | None = None) -> Obj:
+    workers: Obj = {"replicas": 2, "template": {"spec": {"containers": [
+        container or {"name": "train", "image": "img", "command": ["python", "train.py"],
+                      "args": ["--epochs", "3"]}]}}}
+    if nproc is not None:
+        workers["numProcPerNode"] = nproc
+    return {"apiVersion": "ringwright.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": "tj", "namespace": "ns", "uid": "uid-tj"},
+            "spec": {"mode": mode, "gpusPerWorker": gpus, "workers": workers}}
+
+
+def env_of(built: Obj) -> dict[str, Obj]:
+    return {e["name"]: e for e in built["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(("gpus", "nproc", "mode", "expected"), [
+    (8, None, "AllReduce", 8),          # auto: one per GPU
+    (8, "auto", "AllReduce", 8),
+    (1, "auto", "AllReduce", 1),
+    (0, "auto", "AllReduce", 1),        # CPU: one process unless asked
+    (0, 3, "AllReduce", 3),
+    (8, 1, "AllReduce", 1),             # one process that sees every GPU, as before
+    (8, "auto", "ParameterServer", 1),  # a PS worker pod runs one process
+])
+def test_num_proc_per_node_resolves(gpus: int, nproc: Any, mode: str, expected: int) -> None:
+    built = job(gpus, nproc, mode)
+    assert procs_per_pod(built) == expected
+    assert env_of(pod(built, "worker", 0, {}))[Env.PROCS_PER_POD]["value"] == str(expected)
+
+
+def test_several_ranks_wrap_the_command_in_the_pod_entry_point() -> None:
+    main = pod(job(8), "worker", 0, {})["spec"]["containers"][0]
+    assert main["command"] == list(LAUNCH_COMMAND)
+    assert main["args"] == ["python", "train.py", "--epochs", "3"]
+
+
+def test_one_rank_keeps_the_command_as_written() -> None:
+    main = pod(job(8, 1), "worker", 0, {})["spec"]["containers"][0]
+    assert (main["command"], main["args"]) == (["python", "train.py"], ["--epochs", "3"])
+
+
+def test_without_a_command_there_is_nothing_to_wrap() -> None:
+    main = pod(job(8, container={"name": "train", "image": "img"}), "worker", 0, {})
+    assert "command" not in main["spec"]["containers"][0]
+
+
+def test_nccl_takes_the_node_name_for_its_host_id() -> None:
+    for role in ("worker", "ps"):
+        built = job(8)
+        built["spec"]["ps"] = {"template": copy.deepcopy(built["spec"]["workers"]["template"])}
+        env = env_of(pod(built, role, 0, {}))
+        assert env["NCCL_HOSTID"] == {"name": "NCCL_HOSTID",
+                                      "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+def test_dev_shm_is_memory_backed_and_mounted_once() -> None:
+    built = pod(job(8), "worker", 0, {})
+    spec = built["spec"]
+    shm = [v for v in spec["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+    assert len(shm) == 1
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert [m for m in mounts if m["mountPath"] == "/dev/shm"] == [
+        {"name": shm[0]["name"], "mountPath": "/dev/shm"}]
+    # A pod spec built again from its own output keeps one volume and one mount.
+    again = job(8)
+    again["spec"]["workers"]["template"]["spec"] = copy.deepcopy(spec)
+    rebuilt = pod(again, "worker", 0, {})["spec"]
+    assert len(rebuilt["volumes"]) == 1 and len(rebuilt["containers"][0]["volumeMounts"]) == 1
+
+
+def test_a_template_with_its_own_dev_shm_keeps_it() -> None:
+    own = {"name": "train", "image": "img", "command": ["python", "t.py"],
+           "volumeMounts": [{"name": "big-shm", "mountPath": "/dev/shm"}]}
+    built = job(8, container=own)
+    built["spec"]["workers"]["template"]["spec"]["volumes"] = [
+        {"name": "big-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
+    spec = pod(built, "worker", 0, {})["spec"]
+    assert spec["volumes"] == [{"name": "big-shm",
+                                "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
+    assert spec["containers"][0]["volumeMounts"] == own["volumeMounts"]
