@@ -20,6 +20,7 @@ from ...api.models import (
     RackMembers,
     TrainingJobStatus,
 )
+from ..manifests import procs_per_pod
 from ..pods import PodState, PodView
 from ..recovery import recovery
 from ..worldplan import (
@@ -108,6 +109,7 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
             interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),
         ps=ready_ps,
         ps_replicas=spec.ps.replicas if spec.ps else 0,
+        local_ranks=procs_per_pod(r.job),
         topology=TopologySettings(
             hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
     )

@@ -93,3 +93,34 @@ def test_a_template_with_its_own_dev_shm_keeps_it() -> None:
     assert spec["volumes"] == [{"name": "big-shm",
                                 "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
     assert spec["containers"][0]["volumeMounts"] == own["volumeMounts"]
+
+
+def test_the_world_lists_each_pods_local_ranks_in_ring_order() -> None:
+    from ringwright.operator.plan.placement.inventory import NodeInfo
+    from ringwright.operator.plan.pods import PodState, PodView
+    from ringwright.operator.plan.worldplan import build_world
+    from ringwright.world import CheckpointSettings, JobRef, LRScaling, parse_world
+
+    nodes = {n: NodeInfo(n, rack=r, nvlink_domain=d)
+             for n, r, d in [("n1", "r2", "d1"), ("n2", "r1", "d2"), ("n3", "r1", "d1")]}
+
+    def view(index: int, node: str) -> PodView:
+        return PodView(name=f"tj-worker-{index}", uid=f"u{index}", role="worker", index=index,
+                       state=PodState.READY, ip=f"10.0.0.{index + 1}", node=node,
+                       leaving_since=None, restarts=0)
+
+    pods = [view(0, "n1"), view(1, "n2"), view(2, "n3"), view(3, "n3")]
+    world = build_world(JobRef(namespace="ns", name="tj"), 1, pods, None, nodes,
+                        backend="torch", mode="AllReduce", store_port=29400,
+                        lr=LRScaling(), checkpoint=CheckpointSettings(), local_ranks=3)
+    # (rack, NVLink domain, node, pod, local rank): r1/d1/n3 (pods 2, 3), r1/d2, r2.
+    assert [(m.rank, m.pod[-1], m.local_rank) for m in world.members] == [
+        (0, "2", 0), (1, "2", 1), (2, "2", 2), (3, "3", 0), (4, "3", 1), (5, "3", 2),
+        (6, "1", 0), (7, "1", 1), (8, "1", 2), (9, "0", 0), (10, "0", 1), (11, "0", 2)]
+    assert world.store.address == "10.0.0.3"
+    assert parse_world(world.to_json()) == world
+    # Survivors keep their relative order; a pod's ranks stay together.
+    later = build_world(JobRef(namespace="ns", name="tj"), 2, [pods[0], pods[3], pods[2]],
+                        world, nodes, backend="torch", mode="AllReduce", store_port=29400,
+                        lr=LRScaling(), checkpoint=CheckpointSettings(), local_ranks=3)
+    assert later.pods == ("tj-worker-2", "tj-worker-3", "tj-worker-0")
