@@ -324,5 +324,7 @@ class Heartbeat:
                              for r, why in sorted(dead.items()))
         log_event(_log, logging.WARNING, "peers_dead", generation=self._world.generation,
                   pods=",".join(members[r].pod for r in sorted(dead)), evidence=evidence)
-        return PeerFailure(self._world.generation, tuple(members[r].pod for r in sorted(dead)),
+        # Suspects are pods: several dead local ranks of one pod name it once.
+        pods = tuple(dict.fromkeys(members[r].pod for r in sorted(dead)))
+        return PeerFailure(self._world.generation, pods,
                            evidence)

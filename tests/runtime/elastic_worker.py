@@ -155,7 +155,9 @@ def main() -> int:
     pause_file = Path(os.environ.get("PAUSE_FILE")
                       or Path(os.environ["TRACE_DIR"]) / "paused")
     user_allreduce = os.environ.get("USER_ALLREDUCE") == "1"
-    trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}.jsonl")
+    # One trace per process: a pod of several local ranks writes one per rank.
+    local = os.environ.get(Env.LOCAL_RANK)
+    trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}{'.' + local if local else ''}.jsonl")
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {pod} %(name)s %(message)s")
 
