@@ -69,6 +69,32 @@ def local_env(env: Mapping[str, str], local_rank: int, procs: int) -> dict[str, 
     return out
 
 
+def local_rank_from_env(env: Mapping[str, str]) -> int:
+    """``LOCAL_RANK`` as set by the pod's entry point; 0 in a pod of one process.
+
+    A pod meant to run several processes whose command was not started by the entry
+    point (the image's own entry point ran) is refused: every process would claim
+    local rank 0.
+    """
+    if not env.get(Env.PROCS_PER_POD, ""):
+        return 0  # not in a ringwright pod of several ranks: a LOCAL_RANK is someone else's
+    procs = int(env[Env.PROCS_PER_POD])
+    text = env.get(Env.LOCAL_RANK, "")
+    if not text:
+        if procs > 1:
+            raise ValueError(
+                f"{Env.PROCS_PER_POD}={procs} but {Env.LOCAL_RANK} is not set: the pod's "
+                "entry point did not start this process. Set the training container's "
+                "command (the operator wraps it in python -m ringwright.runtime.launch) or "
+                "spec.workers.numProcPerNode: 1")
+        return 0
+    local_rank = int(text)
+    if not 0 <= local_rank < procs:
+        raise ValueError(f"{Env.LOCAL_RANK}={local_rank} is outside 0..{procs - 1} "
+                         f"({Env.PROCS_PER_POD}={procs})")
+    return local_rank
+
+
 def exit_status(code: int) -> int:
     """A child's ``returncode`` as a shell would report it (signal N: 128 + N)."""
     return 128 - code if code < 0 else code

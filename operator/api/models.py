@@ -194,8 +194,7 @@ class WorkerSpec(ApiModel):
     num_proc_per_node: Annotated[int, Field(ge=1, le=16)] | Literal["auto"] = Field(
         default="auto",
         description="Training processes (local ranks) per worker pod, each bound to one of "
-        "the pod's GPUs. auto: one per GPU when spec.gpusPerWorker > 1 in AllReduce mode, "
-        "else 1. With more "
+        "the pod's GPUs. auto: one per GPU when spec.gpusPerWorker > 1, else 1. With more "
         "than one, the operator wraps the training container's command in the pod entry "
         "point (python -m ringwright.runtime.launch), which starts one process per local "
         "rank; the container must set command. Immutable.",
@@ -469,13 +468,6 @@ _SPEC_RULES = (
         "self.workers.numProcPerNode == 1 || self.workers.numProcPerNode == self.gpusPerWorker",
         "spec.workers.numProcPerNode must be 1 or spec.gpusPerWorker: each local rank is "
         "bound to one GPU",
-        ".workers.numProcPerNode",
-    ),
-    cel(
-        "self.mode != 'ParameterServer' || type(self.workers.numProcPerNode) == string || "
-        "self.workers.numProcPerNode == 1",
-        "spec.workers.numProcPerNode must be 1 or auto in ParameterServer mode (a PS worker "
-        "pod runs one process)",
         ".workers.numProcPerNode",
     ),
     cel(

@@ -48,13 +48,13 @@ NCCL_HOSTID = "NCCL_HOSTID"
 
 def procs_per_pod(job: Obj) -> int:
     """``spec.workers.numProcPerNode`` as a number: ``auto`` is one per GPU when a pod has
-    several GPUs in AllReduce mode, else 1 (a PS worker pod runs one process)."""
+    several GPUs, else 1."""
     spec = job["spec"]
     wanted = spec["workers"].get("numProcPerNode", "auto")
     if wanted != "auto":
         return int(wanted)
     gpus = int(spec.get("gpusPerWorker", 1))
-    return gpus if gpus > 1 and spec.get("mode", "AllReduce") == "AllReduce" else 1
+    return gpus if gpus > 1 else 1
 
 
 def runtime_account_name(job: str) -> str:

@@ -169,6 +169,13 @@ class Member(_Wire):
     nvlink_domain: str = Field(default="", alias="nvlinkDomain")
     gpu_model: str = Field(default="", alias="gpuModel")
 
+    @property
+    def process(self) -> str:
+        """The name of this rank's process: the pod's name for local rank 0 (all there
+        is with one process per pod), ``<pod>/<local rank>`` for the others. A parameter
+        server knows its workers by it."""
+        return self.pod if self.local_rank == 0 else f"{self.pod}/{self.local_rank}"
+
 
 class LRScaling(_Wire):
     """How the learning rate follows the world size (``spec.lrScaling``).

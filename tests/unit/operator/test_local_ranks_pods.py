@@ -35,7 +35,8 @@ def env_of(built: Obj) -> dict[str, Obj]:
     (0, "auto", "AllReduce", 1),        # CPU: one process unless asked
     (0, 3, "AllReduce", 3),
     (8, 1, "AllReduce", 1),             # one process that sees every GPU, as before
-    (8, "auto", "ParameterServer", 1),  # a PS worker pod runs one process
+    (8, "auto", "ParameterServer", 8),  # PS workers: one per GPU too
+    (0, 2, "ParameterServer", 2),
 ])
 def test_num_proc_per_node_resolves(gpus: int, nproc: Any, mode: str, expected: int) -> None:
     built = job(gpus, nproc, mode)

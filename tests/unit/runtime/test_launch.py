@@ -7,8 +7,13 @@ import sys
 
 import pytest
 
-from ringwright.runtime.elastic import local_rank_from_env
-from ringwright.runtime.launch import LaunchError, PodRanks, exit_status, local_env
+from ringwright.runtime.launch import (
+    LaunchError,
+    PodRanks,
+    exit_status,
+    local_env,
+    local_rank_from_env,
+)
 from ringwright.world import Env
 
 POD = {Env.POD_NAME: "tj-worker-0", Env.READINESS_PORT: "29401", Env.METRICS_PORT: "9401",
