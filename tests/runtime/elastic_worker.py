@@ -182,6 +182,10 @@ def main() -> int:
     buckets = BucketSettings(bucket_bytes=int(bucket_bytes)) if bucket_bytes else None
     state = State(model, optimizer, ElasticSampler(samples, batch, seed=7),
                   checkpointer=checkpointer, buckets=buckets)
+    if checkpointer is not None:
+        # Which process wrote which checkpoint: one writer per job is the rule.
+        checkpointer.add_listener(lambda written: trace.write(ev="checkpoint_written",
+                                                              step=written.step))
     loader_workers = int(os.environ.get("LOADER_WORKERS", "0"))
     loader = DataLoader(SampleIndices(samples), batch_sampler=state.sampler,
                         num_workers=loader_workers,

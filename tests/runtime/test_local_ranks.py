@@ -16,8 +16,13 @@ from pathlib import Path
 import pytest
 
 from ringwright.runtime.local.launcher import LocalJob
-from ringwright.world import Env
-from tests.runtime.elastic_traces import assert_resumed_from_commit
+from ringwright.world import CheckpointSettings, Env
+from tests.runtime.elastic_traces import (
+    Traces,
+    assert_every_sample_once,
+    assert_params_identical,
+    assert_resumed_from_commit,
+)
 from tests.runtime.test_elastic_processes import (
     EPOCHS,
     GATE_STEP,
@@ -128,3 +133,24 @@ def test_scale_two_pods_to_three(job: LocalJob) -> None:
     assert_resumed_from_commit(t, before=0, after=1)
     assert_no_rollback(t)
 
+
+
+def test_one_rank_of_the_job_writes_the_checkpoints(tmp_path: Path) -> None:
+    env = {"TRACE_DIR": str(tmp_path / "trace"), "EPOCHS": "1", "SAMPLES": str(SAMPLES),
+           "BATCH": "4", "COMMIT_EVERY": "2", "STEP_SLEEP": "0.01", "OMP_NUM_THREADS": "1",
+           "TORCH_CPP_LOG_LEVEL": "ERROR", "CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env, procs_per_pod=LOCAL,
+                  checkpoint=CheckpointSettings(interval_steps=2)) as job:
+        job.start(2)
+        finish(job)
+        t = audit_one_epoch(job)
+    writers = {name for name, _ in t.events("checkpoint_written")}
+    rank0 = f"{job.world.members[0].pod}.0"
+    assert writers == {rank0}, writers
+
+
+def audit_one_epoch(job: LocalJob) -> Traces:
+    t = Traces.load(job.workdir / "trace")
+    assert_every_sample_once(t, SAMPLES, 1)
+    assert_params_identical(t)
+    return t
