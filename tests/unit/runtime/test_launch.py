@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +84,29 @@ def test_horovod_sees_a_pod_as_one_host() -> None:
     assert (env["HOROVOD_LOCAL_RANK"], env["HOROVOD_LOCAL_SIZE"]) == ("1", "3")
     assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("1", "2")
     assert env["HOROVOD_HOSTNAME"] == "p1"
+
+
+def test_sigterm_reaches_every_rank_and_none_is_cut_short(tmp_path: Path) -> None:
+    # Each rank takes a while to "checkpoint" after SIGTERM; rank 0, quickest, exits 143.
+    # The pod waits for all of them instead of killing the others as after a crash.
+    script = ("import os, signal, sys, time, pathlib\n"
+              "k = int(os.environ['LOCAL_RANK'])\n"
+              f"out = pathlib.Path({str(tmp_path)!r})\n"
+              "def stop(signum, frame):\n"
+              "    time.sleep(0.2 * k)\n"
+              "    (out / str(k)).write_text('flushed')\n"
+              "    sys.exit(143 if k == 0 else 0)\n"
+              "signal.signal(signal.SIGTERM, stop)\n"
+              "(out / f'ready{k}').touch()\n"
+              "time.sleep(600)\n")
+    ranks = PodRanks([sys.executable, "-c", script], {"PATH": "/usr/bin:/bin"}, 3,
+                     poll_s=0.01)
+    ranks.start()
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready{k}").exists() for k in range(3)):
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.01)
+    ranks.stop(signal.SIGTERM)
+    assert ranks.wait() == 143
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ready")) == [
+        "0", "1", "2"]
