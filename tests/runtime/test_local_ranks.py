@@ -154,3 +154,28 @@ def audit_one_epoch(job: LocalJob) -> Traces:
     assert_every_sample_once(t, SAMPLES, 1)
     assert_params_identical(t)
     return t
+
+
+def test_a_pod_restarted_in_place_rejoins_with_all_its_ranks(tmp_path: Path) -> None:
+    # restartPolicy OnFailure: the kubelet restarts the container that the entry point
+    # ended after its rank died; the pod's three ranks rejoin without state.
+    env = {"TRACE_DIR": str(tmp_path / "trace"), "EPOCHS": str(EPOCHS),
+           "SAMPLES": str(SAMPLES), "BATCH": "4", "COMMIT_EVERY": "4", "STEP_SLEEP": "0.03",
+           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env, procs_per_pod=LOCAL,
+                  restart=True) as job:
+        job.start(2)
+        wait_for_step(job, 6)
+        victim = job.world.members[LOCAL].pod
+        wait_until(job, "the victim's local ranks",
+                   lambda: len(local_ranks_of(job, victim)) == LOCAL)
+        os.kill(local_ranks_of(job, victim)[2], signal.SIGKILL)
+        finish(job)
+
+        assert job.pod(victim).restarts == 1
+        assert job.world.size == 2 * LOCAL and job.world.generation >= 1
+        t = audit(job)
+        last = job.world.generation
+        assert {r["size"] for r in t.starts(last).values()} == {2 * LOCAL}
+        assert len(t.starts(last)) == 2 * LOCAL
+        assert_resumed_from_commit(t, before=0, after=last)
