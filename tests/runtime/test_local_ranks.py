@@ -41,9 +41,15 @@ LOCAL = 3
 pytestmark = pytest.mark.timeout(420)
 
 
+BOTH_BACKENDS = pytest.mark.parametrize(
+    "job", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)], indirect=True)
+"""Run a test with the torch.distributed backend and again with Horovod."""
+
+
 @pytest.fixture()
-def job(tmp_path: Path) -> Iterator[LocalJob]:
+def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
     env = {
+        Env.BACKEND: getattr(request, "param", "torch"),
         "TRACE_DIR": str(tmp_path / "trace"),
         "EPOCHS": str(EPOCHS),
         "SAMPLES": str(SAMPLES),
@@ -84,6 +90,7 @@ def test_the_world_lists_every_local_rank() -> None:
     assert world.member("p1", 2) == members[5]
 
 
+@BOTH_BACKENDS
 def test_a_dead_local_rank_takes_its_pod_out_and_the_other_pod_goes_on(
         job: LocalJob) -> None:
     job.start(2)
@@ -116,6 +123,7 @@ def test_a_killed_pod_loses_all_its_ranks_at_once(job: LocalJob) -> None:
     assert_resumed_from_commit(t, before=0, after=1)
 
 
+@BOTH_BACKENDS
 def test_scale_two_pods_to_three(job: LocalJob) -> None:
     gate = hold_at_gate(job)
     job.start(2)
