@@ -586,7 +586,8 @@ class WorldSummary(ApiModel):
         description="Deprecated: the generation under its former name, written with the same "
         "value for readers one version older; removed in the next version.",
     )
-    size: int = Field(default=0, ge=0, description="Number of workers in the world.")
+    size: int = Field(default=0, ge=0, description="Number of ranks in the world: the "
+                      "workers times spec.workers.numProcPerNode.")
     gpu_model: str = Field(default="", description="The one GPU model every worker has.")
     racks: int = Field(default=0, ge=0, description="Racks the workers span.")
     cross_rack_edges: int = Field(

@@ -56,8 +56,9 @@ def membership_digest(pods: Sequence[PodView]) -> str:
 
 
 def world_digest(world: World) -> str:
-    """The :func:`membership_digest` of a world's workers and parameter servers."""
-    text = "|".join(sorted(f"{m.pod}/{m.pod_uid}/{m.ip}" for m in (*world.members, *world.ps)))
+    """The :func:`membership_digest` of a world's workers and parameter servers (each
+    pod once, however many local ranks it holds)."""
+    text = "|".join(sorted({f"{m.pod}/{m.pod_uid}/{m.ip}" for m in (*world.members, *world.ps)}))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -115,7 +115,7 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
     )
     racks, edges, _ = ring_summary(new)
     published = Outcome(world=new, world_version=r.obs.world_version, events=(event(
-        "WorldPublished", f"generation {generation}: {new.size} workers in {racks} racks "
+        "WorldPublished", f"generation {generation}: {_workers(new)} in {racks} racks "
         f"({edges} cross-rack ring edges)"),))
     return [published, mirror(r, status, new)]
 
@@ -131,9 +131,15 @@ def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
     moves: tuple[Move, ...] = ()
     if status.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
         moves = (Move(JobPhase.RUNNING, "Running", f"world generation {followed.generation} has "
-                      f"{followed.size} workers (min {r.spec.workers.min})"),)
+                      f"{_workers(followed)} (min {r.spec.workers.min})"),)
         if status.start_time is None:
             change["start_time"] = rfc3339(r.now)
     if (recovered := recovery(status, r.now)) is not None:
         change["last_recovery"] = recovered
     return Outcome(status=change, moves=moves)
+
+
+def _workers(world: World) -> str:
+    """The world's size in words: workers, and ranks when a pod holds several."""
+    pods = len(world.pods)
+    return f"{pods} workers" if pods == world.size else f"{pods} workers ({world.size} ranks)"

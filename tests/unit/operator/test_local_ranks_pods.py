@@ -125,3 +125,18 @@ def test_the_world_lists_each_pods_local_ranks_in_ring_order() -> None:
                         world, nodes, backend="torch", mode="AllReduce", store_port=29400,
                         lr=LRScaling(), checkpoint=CheckpointSettings(), local_ranks=3)
     assert later.pods == ("tj-worker-2", "tj-worker-3", "tj-worker-0")
+
+
+def test_a_world_of_several_ranks_per_pod_is_the_membership_of_its_pods() -> None:
+    # Otherwise every round would take the published world for a changed membership.
+    from ringwright.operator.plan.pods import PodState, PodView
+    from ringwright.operator.plan.worldplan import build_world, membership_digest, world_digest
+    from ringwright.world import CheckpointSettings, JobRef, LRScaling
+
+    pods = [PodView(name=f"tj-worker-{i}", uid=f"u{i}", role="worker", index=i,
+                    state=PodState.READY, ip=f"10.0.0.{i + 1}", node="n", leaving_since=None,
+                    restarts=0) for i in range(2)]
+    world = build_world(JobRef(namespace="ns", name="tj"), 1, pods, None, {},
+                        backend="torch", mode="AllReduce", store_port=29400,
+                        lr=LRScaling(), checkpoint=CheckpointSettings(), local_ranks=3)
+    assert world_digest(world) == membership_digest(pods)
