@@ -2,9 +2,10 @@
 
 ``numProcPerNode: 3`` on a CPU job: the operator publishes three ranks per pod, and the
 pod host starts the pod entry point (``ringwright.runtime.launch``), as the operator's
-wrapped command does in a real pod. One local rank is killed (its pod's ranks go
-together and the pod host restarts the container, as the kubelet does), then the job
-grows from two pods to three; every sample is trained exactly once.
+wrapped command does in a real pod. The job grows from two pods to three, then one
+local rank is killed (its pod's ranks go together: the pod host restarts the container,
+as the kubelet does, or the operator replaces the pod); every sample is trained exactly
+once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ringwright.devcluster.podhost import PodHost
-from ringwright.kube import KubeClient
+from ringwright.kube import KubeClient, api_path
 from ringwright.world import Env, World
 from tests.e2e.test_elastic_job import HostThread, world_where
 from tests.jobs import OperatorProcess, tj_path, training_job
@@ -32,7 +33,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
 LOCAL = 3
-SAMPLES, EPOCHS, GATE_STEP = 384, 6, 60
+SAMPLES, EPOCHS = 3072, 2
+"""Long enough (at half a second a step) that the pods the test kills and adds join
+before the data runs out: a held gate would keep the survivors from seeing them."""
 
 
 def processes(world: World) -> set[str]:
@@ -56,11 +59,9 @@ def test_pods_of_three_ranks_survive_a_rank_kill_and_grow(
     manifest = training_job("elastic", replicas=2, minimum=1, gpusPerWorker=0)
     manifest["spec"]["workers"]["numProcPerNode"] = LOCAL
     kube.create(tj_path(ns), manifest)
-    gate = tmp_path / "gate"
-    gate.touch()
     env = {"TRACE_DIR": str(tmp_path / "pods" / "trace"), "EPOCHS": str(EPOCHS),
-           "SAMPLES": str(SAMPLES), "BATCH": "4", "COMMIT_EVERY": "4", "STEP_SLEEP": "0.05",
-           "OMP_NUM_THREADS": "1", "GATE_FILE": str(gate), "GATE_STEP": str(GATE_STEP)}
+           "SAMPLES": str(SAMPLES), "BATCH": "4", "COMMIT_EVERY": "4", "STEP_SLEEP": "0.5",
+           "OMP_NUM_THREADS": "1"}
     runner = HostThread(PodHost(kube, ns, "elastic", [sys.executable, str(WORKER)],
                                 tmp_path / "pods", extra_env=env, readiness_grace=120))
     try:
@@ -71,29 +72,40 @@ def test_pods_of_three_ranks_survive_a_rank_kill_and_grow(
         wait_for(lambda: processes(first) <= runner.traces().trained(first.generation),
                  "every rank to train", timeout=180)
 
-        victim = first.members[LOCAL].pod
-        os.kill(local_ranks_of(runner.host, victim)[1], signal.SIGKILL)
-        again = wait_for(lambda: world_where(kube, ns, 2 * LOCAL, after=first.generation),
-                         "the same pods in a new generation", timeout=180)
-        wait_for(lambda: processes(again) <= runner.traces().trained(again.generation),
-                 "every rank, the restarted ones too, to train again", timeout=240)
-        assert runner.host.starts[victim] == 2 and runner.host.starts[first.pods[0]] == 1
-        assert runner.host.finished[victim] == [128 + signal.SIGKILL]
-
         kube.merge_patch(tj_path(ns, "elastic", "scale"), {"spec": {"replicas": 3}})
         grown = wait_for(lambda: world_where(kube, ns, 3 * LOCAL), "a world of 3 x 3",
                          timeout=180)
-        gate.unlink()
+        assert [(m.rank, m.local_rank) for m in grown.members] == [
+            (i, i % LOCAL) for i in range(3 * LOCAL)]
+        wait_for(lambda: processes(grown) <= runner.traces().trained(grown.generation),
+                 "the newcomer's ranks to train with the others", timeout=240)
+
+        victim = grown.members[LOCAL].pod
+        os.kill(local_ranks_of(runner.host, victim)[1], signal.SIGKILL)
+        after = wait_for(lambda: world_where(kube, ns, after=grown.generation),
+                         "a new generation after the kill", timeout=180)
+        survivors = [p for p in grown.pods if p != victim]
+        assert set(survivors) <= set(after.pods)
         wait_for(lambda: all(codes[-1:] == [0] for pod, codes in runner.host.finished.items()
-                             if pod in grown.pods) and set(grown.pods) <= set(
-                                 runner.host.finished), "every pod to finish", timeout=300)
+                             if pod in survivors) and set(survivors) <= set(
+                                 runner.host.finished), "the survivors to finish", timeout=420)
+        # The entry point ended the pod as its rank died (then the pod host restarted it
+        # in place, or the operator replaced the pod its peers named dead).
+        assert runner.host.finished[victim][0] == 128 + signal.SIGKILL
+        assert all(runner.host.starts[p] == 1 for p in survivors), runner.host.starts
         t = runner.traces()
         assert_every_sample_once(t, SAMPLES, EPOCHS)
         assert_params_identical(t)
-        assert processes(grown) <= set(t.starts(grown.generation))
-        assert_resumed_from_commit(t, before=again.generation, after=grown.generation)
+        assert_resumed_from_commit(t, before=first.generation, after=grown.generation)
     except BaseException:
         print(runner.tails(30))
+        status = kube.get(tj_path(ns, "elastic")).get("status") or {}
+        print("job status:", status)
+        pods = kube.list(api_path("v1", "pods", ns))
+        print("pods:", [(p["metadata"]["name"], p["status"].get("phase")) for p in pods])
+        print("operator:", "\n".join(
+            line for line in operator.log.read_text(errors="replace").splitlines()
+            if ns in line)[-6000:])
         raise
     finally:
         runner.close()
