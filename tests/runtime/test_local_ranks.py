@@ -187,3 +187,19 @@ def test_a_pod_restarted_in_place_rejoins_with_all_its_ranks(tmp_path: Path) -> 
         assert {r["size"] for r in t.starts(last).values()} == {2 * LOCAL}
         assert len(t.starts(last)) == 2 * LOCAL
         assert_resumed_from_commit(t, before=0, after=last)
+
+
+def test_a_planned_scale_down_lets_the_leaving_pods_ranks_exit_zero(job: LocalJob) -> None:
+    gate = hold_at_gate(job)
+    job.start(3)
+    wait_for_step(job, GATE_STEP)
+    leaver = job.world.pods[-1]
+    job.scale(2)
+    gate.unlink()
+    codes = finish(job)
+
+    assert codes[leaver] == 0  # every rank of the pod left cleanly
+    assert job.world.size == 2 * LOCAL and leaver not in job.world.pods
+    t = audit(job)
+    assert_resumed_from_commit(t, before=0, after=1)
+    assert_no_rollback(t)
