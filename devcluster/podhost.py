@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -179,8 +180,12 @@ class PodHost:
                Env.HEALTH_FILE: str(health), "PYTHONUNBUFFERED": "1",
                "KUBECONFIG": str(self._token_kubeconfig(pod))}
         env.pop(Env.WORLD_FILE, None)
+        command = self.command
+        if int(env.get(Env.PROCS_PER_POD) or 1) > 1:
+            # What the operator's wrapped command runs: the pod entry point.
+            command = [sys.executable, "-m", "ringwright.runtime.launch", "--", *command]
         out = (self.workdir / f"{name}.log").open("ab")
-        proc = subprocess.Popen(self.command, env=env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.starts[name] += 1
         log.info("pod %s: started pid %d at %s", name, proc.pid, pod["status"]["podIP"])
@@ -246,7 +251,8 @@ class PodHost:
     def _pod_env(self, pod: Obj) -> dict[str, str]:
         fields = {"metadata.name": pod["metadata"]["name"],
                   "metadata.namespace": pod["metadata"]["namespace"],
-                  "status.podIP": pod["status"]["podIP"]}
+                  "status.podIP": pod["status"]["podIP"],
+                  "spec.nodeName": pod["spec"].get("nodeName", "")}
         env: dict[str, str] = {}
         for var in pod["spec"]["containers"][0].get("env") or []:
             source = var.get("valueFrom") or {}

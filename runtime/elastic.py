@@ -70,6 +70,7 @@ from .collectives.group import (
 )
 from .collectives.torch_backend import TorchDistributedBackend
 from .kvlog import log_event, runtime_logger
+from .launch import local_rank_from_env
 from .local.solo import SOLO_POD, SoloBackend, SoloSource, solo_world
 from .membership.file_source import FileMembershipSource
 from .membership.health import ReadinessServer, StallWatchdog, show_readiness
@@ -159,9 +160,13 @@ class ElasticRuntime:
         backend_factory: BackendFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics: RuntimeMetrics | None = None,
+        local_rank: int = 0,
     ) -> None:
         self.source = source
         self.pod = pod
+        self.local_rank = local_rank
+        """This process's rank inside its pod, set by the pod's entry point
+        (:mod:`ringwright.runtime.launch`)."""
         self.settings = settings or RuntimeSettings()
         self.reporter = reporter or LogReporter(pod)
         self._backend_kind = backend_kind
@@ -194,6 +199,7 @@ class ElasticRuntime:
         pod = env.get(Env.POD_NAME, "")
         if not pod:
             raise ValueError(f"{Env.POD_NAME} is not set: the runtime needs its pod's name")
+        local_rank = local_rank_from_env(env)
         settings = RuntimeSettings.from_env(env, **setting_overrides)
         kind = Backend(env.get(Env.BACKEND) or Backend.TORCH.value)
         world_file = env.get(Env.WORLD_FILE, "")
@@ -203,7 +209,8 @@ class ElasticRuntime:
             reports_dir = env.get(Env.REPORTS_DIR, "")
             local: Reporter = FileReporter(Path(reports_dir), pod) if reports_dir \
                 else LogReporter(pod)
-            return cls(source, pod, settings=settings, reporter=local, backend_kind=kind)
+            return cls(source, pod, settings=settings, reporter=local, backend_kind=kind,
+                       local_rank=local_rank)
         job = env.get(Env.JOB_NAME, "")
         if not job:
             raise ValueError(f"set {Env.JOB_NAME} (in a pod) or {Env.WORLD_FILE} (locally)")
@@ -219,7 +226,8 @@ class ElasticRuntime:
         reporter = KubeReporter(
             client, namespace, env.get(Env.REPORTS_CONFIGMAP) or reports_configmap_name(job),
             pod, key=env.get(Env.REPORT_KEY, ""))
-        return cls(source, pod, settings=settings, reporter=reporter, backend_kind=kind)
+        return cls(source, pod, settings=settings, reporter=reporter, backend_kind=kind,
+                   local_rank=local_rank)
 
     @classmethod
     def solo(cls, environ: Mapping[str, str] | None = None,
@@ -254,7 +262,8 @@ class ElasticRuntime:
             self._backend = MeteredBackend(inner, self.metrics)
             self._leave_stuck_inits(inner, state)
         manager = GroupManager(self.source, self._backend, self.pod, self.settings,
-                               self.reporter, self.watchdog, clock=self._clock)
+                               self.reporter, self.watchdog, local_rank=self.local_rank,
+                               clock=self._clock)
         state.bind(StepMeter(manager, state, self.metrics))
         if isinstance(state.checkpointer, Checkpointer):
             state.checkpointer.add_listener(self.metrics.checkpoint_written)
@@ -322,7 +331,8 @@ class ElasticRuntime:
         def abandon(failure: PeerFailure) -> None:
             alive = [p for p in state.synced_members if p not in failure.pods]
             # Every survivor that holds the commit computes the same writer.
-            saved = bool(alive) and alive[0] == self.pod and state.save_checkpoint(writer=True)
+            saved = bool(alive) and alive[0] == self.pod and self.local_rank == 0 \
+                and state.save_checkpoint(writer=True)
             guard = state.checkpoints
             flushed = saved and guard is not None and guard.flush(
                 timeout=self.settings.termination_grace_s)

@@ -334,7 +334,7 @@ class State:
         self.sampler.set_world(rank, world.size)
         self.lr.set_world(world.lr, world.size, self.step)
         self.synced_generation, self.synced_rank = world.generation, rank
-        self.synced_members = tuple(m.pod for m in world.members)
+        self.synced_members = world.pods
         self._reseed_per_rank()
         if self._committed is None or self._commit_stale:
             self._committed = self.to_payload()

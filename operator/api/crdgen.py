@@ -58,6 +58,12 @@ def _convert(node: Schema, defs: dict[str, Schema], where: str) -> Schema:
         return _overlay(_convert(target, defs, where), siblings)
     if "anyOf" in node:
         real = [branch for branch in node["anyOf"] if branch != {"type": "null"}]
+        if node.get("x-kubernetes-int-or-string"):
+            if sorted(b.get("type", "") for b in real) != ["integer", "string"]:
+                raise SchemaError(f"{where}: int-or-string needs one integer, one string")
+            # Each branch's bounds are the field's CEL rules' job (value validations
+            # under anyOf may not carry types).
+            return {"x-kubernetes-int-or-string": True, **siblings}
         if len(real) != 1:
             raise SchemaError(f"{where}: a union of several types is not structural")
         if siblings.get("default", 0) is None:

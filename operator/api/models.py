@@ -9,7 +9,7 @@ enforces before the operator ever sees an object.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 from pydantic.config import JsonDict
@@ -191,6 +191,22 @@ class WorkerSpec(ApiModel):
     )
     template: PodTemplate = Field(description="Pod template of every worker.")
     startup_grace_seconds: int = _startup_grace("worker")
+    num_proc_per_node: Annotated[int, Field(ge=1, le=16)] | Literal["auto"] = Field(
+        default="auto",
+        description="Training processes (local ranks) per worker pod, each bound to one of "
+        "the pod's GPUs. auto: one per GPU when spec.gpusPerWorker > 1, else 1. With more "
+        "than one, the operator wraps the training container's command in the pod entry "
+        "point (python -m ringwright.runtime.launch), which starts one process per local "
+        "rank; the container must set command. Immutable.",
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            **validations(
+                cel("type(self) == int ? (self >= 1 && self <= 16) : self == 'auto'",
+                    "spec.workers.numProcPerNode must be auto or a number from 1 to 16"),
+                cel("self == oldSelf", "spec.workers.numProcPerNode is immutable"),
+            ),
+        },
+    )
 
 
 class PSConsistency(StrEnum):
@@ -476,6 +492,13 @@ _SPEC_RULES = (
         ".gpuModel",
     ),
     cel(
+        "type(self.workers.numProcPerNode) == string || self.gpusPerWorker == 0 || "
+        "self.workers.numProcPerNode == 1 || self.workers.numProcPerNode == self.gpusPerWorker",
+        "spec.workers.numProcPerNode must be 1 or spec.gpusPerWorker: each local rank is "
+        "bound to one GPU",
+        ".workers.numProcPerNode",
+    ),
+    cel(
         "has(self.gpuModel) == has(oldSelf.gpuModel)",
         "spec.gpuModel is immutable: it cannot be added or removed",
     ),
@@ -591,7 +614,8 @@ class WorldSummary(ApiModel):
         description="Deprecated: the generation under its former name, written with the same "
         "value for readers one version older; removed in the next version.",
     )
-    size: int = Field(default=0, ge=0, description="Number of workers in the world.")
+    size: int = Field(default=0, ge=0, description="Number of ranks in the world: the "
+                      "workers times spec.workers.numProcPerNode.")
     gpu_model: str = Field(default="", description="The one GPU model every worker has.")
     racks: int = Field(default=0, ge=0, description="Racks the workers span.")
     cross_rack_edges: int = Field(

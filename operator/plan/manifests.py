@@ -37,6 +37,26 @@ READINESS_PORT = 29401
 """The runtime serves ``/readyz`` here (on the pod IP): a frozen process cannot answer."""
 
 
+LAUNCH_COMMAND = ("python", "-m", "ringwright.runtime.launch", "--")
+"""The pod entry point that starts one training process per local rank; the training
+container's own command and args follow it."""
+SHM_VOLUME = "ringwright-shm"
+SHM_PATH = "/dev/shm"
+NCCL_HOSTID = "NCCL_HOSTID"
+"""NCCL takes processes with the same host id for one host (P2P and SHM transports)."""
+
+
+def procs_per_pod(job: Obj) -> int:
+    """``spec.workers.numProcPerNode`` as a number: ``auto`` is one per GPU when a pod has
+    several GPUs, else 1."""
+    spec = job["spec"]
+    wanted = spec["workers"].get("numProcPerNode", "auto")
+    if wanted != "auto":
+        return int(wanted)
+    gpus = int(spec.get("gpusPerWorker", 1))
+    return gpus if gpus > 1 else 1
+
+
 def runtime_account_name(job: str) -> str:
     """ServiceAccount (and Role, RoleBinding) the job's pods run as."""
     return f"{job}-runtime"
@@ -157,6 +177,11 @@ def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
         *_ps_env(job),
         *_object_storage_env(job),
         {"name": Env.METRICS_PORT, "value": str(DEFAULT_METRICS_PORT)},
+        # Pods of one node are one host to NCCL: its own host id (boot id, namespaces)
+        # differs between containers on some runtimes.
+        {"name": NCCL_HOSTID, **field("spec.nodeName")},
+        *([{"name": Env.PROCS_PER_POD, "value": str(procs_per_pod(job))}]
+          if role == WORKER else []),
     ]
 
 
@@ -225,6 +250,19 @@ def _ps_env(job: Obj) -> list[Obj]:
     return [{"name": name, "value": str(v)} for name, v in values if v is not None]
 
 
+def _shared_memory(spec: Obj, main: Obj) -> None:
+    """A memory-backed /dev/shm for the training container (the container runtime's
+    default is 64 MiB): NCCL's SHM transport and buffers between local ranks, and
+    DataLoader workers, live there. Counted against the pod's memory limit. A template
+    that mounts its own /dev/shm keeps it."""
+    if any(m.get("mountPath") == SHM_PATH for m in main.get("volumeMounts") or ()):
+        return
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != SHM_VOLUME]
+    spec["volumes"] = [*volumes, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    main["volumeMounts"] = [*(main.get("volumeMounts") or []),
+                            {"name": SHM_VOLUME, "mountPath": SHM_PATH}]
+
+
 def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     """A worker or ps pod from the role's template, with the operator's additions.
 
@@ -258,6 +296,12 @@ def pod(job: Obj, role: str, index: int, placement: Obj) -> Obj:
     main["ports"] = [*ports, {"name": METRICS_PORT_NAME, "containerPort": DEFAULT_METRICS_PORT,
                               "protocol": "TCP"}]
     main.setdefault("readinessProbe", _readiness_probe(role))
+    if role == WORKER and procs_per_pod(job) > 1 and main.get("command"):
+        # Without a command the image's entry point runs, which cannot be wrapped: the
+        # runtime then says so in the log (ringwright.runtime.launch).
+        main["args"] = [*main["command"], *main.get("args", [])]
+        main["command"] = list(LAUNCH_COMMAND)
+    _shared_memory(spec, main)
     spec.update({
         "serviceAccountName": runtime_account_name(name),
         "automountServiceAccountToken": True,

@@ -56,8 +56,9 @@ def membership_digest(pods: Sequence[PodView]) -> str:
 
 
 def world_digest(world: World) -> str:
-    """The :func:`membership_digest` of a world's workers and parameter servers."""
-    text = "|".join(sorted(f"{m.pod}/{m.pod_uid}/{m.ip}" for m in (*world.members, *world.ps)))
+    """The :func:`membership_digest` of a world's workers and parameter servers (each
+    pod once, however many local ranks it holds)."""
+    text = "|".join(sorted({f"{m.pod}/{m.pod_uid}/{m.ip}" for m in (*world.members, *world.ps)}))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -76,8 +77,13 @@ def build_world(
     ps: Sequence[PodView] = (),
     topology: TopologySettings | None = None,
     ps_replicas: int = 0,
+    local_ranks: int = 1,
 ) -> World:
-    """The world for ``members`` in ring order, survivors keeping their relative order."""
+    """The world for ``members`` in ring order, survivors keeping their relative order.
+
+    Each pod holds ``local_ranks`` consecutive ranks, so the ranks run in (rack, NVLink
+    domain, node, pod, local rank) order and a pod's ranks sit next to each other.
+    """
 
     def slot(p: PodView) -> RingSlot:
         node = nodes.get(p.node)
@@ -89,20 +95,21 @@ def build_world(
             index=p.index,
         )
 
-    previous_order = [m.pod for m in previous.members] if previous else []
+    previous_order = list(previous.pods) if previous else []
     ordered = order_ring([slot(p) for p in members], previous_order)
     by_name = {p.name: p for p in members}
 
-    def member(rank: int, p: PodView) -> Member:
+    def member(rank: int, p: PodView, local_rank: int = 0) -> Member:
         node = nodes.get(p.node)
         return Member(
-            rank=rank, pod=p.name, pod_uid=p.uid, ip=p.ip, node=p.node,
+            rank=rank, pod=p.name, local_rank=local_rank, pod_uid=p.uid, ip=p.ip, node=p.node,
             rack=node.rack if node else "",
             nvlink_domain=node.nvlink_domain if node else "",
             gpu_model=node.gpu_model if node else "",
         )
 
-    ring = tuple(member(rank, by_name[s.pod]) for rank, s in enumerate(ordered))
+    ring = tuple(member(i * local_ranks + local, by_name[s.pod], local)
+                 for i, s in enumerate(ordered) for local in range(local_ranks))
     # A PS keeps its pod index as its rank: shards are addressed by it.
     ps_members = tuple(member(p.index, p) for p in sorted(ps, key=lambda p: p.index))
     return World(

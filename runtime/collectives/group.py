@@ -113,12 +113,15 @@ class GroupManager:
         reporter: Reporter,
         watchdog: StallWatchdog,
         *,
+        local_rank: int = 0,
         clock: Callable[[], float] = time.monotonic,
         exit_process: Callable[[int], object] = os._exit,
     ) -> None:
         self._source = source
         self._backend = backend
         self.pod = pod
+        self.local_rank = local_rank
+        """This process's rank inside its pod (``LOCAL_RANK``)."""
         self._settings = settings
         self._reporter = reporter
         self._watchdog = watchdog
@@ -172,7 +175,7 @@ class GroupManager:
         while True:
             world = self._wait_for_world(after, deadline)
             after = world.generation
-            me = world.member(self.pod)
+            me = world.member(self.pod, self.local_rank)
             if me is None:
                 if self._ever_joined:
                     self._backend.shutdown()

@@ -74,18 +74,23 @@ class RackPlan:
         return tuple(rack[shard] for rack in self.racks)
 
 
-def rack_plan(world: World) -> RackPlan | None:
+def rack_plan(world: World, backend: str = "gloo") -> RackPlan | None:
     """The two-level plan for ``world``, or None where the flat ring is used.
 
     Auto goes hierarchical when the world spans several racks and at least one rack
     holds several members (with one member per rack both are the same ring), for
-    buffers up to :data:`AUTO_MAX_BYTES`.
+    buffers up to :data:`AUTO_MAX_BYTES`. Under NCCL, Auto is the flat all-reduce:
+    :data:`AUTO_MAX_BYTES` was measured with gloo over emulated links, and NCCL picks
+    its own algorithm (ring, tree, NVLS, CollNet) from the topology it detects; only
+    ``Enabled`` overrides that choice.
     """
     mode = world.topology.hierarchical_all_reduce
     racks = world.racks()
     if mode is HierarchicalAllReduce.DISABLED or len(racks) < 2:
         return None
     if mode is HierarchicalAllReduce.AUTO:
+        if backend == "nccl":
+            return None
         if all(len(r) == 1 for r in racks):
             return None
         return RackPlan(racks, AUTO_MAX_BYTES)

@@ -77,10 +77,11 @@ def horovod_env(world: World, rank: int, store_address: str, store_port: int,
                 timeout_s: float) -> dict[str, str]:
     """What Horovod's gloo controller reads at ``hvd.init()`` for ``rank`` of ``world``.
 
-    One training process per pod: each pod is its own host (local size 1), so the
-    cross ranks are the global ones.
+    Each pod is one host to Horovod: its local ranks are Horovod's local ranks, and
+    the cross rank is the pod's place among the world's pods.
     """
     member = world.members[rank]
+    pods = world.local_ranks()
     env = {
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
@@ -89,10 +90,10 @@ def horovod_env(world: World, rank: int, store_address: str, store_port: int,
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, round(timeout_s))),
         "HOROVOD_RANK": str(rank),
         "HOROVOD_SIZE": str(world.size),
-        "HOROVOD_LOCAL_RANK": "0",
-        "HOROVOD_LOCAL_SIZE": "1",
-        "HOROVOD_CROSS_RANK": str(rank),
-        "HOROVOD_CROSS_SIZE": str(world.size),
+        "HOROVOD_LOCAL_RANK": str(member.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(len(pods[member.pod])),
+        "HOROVOD_CROSS_RANK": str(list(pods).index(member.pod)),
+        "HOROVOD_CROSS_SIZE": str(len(pods)),
         # Names the local scope on the store; pod names are unique and URL-safe.
         "HOROVOD_HOSTNAME": member.pod,
     }

@@ -123,7 +123,7 @@ class TorchDistributedBackend:
                 device_id=self._device if self._device.type == "cuda" else None,
             )
             self._joined = True
-            plan = rack_plan(world)
+            plan = rack_plan(world, self.name)
             # The rack groups connect now, before the group counts as formed, so an
             # abort shuts their connections down with the default group's.
             self._racks = (RackGroups(plan, rank, timedelta(seconds=s.collective_timeout_s))

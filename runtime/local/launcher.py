@@ -102,8 +102,12 @@ class LocalJob:
         evict_grace_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        procs_per_pod: int = 1,
     ) -> None:
         self.command = list(command)
+        self.procs_per_pod = procs_per_pod
+        """Local ranks per pod: with more than one, each pod runs the pod entry point
+        (:mod:`ringwright.runtime.launch`), which starts the command once per rank."""
         self.workdir = workdir
         self.world_file = workdir / "world.json"
         self.job = JobRef(namespace="local", name=job)
@@ -193,16 +197,24 @@ class LocalJob:
             while len(self._members) + len(self._joining) < workers:
                 self._joining.append(self._spawn().name)
             while self._joining and len(self._members) + len(self._joining) > workers:
-                self._pods[self._joining.pop()].process.kill()
+                self._signal(self._pods[self._joining.pop()], signal.SIGKILL)
             if len(self._members) > workers:
                 while len(self._members) > workers:
                     self._pods[self._members.pop()].leaving = True
                 self._publish(f"scale to {workers}")
 
     def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to a worker (SIGKILL: a crash the runtime did not see coming)."""
+        """Send ``sig`` to a worker (SIGKILL: a crash the runtime did not see coming); to
+        every process of a pod of several local ranks, as the kubelet stops a container."""
         with self._lock:
-            self._pods[pod].process.send_signal(sig)
+            self._signal(self._pods[pod], sig)
+
+    def _signal(self, pod: LocalPod, sig: int) -> None:
+        if self.procs_per_pod > 1 and pod.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.process.pid, sig)
+        else:
+            pod.process.send_signal(sig)
 
     def wait(self, timeout: float) -> dict[str, int]:
         """Wait until every member has exited; their exit codes by pod."""
@@ -229,7 +241,7 @@ class LocalJob:
         with self._lock:
             for p in self._pods.values():
                 if p.process.poll() is None:
-                    p.process.kill()
+                    self._signal(p, signal.SIGKILL)
             for p in self._pods.values():
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.process.wait(timeout=10)
@@ -259,13 +271,19 @@ class LocalJob:
             Env.HEALTH_FILE: str(self.health_path(name)),
             Env.JOIN_TOKEN_FILE: str(self.token_file),
         }
+        command = self.command
+        if self.procs_per_pod > 1:
+            env[Env.PROCS_PER_POD] = str(self.procs_per_pod)
+            command = [sys.executable, "-m", "ringwright.runtime.launch", "--", *command]
         out: IO[bytes] | None = None
         if self.capture_logs:
             self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path(name), "ab")  # noqa: SIM115 - owned by the child
         try:
-            proc = subprocess.Popen([*prefix, *self.command], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT if out else None)
+            # A pod of several ranks is a process group, killed as one.
+            proc = subprocess.Popen([*prefix, *command], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT if out else None,
+                                    start_new_session=self.procs_per_pod > 1)
         finally:
             if out is not None:
                 out.close()
@@ -277,10 +295,11 @@ class LocalJob:
 
     def _publish(self, why: str) -> World:
         self._generation += 1
+        per = self.procs_per_pod
         members = tuple(
-            Member(rank=i, pod=name, ip=self._pods[name].ip, node="localhost",
-                   rack=self._pods[name].rack)
-            for i, name in enumerate(self._members)
+            Member(rank=i * per + local, pod=name, local_rank=local, ip=self._pods[name].ip,
+                   node="localhost", rack=self._pods[name].rack)
+            for i, name in enumerate(self._members) for local in range(per)
         )
         address = members[0].ip if members else "127.0.0.1"
         world = World(job=self.job, generation=self._generation, members=members, lr=self.lr,
@@ -339,7 +358,7 @@ class LocalJob:
             if pod.evicted_at is not None and pod.process.poll() is None \
                     and self._clock() - pod.evicted_at >= self.evict_grace_s:
                 # Like deleting the pod: a frozen process cannot fence itself.
-                pod.process.kill()
+                self._signal(pod, signal.SIGKILL)
 
     def _awaited(self, reports: dict[str, Report]) -> bool:
         """Every member that stays stopped training and waits for the next world (the
@@ -415,6 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint-interval-steps", type=int, default=0)
     parser.add_argument("--checkpoint-keep", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--procs-per-pod", type=int, default=1,
+                        help="local ranks per pod (spec.workers.numProcPerNode)")
     parser.add_argument("--restart", action="store_true",
                         help="restart a crashed worker under the same name, like a kubelet")
     parser.add_argument("command", nargs=argparse.REMAINDER,
@@ -431,12 +452,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = CheckpointSettings(path=args.checkpoint_path, keep=args.checkpoint_keep,
                                     intervalSteps=args.checkpoint_interval_steps)
     with LocalJob(command, args.workdir, job=args.job, lr=lr, checkpoint=checkpoint,
-                  capture_logs=False, restart=args.restart) as job:
+                  capture_logs=False, restart=args.restart,
+                  procs_per_pod=args.procs_per_pod) as job:
         def resize(delta: int) -> Callable[[int, FrameType | None], None]:
             def handler(signum: int, frame: FrameType | None) -> None:
                 # Off the signal handler: scaling takes the job's lock.
                 threading.Thread(target=job.scale,
-                                 args=(max(job.world.size + delta, 1),)).start()
+                                 args=(max(len(job.world.pods) + delta, 1),)).start()
             return handler
 
         signal.signal(signal.SIGUSR1, resize(+1))

@@ -322,7 +322,8 @@ class Heartbeat:
         members = self._world.members
         evidence = "; ".join(f"{members[r].pod} (rank {r}): {why}"
                              for r, why in sorted(dead.items()))
+        # Suspects are pods: several dead local ranks of one pod name it once.
+        pods = tuple(dict.fromkeys(members[r].pod for r in sorted(dead)))
         log_event(_log, logging.WARNING, "peers_dead", generation=self._world.generation,
-                  pods=",".join(members[r].pod for r in sorted(dead)), evidence=evidence)
-        return PeerFailure(self._world.generation, tuple(members[r].pod for r in sorted(dead)),
-                           evidence)
+                  pods=",".join(pods), evidence=evidence)
+        return PeerFailure(self._world.generation, pods, evidence)

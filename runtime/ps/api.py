@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from ringwright.world import Env
 
+from ..launch import local_rank_from_env
 from ..membership.health import HealthFile
 from .env import membership_source, ps_port, recovery_settings, spec_consistency
 from .memory import retain_freed_memory
@@ -73,7 +74,8 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
                        progress=readiness.progress)
             return None
         return Worker(job, source, pod, ps_port(env), metrics=metrics,
-                      recovery=recovery_settings(env), beat=readiness.watchdog.beat).run()
+                      recovery=recovery_settings(env), beat=readiness.watchdog.beat,
+                      local_rank=local_rank_from_env(env)).run()
     finally:
         readiness.close()
         if endpoint is not None:

@@ -160,7 +160,7 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
                          journal=GrpcJournal(detect_s=settings.detect_s) if servers > 1
                          else None)
     # Know the workers before the first push: a sync round must not complete early.
-    ps.set_workers(frozenset(m.pod for m in world.members))
+    ps.set_workers(frozenset(m.process for m in world.members))
     checkpoints = shard_checkpoints(ps, settings, world, clock)
     # Before serving: no worker may create the home shard from its own first values.
     if checkpoints is not None and not held_elsewhere(
@@ -182,7 +182,7 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
                 log_event(_log, logging.INFO, "ps_left_world", generation=latest.generation)
                 return 0
             world = latest
-            ps.set_workers(frozenset(m.pod for m in world.members))
+            ps.set_workers(frozenset(m.process for m in world.members))
             if progress is not None:
                 progress.tick()
             if servers > 1:

@@ -100,10 +100,13 @@ class Worker(Generic[B]):
                  addresses: Callable[[World, int], list[str]] | None = None,
                  metrics: PSMetrics | None = None,
                  recovery: RecoverySettings | None = None,
-                 beat: Callable[[], None] | None = None) -> None:
+                 beat: Callable[[], None] | None = None, local_rank: int = 0) -> None:
         """``beat``: called on progress (each step, and while waiting alive), for the
-        pod's stall watchdog."""
+        pod's stall watchdog; ``local_rank``: this process's rank inside its pod."""
         self.job, self.source, self.pod, self.port = job, source, pod, port
+        self.local_rank = local_rank
+        self.name = pod if local_rank == 0 else f"{pod}/{local_rank}"
+        """How the servers know this worker (:attr:`ringwright.world.Member.process`)."""
         self.world_wait_s = world_wait_s
         self._addresses = addresses or ps_addresses
         self.binding = PSModel(job.model)
@@ -119,7 +122,7 @@ class Worker(Generic[B]):
     def run(self) -> WorkerReport:
         """Train until the data is done or this worker leaves the world."""
         world = self._wait_for_me()
-        client = PSClient(self._addresses(world, self.port), self.pod, recovery=self.recovery)
+        client = PSClient(self._addresses(world, self.port), self.name, recovery=self.recovery)
         self.client = client
         try:
             client.wait_ready(self.world_wait_s, self.beat)
@@ -148,7 +151,7 @@ class Worker(Generic[B]):
                     self.report.final = self._pull_everything(client)
                 client.push({}, {}, client.versions_map(), retire=True)
                 client.finish()
-                log_event(_log, logging.INFO, "ps_worker_done", pod=self.pod,
+                log_event(_log, logging.INFO, "ps_worker_done", pod=self.pod, worker=self.name,
                           steps=self.report.steps, dropped=self.report.dropped_pushes)
                 return
             if lease["status"] == "wait":
@@ -241,13 +244,13 @@ class Worker(Generic[B]):
         if world is None:
             return False
         client.set_addresses(self._addresses(world, self.port))
-        return world.member(self.pod) is None
+        return world.member(self.pod, self.local_rank) is None
 
     def _wait_for_me(self) -> World:
         # Every server up: the first worker creates the shards on them.
         return wait_until_listed(
-            self.source, lambda w: w.member(self.pod) is not None and bool(w.ps) and
-            len(w.ps) == w.ps_count, self.world_wait_s, self.beat)
+            self.source, lambda w: w.member(self.pod, self.local_rank) is not None
+            and bool(w.ps) and len(w.ps) == w.ps_count, self.world_wait_s, self.beat)
 
 def _batches(start: int, stop: int, size: int) -> Iterator[tuple[int, int]]:
     for a in range(start, stop, size):

@@ -29,8 +29,9 @@ class Eviction:
 
 
 def quorum(world: World) -> int:
-    """Reporters needed to evict a member on their word alone."""
-    return 2 if world.size > 2 else 1
+    """Reporters needed to evict a member on their word alone. Reporters and suspects
+    are pods: the local ranks of one pod share its report and its fate."""
+    return 2 if len(world.pods) > 2 else 1
 
 
 def judge(world: World, reports: Mapping[str, Report],
@@ -41,7 +42,9 @@ def judge(world: World, reports: Mapping[str, Report],
     from non-members, or naming non-members are ignored. ``suspect_by_own_view``
     are members the judge itself sees as unhealthy (one reporter then suffices).
     """
-    rank = {m.pod: m.rank for m in world.members}
+    rank: dict[str, int] = {}
+    for m in world.members:
+        rank.setdefault(m.pod, m.rank)  # a pod ranks by its local rank 0
     votes: dict[str, set[str]] = {}
     for reporter, report in reports.items():
         if report.generation != world.generation or reporter not in rank:
@@ -55,7 +58,7 @@ def judge(world: World, reports: Mapping[str, Report],
         voters = votes[suspect] - evicted.keys()
         own = suspect in suspect_by_own_view
         if len(voters) >= need or (voters and own):
-            why = (f"named dead by {len(voters)} of {world.size} members of generation "
+            why = (f"named dead by {len(voters)} of {len(world.pods)} pods of generation "
                    f"{world.generation}"
                    + (" and unhealthy in the judge's own view" if own else ""))
             evicted[suspect] = Eviction(suspect, tuple(sorted(voters)), why)

@@ -95,6 +95,13 @@ class Env:
     """spec.ps.backupWorkers: a sync round completes without this many workers."""
     PS_REQUEUE_STALE = "RINGWRIGHT_PS_REQUEUE_STALE"
     """spec.ps.requeueStale ("true"/"false"): train samples of dropped pushes again."""
+    PROCS_PER_POD = "RINGWRIGHT_PROCS_PER_POD"
+    """spec.workers.numProcPerNode resolved to a number: training processes (local ranks)
+    the pod's entry point starts (``ringwright.runtime.launch``)."""
+    LOCAL_RANK = "LOCAL_RANK"
+    """This process's rank inside its pod (torchrun's name), set by the pod's entry point."""
+    LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+    """Local ranks of the pod (torchrun's name), set by the pod's entry point."""
 
 
 class Backend(StrEnum):
@@ -146,14 +153,28 @@ class StoreAddress(_Wire):
 
 
 class Member(_Wire):
+    """One rank of the world: a process of a pod (``pod``, ``local_rank``).
+
+    ``localRank`` is new in this version and written only when not 0, so a world of
+    one process per pod reads the same to a runtime one version older.
+    """
+
     rank: Annotated[int, Field(ge=0)]
     pod: str
+    local_rank: Annotated[int, Field(ge=0, alias="localRank")] = 0
     pod_uid: str = Field(default="", alias="podUID")
     ip: str
     node: str = ""
     rack: str = ""
     nvlink_domain: str = Field(default="", alias="nvlinkDomain")
     gpu_model: str = Field(default="", alias="gpuModel")
+
+    @property
+    def process(self) -> str:
+        """The name of this rank's process: the pod's name for local rank 0 (all there
+        is with one process per pod), ``<pod>/<local rank>`` for the others. A parameter
+        server knows its workers by it."""
+        return self.pod if self.local_rank == 0 else f"{self.pod}/{self.local_rank}"
 
 
 class LRScaling(_Wire):
@@ -219,8 +240,11 @@ class World(_Wire):
         ranks = [m.rank for m in self.members]
         if ranks != list(range(len(ranks))):
             raise ValueError(f"members must be listed in rank order 0..n-1, got ranks {ranks}")
-        if len({m.pod for m in self.members}) != len(self.members):
-            raise ValueError("a pod appears twice in members")
+        if len({(m.pod, m.local_rank) for m in self.members}) != len(self.members):
+            raise ValueError("a (pod, localRank) appears twice in members")
+        for pod, locals_ in self.local_ranks().items():
+            if sorted(locals_) != list(range(len(locals_))):
+                raise ValueError(f"pod {pod}'s local ranks must be 0..n-1, got {locals_}")
         if len({m.rank for m in self.ps}) != len(self.ps):
             raise ValueError("two parameter servers share an index")
         if self.ps_replicas and any(m.rank >= self.ps_replicas for m in self.ps):
@@ -232,12 +256,25 @@ class World(_Wire):
         """Parameter servers of the job: ``ps_replicas``, or those listed when unset."""
         return self.ps_replicas or len(self.ps)
 
-    def member(self, pod: str) -> Member | None:
-        """The member entry for ``pod``, or None when the pod is not in this world."""
+    def member(self, pod: str, local_rank: int = 0) -> Member | None:
+        """The entry of ``pod``'s local rank ``local_rank``, or None when it is not in
+        this world."""
         for m in self.members:
-            if m.pod == pod:
+            if m.pod == pod and m.local_rank == local_rank:
                 return m
         return None
+
+    def local_ranks(self) -> dict[str, list[int]]:
+        """Every pod's local ranks, pods in order of their first rank."""
+        out: dict[str, list[int]] = {}
+        for m in self.members:
+            out.setdefault(m.pod, []).append(m.local_rank)
+        return out
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        """The member pods, each once, in order of their first rank."""
+        return tuple(self.local_ranks())
 
     def racks(self) -> tuple[tuple[int, ...], ...]:
         """Ranks grouped by rack, racks in order of their first member in the ring."""
@@ -250,6 +287,11 @@ class World(_Wire):
         """Serialize with the wire names, plus ``size`` for readers without this module
         and the deprecated ``epoch`` for runtimes one version older."""
         doc = self.model_dump(mode="json", by_alias=True)
+        for member in doc["members"]:
+            if not member["localRank"]:
+                del member["localRank"]  # one process per pod: the older document
+        for server in doc["ps"]:
+            server.pop("localRank", None)
         doc["size"] = self.size
         doc[LEGACY_GENERATION_KEY] = self.generation
         return _dumps(doc)

@@ -7,6 +7,7 @@ examples/ps_wide_and_deep.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -53,8 +54,11 @@ class LocalPSJob:
     """PS and worker processes following a world file that the test rewrites."""
 
     def __init__(self, root: Path, servers: int, args: list[str],
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, local_ranks: int = 1) -> None:
         self.root, self.args = root, args
+        self.local_ranks = local_ranks
+        """Processes per worker pod; with several, each worker pod runs the pod entry
+        point as a process group."""
         self.port = free_port()
         # Apart from the PS jobs of concurrent runs: drawn from the system, not from the
         # test's seeded generator (a replayed seed would draw the same subnet every time).
@@ -77,8 +81,9 @@ class LocalPSJob:
         world = World(
             job=JobRef(namespace="local", name="ps-test"), generation=self.generation,
             mode=Mode.PARAMETER_SERVER, store=StoreAddress(address="127.0.0.1"),
-            members=tuple(Member(rank=i, pod=w, ip="127.0.0.1")
-                          for i, w in enumerate(self.workers)),
+            members=tuple(Member(rank=i * self.local_ranks + k, pod=w, local_rank=k,
+                                 ip="127.0.0.1")
+                          for i, w in enumerate(self.workers) for k in range(self.local_ranks)),
             ps=tuple(Member(rank=int(p.rsplit("-", 1)[1]), pod=p, ip=ip)
                      for p, ip in self.ps_ip.items()),
             ps_replicas=len(self.ps))
@@ -91,10 +96,15 @@ class LocalPSJob:
         args = [*self.args, *(extra or [])]
         if role == "worker":
             args += ["--trace", str(self.trace(pod))]
+        command = [sys.executable, str(EXAMPLE), *args]
+        ranks = self.local_ranks if role == "worker" else 1
+        if ranks > 1:
+            env[Env.PROCS_PER_POD] = str(ranks)
+            command = [sys.executable, "-m", "ringwright.runtime.launch", "--", *command]
         log = open(self.root / f"{pod}.log", "ab")  # noqa: SIM115 (the child keeps it)
-        self.procs[pod] = subprocess.Popen([sys.executable, str(EXAMPLE), *args], env=env,
-                                           stdout=log, stderr=subprocess.STDOUT,
-                                           cwd=self.root)
+        self.procs[pod] = subprocess.Popen(command, env=env, stdout=log,
+                                           stderr=subprocess.STDOUT, cwd=self.root,
+                                           start_new_session=ranks > 1)
         log.close()
 
     def start_all(self, workers: list[str], extra: dict[str, list[str]] | None = None) -> None:
@@ -128,7 +138,10 @@ class LocalPSJob:
                 raise AssertionError(f"{pod} exited {proc.returncode}\n{self.logs()}")
 
     def kill(self, pod: str) -> None:
-        self.procs[pod].send_signal(signal.SIGKILL)
+        if self.local_ranks > 1 and pod in self.workers:
+            os.killpg(self.procs[pod].pid, signal.SIGKILL)  # every rank of the pod
+        else:
+            self.procs[pod].send_signal(signal.SIGKILL)
         self.procs[pod].wait()
 
     def wait_all(self, timeout: float = WAIT_S) -> dict[str, int]:
@@ -156,6 +169,9 @@ class LocalPSJob:
     def close(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                if self.local_ranks > 1:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
                 proc.kill()
                 proc.wait()
 

@@ -158,7 +158,9 @@ def main() -> int:
     pause_file = Path(os.environ.get("PAUSE_FILE")
                       or Path(os.environ["TRACE_DIR"]) / "paused")
     user_allreduce = os.environ.get("USER_ALLREDUCE") == "1"
-    trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}.jsonl")
+    # One trace per process: a pod of several local ranks writes one per rank.
+    local = os.environ.get(Env.LOCAL_RANK)
+    trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}{'.' + local if local else ''}.jsonl")
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {pod} %(name)s %(message)s")
 
@@ -186,6 +188,10 @@ def main() -> int:
     sampler = (ElasticShards(shard_sizes, batch, seed=7) if shard_sizes
                else ElasticSampler(samples, batch, seed=7))
     state = State(model, optimizer, sampler, checkpointer=checkpointer, buckets=buckets)
+    if checkpointer is not None:
+        # Which process wrote which checkpoint: one writer per job is the rule.
+        checkpointer.add_listener(lambda written: trace.write(ev="checkpoint_written",
+                                                              step=written.step))
     loader: Iterable[Any] | None = None
     if isinstance(sampler, ElasticShards):
         starts = sampler.starts

@@ -20,6 +20,7 @@ from ...api.models import (
     RackMembers,
     TrainingJobStatus,
 )
+from ..manifests import procs_per_pod
 from ..pods import PodState, PodView
 from ..recovery import recovery
 from ..worldplan import (
@@ -108,12 +109,13 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
             interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),
         ps=ready_ps,
         ps_replicas=spec.ps.replicas if spec.ps else 0,
+        local_ranks=procs_per_pod(r.job),
         topology=TopologySettings(
             hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
     )
     racks, edges, _ = ring_summary(new)
     published = Outcome(world=new, world_version=r.obs.world_version, events=(event(
-        "WorldPublished", f"generation {generation}: {new.size} workers in {racks} racks "
+        "WorldPublished", f"generation {generation}: {_workers(new)} in {racks} racks "
         f"({edges} cross-rack ring edges)"),))
     return [published, mirror(r, status, new)]
 
@@ -136,9 +138,15 @@ def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
     moves: tuple[Move, ...] = ()
     if status.phase in (JobPhase.PENDING, JobPhase.RESTARTING):
         moves = (Move(JobPhase.RUNNING, "Running", f"world generation {followed.generation} has "
-                      f"{followed.size} workers (min {r.spec.workers.min})"),)
+                      f"{_workers(followed)} (min {r.spec.workers.min})"),)
         if status.start_time is None:
             change["start_time"] = rfc3339(r.now)
     if (recovered := recovery(status, r.now)) is not None:
         change["last_recovery"] = recovered
     return Outcome(status=change, moves=moves)
+
+
+def _workers(world: World) -> str:
+    """The world's size in words: workers, and ranks when a pod holds several."""
+    pods = len(world.pods)
+    return f"{pods} workers" if pods == world.size else f"{pods} workers ({world.size} ranks)"

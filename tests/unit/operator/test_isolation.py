@@ -47,13 +47,13 @@ def test_the_token_is_mounted_into_the_training_container_only() -> None:
     volume = next(v for v in spec["volumes"] if v["name"] == "ringwright-join-token")
     assert volume["secret"]["secretName"] == "tj-join-token"
     train, sidecar = spec["containers"]
-    assert [m["mountPath"] for m in train["volumeMounts"]] == [JOIN_TOKEN_DIR]
+    assert [m["mountPath"] for m in train["volumeMounts"]] == ["/dev/shm", JOIN_TOKEN_DIR]
     assert "volumeMounts" not in sidecar
     env = {e["name"]: e.get("value") for e in train["env"]}
     assert env[Env.JOIN_TOKEN_FILE] == f"{JOIN_TOKEN_DIR}/token"
     # Building twice (a template that already carries it) keeps one of each.
     again = harden(JOB, built)["spec"]
-    assert len(again["volumes"]) == 1 and len(again["containers"][0]["volumeMounts"]) == 1
+    assert len(again["volumes"]) == 2 and len(again["containers"][0]["volumeMounts"]) == 2
 
 
 def test_the_policy_admits_own_pods_everywhere_the_operator_to_readiness_anyone_to_metrics(

@@ -57,6 +57,26 @@ def test_auto_goes_hierarchical_for_latency_bound_buffers_only() -> None:
     assert forced is not None and forced.takes(1 << 30)
 
 
+def test_under_nccl_auto_leaves_the_algorithm_to_nccl() -> None:
+    assert rack_plan(world("aabb"), "nccl") is None
+    assert rack_plan(world("aabb", OFF), "nccl") is None
+    forced = rack_plan(world("aabb", ON), "nccl")
+    assert forced is not None and forced.racks == ((0, 1), (2, 3))
+    assert rack_plan(world("aabb"), "gloo") is not None
+
+
+def test_a_cuda_state_asks_for_the_nccl_plan() -> None:
+    # The backend names the library from the state's device alone (no GPU needed).
+    from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
+    from ringwright.runtime.settings import RuntimeSettings
+
+    cuda = TorchDistributedBackend(torch.device("cuda"), RuntimeSettings(), environ={})
+    cpu = TorchDistributedBackend(torch.device("cpu"), RuntimeSettings(), environ={})
+    assert (cuda.name, cpu.name) == ("nccl", "gloo")
+    assert rack_plan(world("aabb"), cuda.name) is None
+    assert rack_plan(world("aabb"), cpu.name) is not None
+
+
 def test_rack_plan_shards_and_cross_groups_follow_the_smallest_rack() -> None:
     plan = rack_plan(world("aaabbcccc"))
     assert plan is not None
