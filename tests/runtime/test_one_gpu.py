@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gc
 import resource
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,11 +26,19 @@ from ringwright.runtime.collectives.backend import CollectiveError
 from ringwright.runtime.collectives.buckets import BucketSettings, Compression
 from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
 from ringwright.runtime.elastic import ElasticRuntime
-from ringwright.runtime.local.launcher import free_port
+from ringwright.runtime.local.launcher import LocalJob, free_port
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.state import State
 from ringwright.world import JobRef, Member, ReportKind, StoreAddress, World
+from tests.runtime.elastic_traces import Traces
+from tests.runtime.test_elastic_checkpoint import (
+    DEADLINE_S,
+    WORKER,
+    saved_model_hash,
+    wait_until,
+)
+from tests.runtime.test_elastic_checkpoint import env as checkpoint_env
 from tests.unit.runtime.runtime_fakes import FakeReporter, FakeSource
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
@@ -251,3 +261,38 @@ def test_cuda_state_checkpointed_and_restored_into_a_new_process_state(
         assert resumed.draws[step] == trainer.draws[step]
     for got, want in zip(weights(second), weights(first), strict=True):
         assert torch.equal(got, want)
+
+
+def test_sigterm_flushes_a_gpu_state_and_a_fresh_job_resumes_it_identically(
+        cuda: torch.device, tmp_path: Path) -> None:
+    """Real worker processes: the one NCCL member gets SIGTERM, writes its CUDA state
+    through pinned memory, exits 143; a new job resumes there with identical weights."""
+    checkpoints = tmp_path / "checkpoints"
+    first = tmp_path / "first"
+
+    def job_env(trace: Path) -> dict[str, str]:
+        return {**checkpoint_env(trace, checkpoints), "CUDA": "1"}
+
+    with LocalJob([sys.executable, str(WORKER)], first, env=job_env(first / "trace")) as job:
+        job.start(1)
+        wait_until("training past step 9", lambda: max(
+            (r["step"] for _, r in Traces.load(first / "trace").events("stepped")),
+            default=0) >= 9)
+        (pod,) = [m.pod for m in job.world.members]
+        job.kill(pod, signal.SIGTERM)
+        codes = job.wait(DEADLINE_S)
+    assert codes[pod] == 128 + signal.SIGTERM, codes
+    (final,) = [r for _, r in Traces.load(first / "trace").events("terminated")]
+    assert final["flushed"]
+    restored = Checkpointer(LocalStorage(checkpoints)).restore_latest()
+    assert restored is not None and restored.payload["step"] == final["step"] >= 9
+    assert saved_model_hash(restored.payload) == final["hash"]
+
+    second = tmp_path / "second"
+    with LocalJob([sys.executable, str(WORKER)], second,
+                  env=job_env(second / "trace")) as job:
+        job.start(1)
+        codes = job.wait(DEADLINE_S)
+    assert set(codes.values()) == {0}, codes
+    starts = Traces.load(second / "trace").starts(0)
+    assert {(r["step"], r["hash"]) for r in starts.values()} == {(final["step"], final["hash"])}
