@@ -29,6 +29,7 @@ from tests.bench.recovery_common import (
     WORKLOAD,
     BaselineFailed,
     Outcome,
+    first_step_at,
     losses,
     node_network,
     steps_done,
@@ -68,8 +69,10 @@ class ClusterStyleJob(LocalJob):
     """A :class:`LocalJob` that learns of a death from the survivors, not from waitpid."""
 
     def __init__(self, workdir: Path, env: dict[str, str],
-                 network: PodNetwork | None = None) -> None:
-        super().__init__([sys.executable, str(WORKER)], workdir, env=env, network=network)
+                 network: PodNetwork | None = None, procs_per_pod: int = 1,
+                 restart: bool = False) -> None:
+        super().__init__([sys.executable, str(WORKER)], workdir, env=env, network=network,
+                         procs_per_pod=procs_per_pod, restart=restart)
         self.trace_dir = workdir / "trace"
 
     def __enter__(self) -> ClusterStyleJob:
@@ -161,3 +164,25 @@ def join(workdir: Path) -> Outcome:
                       if p in newcomers})
     rollbacks, lost = losses(workdir / "trace")
     return Outcome(seconds, f"newcomers got step {resumed} by broadcast", rollbacks, lost)
+
+
+def pod_kill(workdir: Path, pods: int, procs_per_pod: int) -> tuple[float, float]:
+    """SIGKILL every process of the second pod of ``pods`` pods of ``procs_per_pod``
+    ranks, the pod replaced as a kubelet or operator would: seconds to the first step
+    without it, and to the first step back at full size."""
+    ranks = pods * procs_per_pod
+    with ClusterStyleJob(workdir, _env(workdir, "torch"), procs_per_pod=procs_per_pod,
+                         restart=True) as job:
+        _started(job, pods)
+        victim = job.world.members[procs_per_pod].pod
+        since = time.time()
+        job.kill(victim, signal.SIGKILL)
+        down = time_to_size(job.trace_dir, ranks - procs_per_pod, since, WAIT_S)
+        if down is None:
+            raise BaselineFailed(f"{pods} pods x {procs_per_pod} ranks never trained without "
+                                 f"the killed pod; logs in {workdir}")
+        wait_until(f"a step back at {ranks} ranks", lambda: first_step_at(
+            job.trace_dir, ranks, since + down) is not None)
+        back = first_step_at(job.trace_dir, ranks, since + down)
+        assert back is not None
+    return down, back - since

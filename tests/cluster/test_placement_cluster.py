@@ -178,17 +178,20 @@ def world_of(kube: KubeClient, ns: str, name: str) -> World | None:
 
 
 def wait_running(kube: KubeClient, ns: str, name: str, size: int) -> tuple[World, dict[str, Any]]:
-    """The job's world once it holds ``size`` members and the status mirrors that generation."""
+    """The job's world once it holds ``size`` pods and the status mirrors that generation.
+
+    Pods, not ranks: a worker with several GPUs runs one rank per GPU by default
+    (``numProcPerNode: auto``), and placement is about pods."""
 
     def settled() -> tuple[World, dict[str, Any]] | None:
         world = world_of(kube, ns, name)
-        if world is None or world.size != size:
+        if world is None or len({m.pod for m in world.members}) != size:
             return None
         status = get_status(kube, ns, name)
         mirrored = (status.get("world") or {}).get("generation") == world.generation
         return (world, status) if mirrored and status.get("phase") == "Running" else None
 
-    return wait_for(settled, f"{name}: a Running world of {size} members", timeout=SLOW)
+    return wait_for(settled, f"{name}: a Running world of {size} pods", timeout=SLOW)
 
 
 def condition(kube: KubeClient, ns: str, name: str, type_: str) -> dict[str, Any] | None:
@@ -235,7 +238,7 @@ def check_placement(kube: KubeClient, ns: str, name: str, size: int,
     """
     world, status = wait_running(kube, ns, name, size)
     pods = {p["metadata"]["name"]: p for p in pods_of(kube, ns, name)}
-    assert sorted(pods) == sorted(m.pod for m in world.members)
+    assert sorted(pods) == sorted({m.pod for m in world.members})
     scheduled_by_kube_scheduler(kube, ns, list(pods))
 
     nodes = [pods[m.pod]["spec"]["nodeName"] for m in world.members]
