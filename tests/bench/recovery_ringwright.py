@@ -29,7 +29,6 @@ from tests.bench.recovery_common import (
     WORKLOAD,
     BaselineFailed,
     Outcome,
-    first_step_at,
     losses,
     node_network,
     steps_done,
@@ -168,11 +167,11 @@ def join(workdir: Path) -> Outcome:
 
 def pod_kill(workdir: Path, pods: int, procs_per_pod: int) -> tuple[float, float]:
     """SIGKILL every process of the second pod of ``pods`` pods of ``procs_per_pod``
-    ranks, the pod replaced as a kubelet or operator would: seconds to the first step
-    without it, and to the first step back at full size."""
+    ranks: seconds from the kill to the first step without it, and from the launch of
+    its replacement (as an operator would start one) to the first step back at full
+    size."""
     ranks = pods * procs_per_pod
-    with ClusterStyleJob(workdir, _env(workdir, "torch"), procs_per_pod=procs_per_pod,
-                         restart=True) as job:
+    with ClusterStyleJob(workdir, _env(workdir, "torch"), procs_per_pod=procs_per_pod) as job:
         _started(job, pods)
         victim = job.world.members[procs_per_pod].pod
         since = time.time()
@@ -181,8 +180,10 @@ def pod_kill(workdir: Path, pods: int, procs_per_pod: int) -> tuple[float, float
         if down is None:
             raise BaselineFailed(f"{pods} pods x {procs_per_pod} ranks never trained without "
                                  f"the killed pod; logs in {workdir}")
-        wait_until(f"a step back at {ranks} ranks", lambda: first_step_at(
-            job.trace_dir, ranks, since + down) is not None)
-        back = first_step_at(job.trace_dir, ranks, since + down)
-        assert back is not None
-    return down, back - since
+        launched = time.time()
+        job.scale(pods)
+        back = time_to_size(job.trace_dir, ranks, launched, WAIT_S)
+        if back is None:
+            raise BaselineFailed(f"{pods} pods x {procs_per_pod} ranks never trained at "
+                                 f"{ranks} ranks again; logs in {workdir}")
+    return down, back
