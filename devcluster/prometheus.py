@@ -8,15 +8,14 @@ addresses, so the runtime processes standing in for the pods answer there.
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import yaml
 
 from .control_plane import free_port
+from .local_server import LocalServer
 
 JOB_LABEL_META = "__meta_kubernetes_pod_label_ringwright_dev_job"
 """The Kubernetes SD label of ``ringwright.dev/job``."""
@@ -55,29 +54,15 @@ class Prometheus:
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_file = workdir / "prometheus.yml"
         self.config_file.write_text(yaml.safe_dump(scrape_config))
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self._server = LocalServer("prometheus", workdir / "prometheus.log")
 
     def start(self, timeout: float = 60.0) -> None:
         """Start and wait until it reports ready."""
-        self._log = (self.workdir / "prometheus.log").open("ab")
-        self._proc = subprocess.Popen(
+        self._server.start(
             [str(self.binary), f"--config.file={self.config_file}",
              f"--storage.tsdb.path={self.workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited {self._proc.returncode}; see "
-                                   f"{self.workdir / 'prometheus.log'}")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"prometheus not ready within {timeout:.0f}s")
+            f"{self.url}/-/ready", timeout)
 
     def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
         """An instant query through the HTTP API: (labels, value) per series."""
@@ -95,12 +80,4 @@ class Prometheus:
 
     def stop(self) -> None:
         """Stop the process."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        if self._log is not None:
-            self._log.close()
+        self._server.stop()

@@ -8,14 +8,10 @@ fixed credentials, which clients read from the standard ``AWS_*`` variables
 from __future__ import annotations
 
 import secrets
-import subprocess
-import time
 from pathlib import Path
-from typing import IO
-
-import httpx
 
 from .control_plane import free_port
+from .local_server import LocalServer
 
 
 class S3Server:
@@ -28,8 +24,7 @@ class S3Server:
         self.access_key = f"rw{secrets.token_hex(6)}"
         self.secret_key = secrets.token_hex(16)
         self.region = "us-east-1"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self._server = LocalServer("minio", self.log_path)
 
     @property
     def log_path(self) -> Path:
@@ -49,36 +44,16 @@ class S3Server:
         """Start and wait until the server answers its readiness probe."""
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
         # The console port is bound too; give it a free one so that parallel servers
         # never collide on its default.
-        self._proc = subprocess.Popen(
+        self._server.start(
             [str(self.binary), "server", "--quiet", "--address", f"127.0.0.1:{self.port}",
              "--console-address", f"127.0.0.1:{free_port()}", str(data)],
+            f"{self.endpoint}/minio/health/ready", timeout,
             env={"MINIO_ROOT_USER": self.access_key, "MINIO_ROOT_PASSWORD": self.secret_key,
                  "MINIO_REGION": self.region, "MINIO_BROWSER": "off",
-                 "MINIO_UPDATE": "off", "HOME": str(self.workdir)},
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"minio exited {self._proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.endpoint}/minio/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"minio not ready within {timeout:.0f}s; see {self.log_path}")
+                 "MINIO_UPDATE": "off", "HOME": str(self.workdir)})
 
     def stop(self) -> None:
         """Stop the process."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        if self._log is not None:
-            self._log.close()
+        self._server.stop()
