@@ -43,10 +43,10 @@ BOTH_BACKENDS = pytest.mark.parametrize(
 """Run a test with the torch.distributed backend and again with Horovod."""
 
 
-@pytest.fixture()
-def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
-    backend = getattr(request, "param", "torch")
-    env = {
+def worker_env(tmp_path: Path, backend: str) -> dict[str, str]:
+    """The test worker's environment: traces, the data, commits and the gate in
+    ``tmp_path``."""
+    return {
         Env.BACKEND: backend,
         "TRACE_DIR": str(tmp_path / "trace"),
         "EPOCHS": str(EPOCHS),
@@ -59,6 +59,11 @@ def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
         "GATE_FILE": str(tmp_path / "gate"),
         "GATE_STEP": str(GATE_STEP),
     }
+
+
+@pytest.fixture()
+def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
+    env = worker_env(tmp_path, getattr(request, "param", "torch"))
     with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env) as local_job:
         yield local_job
 

@@ -24,6 +24,7 @@ from tests.runtime.elastic_traces import (
     assert_resumed_from_commit,
 )
 from tests.runtime.test_elastic_processes import (
+    BOTH_BACKENDS,
     EPOCHS,
     GATE_STEP,
     SAMPLES,
@@ -34,6 +35,7 @@ from tests.runtime.test_elastic_processes import (
     hold_at_gate,
     wait_for_step,
     wait_until,
+    worker_env,
 )
 
 LOCAL = 3
@@ -41,26 +43,9 @@ LOCAL = 3
 pytestmark = pytest.mark.timeout(420)
 
 
-BOTH_BACKENDS = pytest.mark.parametrize(
-    "job", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)], indirect=True)
-"""Run a test with the torch.distributed backend and again with Horovod."""
-
-
 @pytest.fixture()
 def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
-    env = {
-        Env.BACKEND: getattr(request, "param", "torch"),
-        "TRACE_DIR": str(tmp_path / "trace"),
-        "EPOCHS": str(EPOCHS),
-        "SAMPLES": str(SAMPLES),
-        "BATCH": "4",
-        "COMMIT_EVERY": "4",
-        "STEP_SLEEP": "0.03",
-        "TORCH_CPP_LOG_LEVEL": "ERROR",
-        "OMP_NUM_THREADS": "1",
-        "GATE_FILE": str(tmp_path / "gate"),
-        "GATE_STEP": str(GATE_STEP),
-    }
+    env = worker_env(tmp_path, getattr(request, "param", "torch"))
     with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env,
                   procs_per_pod=LOCAL) as local_job:
         yield local_job
