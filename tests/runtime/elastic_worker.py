@@ -14,9 +14,11 @@ CHECKPOINT_DIR for checkpoints (a final one on SIGTERM, restored on a fresh star
 BUCKET_BYTES to all-reduce gradients in buckets of that size during backward.
 With GATE_FILE and GATE_STEP set, a worker that completes step GATE_STEP waits while
 GATE_FILE exists, so a test can make a change happen at a known point of training
-without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that
-rank that completes that step first sleep once per job (a slow evaluation, a straggler:
-late, not dead); PAUSE_FILE (default: in TRACE_DIR) records that it happened.
+without racing it; a gate file that holds a number moves the hold to that step (a test
+that kills a member mid-training holds a later step, so the job cannot end first).
+PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that rank that completes
+that step first sleep once per job (a slow evaluation, a straggler: late, not dead);
+PAUSE_FILE (default: in TRACE_DIR) records that it happened.
 USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
 training function, as user code may.
 LOADER_WORKERS=N draws each step's samples through a torch ``DataLoader`` with N worker
@@ -141,6 +143,16 @@ def freeze_in_horovod_init() -> None:
     hvd.init = frozen_init
 
 
+def held_step(gate: Path, default: int) -> int | None:
+    """The step the gate holds workers at: none without the file, else the step the
+    file names, or ``default`` when it is empty."""
+    try:
+        text = gate.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else default
+
+
 def main() -> int:
     pod = os.environ[Env.POD_NAME]
     if os.environ.get("FREEZE_IN_HVD_INIT") == pod:
@@ -257,7 +269,7 @@ def main() -> int:
             if (state.step == pause_step and state.binding.rank == pause_rank
                     and pause_once(pause_file, pause_s)):
                 trace.write(ev="pause", step=state.step, seconds=pause_s)
-            while state.step == gate_step and gate.exists():
+            while state.step == held_step(gate, gate_step):
                 time.sleep(0.02)
             if state.step % commit_every == 0 or state.sampler.epoch != data_epoch:
                 try:

@@ -119,10 +119,12 @@ def finish(job: LocalJob) -> dict[str, int]:
 
 @BOTH_BACKENDS
 def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod
     job.kill(victim, signal.SIGKILL)
+    gate.unlink()
     codes = finish(job)
 
     assert codes[victim] == -signal.SIGKILL
@@ -135,6 +137,22 @@ def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
 def hold_at_gate(job: LocalJob) -> Path:
     gate = job.workdir / "gate"
     gate.touch()
+    return gate
+
+
+LATE_GATE_STEP = 12
+"""Where :func:`hold_late` holds: past the step a kill test waits for (6), before the end
+of the shortest job here (16 steps)."""
+
+
+def hold_late(job: LocalJob, step: int = LATE_GATE_STEP) -> Path:
+    """Hold every member at ``step`` while the returned file exists. A test that kills a
+    member once training reaches step 6 then finds it still training however late it acts
+    (a loaded machine can stall the test for longer than the whole job takes); remove the
+    file right after the kill."""
+    gate = job.workdir / "gate"
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.write_text(str(step))
     return gate
 
 
@@ -190,11 +208,13 @@ COORDINATOR_DEATH = ("Horovod's gloo transport may abort a survivor (SIGABRT, gl
     pytest.mark.horovod, pytest.mark.flaky(reruns=2, reason=COORDINATOR_DEATH)])],
     indirect=True)
 def test_kill_rank_zero_the_store_host(job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(4)
     wait_for_step(job, 6)
     store_host = job.world.members[0]
     assert job.world.store.address == store_host.ip
     job.kill(store_host.pod, signal.SIGKILL)
+    gate.unlink()
     finish(job)
 
     assert job.world.size == 3

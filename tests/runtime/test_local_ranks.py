@@ -33,6 +33,7 @@ from tests.runtime.test_elastic_processes import (
     audit,
     finish,
     hold_at_gate,
+    hold_late,
     wait_for_step,
     wait_until,
     worker_env,
@@ -86,12 +87,14 @@ SURVIVOR_ABORT = ("in one full run under load (4 xdist workers, 2 cores) the sur
     pytest.mark.horovod, pytest.mark.flaky(reruns=2, reason=SURVIVOR_ABORT)])], indirect=True)
 def test_a_dead_local_rank_takes_its_pod_out_and_the_other_pod_goes_on(
         job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(2)
     assert job.world.size == 2 * LOCAL
     wait_for_step(job, 6)
     victim = job.world.members[LOCAL].pod
     wait_until(job, "the victim's local ranks", lambda: len(local_ranks_of(job, victim)) == 3)
     os.kill(local_ranks_of(job, victim)[1], signal.SIGKILL)
+    gate.unlink()
     codes = finish(job)
 
     # The entry point stopped the pod's other ranks and exited as its rank did.
@@ -104,10 +107,12 @@ def test_a_dead_local_rank_takes_its_pod_out_and_the_other_pod_goes_on(
 
 
 def test_a_killed_pod_loses_all_its_ranks_at_once(job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(2)
     wait_for_step(job, 6)
     victim = job.world.members[0].pod  # also hosts the store (rank 0)
     job.kill(victim, signal.SIGKILL)
+    gate.unlink()
     finish(job)
 
     assert job.world.size == LOCAL and job.world.generation == 1
