@@ -26,6 +26,8 @@ from tests.xdist_groups import CLUSTER_GROUP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(CLUSTER_GROUP)]
 
+NODE_IMAGES = ("operator",)
+"""The image the nodes start with (tests/realnode/conftest.py)."""
 LEASE = "ringwright-operator"
 """The operator's default Lease name (the chart sets none)."""
 OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"

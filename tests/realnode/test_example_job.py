@@ -43,6 +43,8 @@ from tests.xdist_groups import CLUSTER_GROUP
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(CLUSTER_GROUP),
               pytest.mark.timeout(1800)]
 
+NODE_IMAGES = ("training",)
+"""The image the nodes start with (tests/realnode/conftest.py)."""
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainingjob-demo.yaml"
 JOB = "resnet"
 """The example's job name."""
@@ -318,3 +320,4 @@ def test_a_real_crash_loop_is_still_a_failure(
         lambda: s if (s := get_status(kube, namespace, "crashing")).get("phase") == "Failed"
         else None, "the crash-looping job to fail", timeout=600)
     assert status.get("restarts", 0) >= 1, status
+
