@@ -35,6 +35,8 @@ from ringwright.devcluster.inventory import KWOK_NODE_ANNOTATION
 from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import storage_for
 from ringwright.world import World, parse_world, world_configmap_name
 from tests.jobs import OperatorProcess, get_status, tj_path
 from tests.waiting import wait_for
@@ -321,3 +323,87 @@ def test_a_real_crash_loop_is_still_a_failure(
         else None, "the crash-looping job to fail", timeout=600)
     assert status.get("restarts", 0) >= 1, status
 
+
+def hostpath_policy(kube: KubeClient, namespace: str, folder: Path) -> str:
+    """A SchedulingPolicy that lets templates mount ``folder`` (hostPath volumes are
+    refused by default); its name. The namespace's teardown does not remove it: the
+    caller's finalizer does."""
+    name = f"{namespace}-hostpath"
+    kube.create(api_path("ringwright.dev/v1alpha1", "schedulingpolicies"), {
+        "apiVersion": "ringwright.dev/v1alpha1", "kind": "SchedulingPolicy",
+        "metadata": {"name": name},
+        "spec": {"templates": {"allowedHostPaths": [str(folder)]}}})
+    return name
+
+
+WORLD_READY = re.compile(r" world_ready generation=(\d+) .*\bfrom_checkpoint=(\w+) step=(\d+)")
+"""The runtime's line when a member starts training in a world."""
+
+
+def test_a_suspended_job_flushes_its_checkpoint_to_a_shared_volume_and_resumes_from_it(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    training_image: str, real_nodes_only: None, tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """`spec.runPolicy.suspend: true`: the kubelet's SIGTERM makes every worker write its
+    final checkpoint (exit 143) to a volume both nodes see (a hostPath of one folder of
+    this host, as an RWX claim is on a real cluster); `suspend: false` recreates the pods,
+    which restore from it. Periodic checkpoints are off, so the only checkpoint is the
+    one SIGTERM flushed."""
+    shared = tmp_path / "checkpoints"
+    shared.mkdir()
+    shared.chmod(0o777)  # the image runs as uid 10001; a hostPath gets no fsGroup
+    policy = hostpath_policy(kube, namespace, shared)
+    request.addfinalizer(lambda: kube.delete(
+        api_path("ringwright.dev/v1alpha1", "schedulingpolicies", name=policy)))
+    job = _job("suspended", training_image, policy,
+               ["python", "/app/examples/train_elastic.py", "--epochs", str(LONG_EPOCHS)])
+    template = job["spec"]["workers"]["template"]["spec"]
+    template["containers"][0]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    template["volumes"] = [{"name": "ckpt",
+                            "hostPath": {"path": str(shared), "type": "Directory"}}]
+    job["spec"]["checkpoint"] = {"path": "/ckpt"}
+    kube.create(tj_path(namespace), job)
+
+    def world_of(size: int, after: int) -> World | None:
+        world = _job_world(kube, namespace, "suspended")
+        return world if world and world.size == size and world.generation > after else None
+
+    first = wait_for(lambda: world_of(2, -1), "a world of 2", timeout=900)
+    _trained_past(kube, namespace, 0, timeout=600)
+    assert Checkpointer(storage_for(str(shared))).steps() == [], "no periodic checkpoints"
+
+    versions = {m.pod: _pod(kube, namespace, m.pod)["metadata"]["resourceVersion"]
+                for m in first.members}
+    kube.merge_patch(tj_path(namespace, "suspended"),
+                     {"spec": {"runPolicy": {"suspend": True}}})
+    codes = {pod: _exit_code_until_gone(kube, namespace, pod, version)
+             for pod, version in versions.items()}
+    assert codes == dict.fromkeys(versions, SIGTERM_EXIT), codes
+    flushed = Checkpointer(storage_for(str(shared))).steps()
+    assert flushed and flushed[-1] > 0, f"no checkpoint flushed on SIGTERM: {flushed}"
+    assert get_status(kube, namespace, "suspended").get("phase") == "Suspended"
+
+    kube.merge_patch(tj_path(namespace, "suspended"),
+                     {"spec": {"runPolicy": {"suspend": False}}})
+    resumed = wait_for(lambda: world_of(2, first.generation), "a world of 2 after resuming",
+                       timeout=900)
+
+    def restored() -> list[tuple[bool, int]] | None:
+        starts = []
+        for m in resumed.members:
+            try:
+                text = kube.get_text(api_path("v1", "pods", namespace, m.pod,
+                                              subresource="log"))
+            except (ApiError, OSError):
+                return None
+            starts += [(found.group(2) == "True", int(found.group(3)))
+                       for found in WORLD_READY.finditer(text)
+                       if int(found.group(1)) == resumed.generation]
+        return starts if len(starts) == len(resumed.members) else None
+
+    starts = wait_for(restored, "both resumed workers to start training", timeout=600)
+    # One member reads the checkpoint and the others get its state by broadcast: all
+    # start at the flushed step.
+    assert {step for _, step in starts} == {flushed[-1]}, (starts, _logs(kube, namespace))
+    assert sorted(from_disk for from_disk, _ in starts) == [False, True], starts
