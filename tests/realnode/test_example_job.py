@@ -22,6 +22,7 @@ a deleted worker's replacement can rejoin (seen: the job Succeeded at a world of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -148,6 +149,24 @@ def _exit_code_until_gone(kube: KubeClient, ns: str, name: str, version: str) ->
     return code
 
 
+@contextlib.contextmanager
+def diagnosed(kube: KubeClient, ns: str) -> Iterator[None]:
+    """On a failed assertion or wait, add what a user would look at: the job's status,
+    its events and the tails of its pods' logs (the pods go with the namespace)."""
+    try:
+        yield
+    except AssertionError as err:
+        jobs = kube.list(tj_path(ns))
+        events = sorted(kube.list(api_path("v1", "events", ns)),
+                        key=lambda e: e.get("lastTimestamp") or "")
+        raise AssertionError(
+            f"{err}\n--- status\n" + "\n".join(yaml.safe_dump(j.get("status")) for j in jobs)
+            + "--- events\n" + "\n".join(
+                f"{e.get('lastTimestamp')} {e['involvedObject'].get('name')} {e.get('reason')}: "
+                f"{e.get('message')}" for e in events[-40:])
+            + "\n" + _logs(kube, ns)) from None
+
+
 def _pod(kube: KubeClient, ns: str, name: str) -> Obj:
     return kube.get(api_path("v1", "pods", ns, name))
 
@@ -172,66 +191,64 @@ def test_the_example_trains_in_real_containers_and_survives_pod_and_container_lo
     kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
     training_image: str, real_nodes_only: None,
 ) -> None:
-    manifest = yaml.safe_load(EXAMPLE.read_text())
-    (container,) = manifest["spec"]["workers"]["template"]["spec"]["containers"]
-    assert container["image"] == training_image
-    assert "args" not in container
-    container["args"] = ["--epochs", str(LONG_EPOCHS)]
-    kube.create(tj_path(namespace), manifest)
+    with diagnosed(kube, namespace):
+        manifest = yaml.safe_load(EXAMPLE.read_text())
+        (container,) = manifest["spec"]["workers"]["template"]["spec"]["containers"]
+        assert container["image"] == training_image
+        assert "args" not in container
+        container["args"] = ["--epochs", str(LONG_EPOCHS)]
+        kube.create(tj_path(namespace), manifest)
 
-    first = wait_for(lambda: _world_where(kube, namespace, 4, 0),
-                     "a world of the example's 4 workers", timeout=900)
-    nodes = {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in first.members}
-    assert nodes <= set(real_nodes.names)
-    try:
+        first = wait_for(lambda: _world_where(kube, namespace, 4, 0),
+                         "a world of the example's 4 workers", timeout=900)
+        nodes = {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in first.members}
+        assert nodes <= set(real_nodes.names)
         _trained_past(kube, namespace, 0, timeout=600)
-    except AssertionError:
-        raise AssertionError(_logs(kube, namespace)) from None
 
-    # `kubectl delete pod` of a worker: the kubelet's SIGTERM, within the grace period,
-    # ends the runtime with 143; a world of 3 goes on, then the replacement joins.
-    step = _trained_step(kube, namespace)
-    victim = first.members[-1].pod
-    version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
-    kube.delete(api_path("v1", "pods", namespace, victim))
-    assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
-    smaller = wait_for(lambda: _world_where(kube, namespace, 3, first.generation),
-                       "a world of 3 without the deleted pod", timeout=300)
-    assert victim not in {m.pod for m in smaller.members}
-    healed = wait_for(lambda: _world_where(kube, namespace, 4, smaller.generation),
-                      "a world of 4 again", timeout=600)
-    _trained_past(kube, namespace, step)
+        # `kubectl delete pod` of a worker: the kubelet's SIGTERM, within the grace period,
+        # ends the runtime with 143; a world of 3 goes on, then the replacement joins.
+        step = _trained_step(kube, namespace)
+        victim = first.members[-1].pod
+        version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
+        kube.delete(api_path("v1", "pods", namespace, victim))
+        assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
+        smaller = wait_for(lambda: _world_where(kube, namespace, 3, first.generation),
+                           "a world of 3 without the deleted pod", timeout=300)
+        assert victim not in {m.pod for m in smaller.members}
+        healed = wait_for(lambda: _world_where(kube, namespace, 4, smaller.generation),
+                          "a world of 4 again", timeout=600)
+        _trained_past(kube, namespace, step)
 
-    # A training process killed inside its container: the kubelet restarts the
-    # container in the same pod, which rejoins.
-    step = _trained_step(kube, namespace)
-    target = healed.members[0].pod
-    before = _pod(kube, namespace, target)
-    container_id = before["status"]["containerStatuses"][0]["containerID"].split("//")[-1]
-    pids = _container_pids(container_id)
-    assert pids, f"no process of container {container_id} found"
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: _pod(kube, namespace, target)["status"]["containerStatuses"][0]
-             .get("restartCount", 0) >= 1, "the kubelet to restart the container", timeout=300)
-    after = _pod(kube, namespace, target)
-    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        # A training process killed inside its container: the kubelet restarts the
+        # container in the same pod, which rejoins.
+        step = _trained_step(kube, namespace)
+        target = healed.members[0].pod
+        before = _pod(kube, namespace, target)
+        container_id = before["status"]["containerStatuses"][0]["containerID"].split("//")[-1]
+        pids = _container_pids(container_id)
+        assert pids, f"no process of container {container_id} found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: _pod(kube, namespace, target)["status"]["containerStatuses"][0]
+                 .get("restartCount", 0) >= 1, "the kubelet to restart the container", timeout=300)
+        after = _pod(kube, namespace, target)
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
 
-    def rejoined() -> World | None:
-        world = _world_where(kube, namespace, 4, healed.generation)
-        return world if world and target in {m.pod for m in world.members} else None
+        def rejoined() -> World | None:
+            world = _world_where(kube, namespace, 4, healed.generation)
+            return world if world and target in {m.pod for m in world.members} else None
 
-    back = wait_for(rejoined, "a world of 4 with the restarted container", timeout=600)
-    _trained_past(kube, namespace, step)
+        back = wait_for(rejoined, "a world of 4 with the restarted container", timeout=600)
+        _trained_past(kube, namespace, step)
 
-    # `kubectl scale trainingjob resnet --replicas=5`: a fifth worker joins.
-    step = _trained_step(kube, namespace)
-    kube.merge_patch(tj_path(namespace, JOB, "scale"), {"spec": {"replicas": 5}})
-    grown = wait_for(lambda: _world_where(kube, namespace, 5, back.generation),
-                     "a world of 5 after kubectl scale", timeout=600)
-    assert {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in grown.members} \
-        <= set(real_nodes.names)
-    _trained_past(kube, namespace, step)
+        # `kubectl scale trainingjob resnet --replicas=5`: a fifth worker joins.
+        step = _trained_step(kube, namespace)
+        kube.merge_patch(tj_path(namespace, JOB, "scale"), {"spec": {"replicas": 5}})
+        grown = wait_for(lambda: _world_where(kube, namespace, 5, back.generation),
+                         "a world of 5 after kubectl scale", timeout=600)
+        assert {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in grown.members} \
+            <= set(real_nodes.names)
+        _trained_past(kube, namespace, step)
 
 
 SLOW_START = 120
