@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,7 +40,11 @@ ARCHIVES = "archives"
 """The archives a store holds, one path a line: it goes when one of them does."""
 
 READY = "ready"
-"""Written last into a finished store: a store without it is an interrupted one."""
+"""Written last into a finished store (a store without it is an interrupted one), and
+touched on every use."""
+
+UNUSED_S = 7 * 24 * 3600.0
+"""A store nobody used for this long goes (a test module that changed its images)."""
 
 
 def store_key(archives: Sequence[Path], containerd_version: str) -> str:
@@ -75,18 +80,22 @@ def ensure_store(archives: Sequence[Path], cache: Path, *, containerd: Path,
     cache.mkdir(parents=True, exist_ok=True)
     with (cache / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        prune(cache)
+        prune(cache, time.time())
         if not (final / READY).is_file():
             _import_store(archives, final, containerd=containerd, ctr=ctr)
+        (final / READY).touch()  # its mtime says when it was last used
     return final / "root"
 
 
-def prune(cache: Path) -> None:
+def prune(cache: Path, now: float) -> None:
     """Remove the stores in ``cache`` that hold an archive no longer there (an image
-    rebuilt under a new digest) and those an interrupted import left (call it holding
-    the cache's lock: stores are built under it)."""
+    rebuilt under a new digest), those unused for :data:`UNUSED_S`, and those an
+    interrupted import left (call it holding the cache's lock: stores are built under
+    it)."""
     for store in [*cache.glob("store-*"), *cache.glob("building-*")]:
-        if not all(Path(a).is_file() for a in _archives_of(store)):
+        ready = store / READY
+        if not all(Path(a).is_file() for a in _archives_of(store)) \
+                or not ready.is_file() or now - ready.stat().st_mtime > UNUSED_S:
             shutil.rmtree(store, ignore_errors=True)
 
 

@@ -72,6 +72,14 @@ def training_image(real_nodes: RealNodeSet) -> str:
     return image_name("training")
 
 
+@pytest.fixture(scope="module")
+def horovod_image(real_nodes: RealNodeSet) -> str:
+    """The ``training-horovod`` image (Horovod built from source inside), loaded into the
+    real nodes' containerd; its name."""
+    real_nodes.load_image(_built("training-horovod"))
+    return image_name("training-horovod")
+
+
 def _built(target: str) -> Path:
     """The OCI archive of ``target`` (built here, or found in the cache); a skip where
     images cannot be built (a failure in CI)."""

@@ -46,7 +46,7 @@ from tests.xdist_groups import CLUSTER_GROUP
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(CLUSTER_GROUP),
               pytest.mark.timeout(1800)]
 
-NODE_IMAGES = ("training",)
+NODE_IMAGES = ("training", "training-horovod")
 """The image the nodes start with (tests/realnode/conftest.py)."""
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainingjob-demo.yaml"
 JOB = "resnet"
@@ -273,13 +273,14 @@ def strict_policy(kube: KubeClient, namespace: str) -> Iterator[str]:
         kube.delete(path)
 
 
-def _job(name: str, image: str, policy: str, command: list[str], **workers: object) -> Obj:
+def _job(name: str, image: str, policy: str, command: list[str], backend: str = "torch",
+         **workers: object) -> Obj:
     """A CPU job of the training image for the real nodes."""
     return {
         "apiVersion": "ringwright.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "backend": "torch", "gpusPerWorker": 0, "schedulingPolicyName": policy,
+            "backend": backend, "gpusPerWorker": 0, "schedulingPolicyName": policy,
             "workers": {"min": 2, "replicas": 2, "max": 2, **workers, "template": {"spec": {
                 "containers": [{"name": "train", "image": image, "command": command}]}}},
             "runPolicy": {"backoffLimit": 2},
@@ -424,3 +425,32 @@ def test_a_suspended_job_flushes_its_checkpoint_to_a_shared_volume_and_resumes_f
     # start at the flushed step.
     assert {step for _, step in starts} == {flushed[-1]}, (starts, _logs(kube, namespace))
     assert sorted(from_disk for from_disk, _ in starts) == [False, True], starts
+
+
+def test_the_horovod_images_job_survives_a_deleted_pod(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    horovod_image: str, real_nodes_only: None,
+) -> None:
+    """The example script in the ``training-horovod`` image with ``backend: horovod``: three
+    workers train, one pod is deleted (exit 143 on SIGTERM), the other two go on in a world
+    of 2 and the replacement joins a world of 3 again."""
+    job = _job("hvd", horovod_image, "default",
+               ["python", "/app/examples/train_elastic.py", "--epochs", str(LONG_EPOCHS)],
+               backend="horovod", replicas=3, max=3)
+
+    def world_of(size: int, after: int) -> World | None:
+        world = _job_world(kube, namespace, "hvd")
+        return world if world and world.size == size and world.generation > after else None
+
+    with diagnosed(kube, namespace):
+        kube.create(tj_path(namespace), job)
+        first = wait_for(lambda: world_of(3, -1), "a world of 3", timeout=900)
+        step = _trained_past(kube, namespace, 0, timeout=600)
+        victim = first.members[-1].pod
+        version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
+        kube.delete(api_path("v1", "pods", namespace, victim))
+        assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
+        smaller = wait_for(lambda: world_of(2, first.generation), "a world of 2", timeout=300)
+        assert victim not in smaller.pods
+        wait_for(lambda: world_of(3, smaller.generation), "a world of 3 again", timeout=600)
+        _trained_past(kube, namespace, step)

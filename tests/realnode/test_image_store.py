@@ -50,15 +50,20 @@ def test_a_seeded_root_links_blobs_and_snapshots_and_copies_the_databases(
     assert not (node / "io.containerd.runtime.v2.task").exists()
 
 
-def test_a_store_whose_archive_is_gone_is_removed_and_one_interrupted_too(
+def test_stores_whose_archive_is_gone_or_unused_for_a_week_or_interrupted_are_removed(
         tmp_path: Path) -> None:
     archive = tmp_path / "image.tar"
     archive.write_text("")
-    kept, gone, interrupted = (tmp_path / "cache" / n for n in ("store-a", "store-b", "store-c"))
-    for store, listed in ((kept, archive), (gone, tmp_path / "rebuilt.tar")):
+    kept, gone, unused, interrupted = (tmp_path / "cache" / f"store-{n}" for n in "abcd")
+    for store, listed in ((kept, archive), (gone, tmp_path / "rebuilt.tar"),
+                          (unused, archive)):
         store.mkdir(parents=True)
         (store / image_store.ARCHIVES).write_text(f"{listed}\n")
         (store / image_store.READY).touch()
     interrupted.mkdir()
-    image_store.prune(tmp_path / "cache")
-    assert kept.is_dir() and not gone.exists() and not interrupted.exists()
+    now = (kept / image_store.READY).stat().st_mtime + image_store.UNUSED_S - 1
+    old = now - image_store.UNUSED_S - 1
+    os.utime(unused / image_store.READY, (old, old))
+    image_store.prune(tmp_path / "cache", now)
+    assert kept.is_dir()
+    assert not gone.exists() and not unused.exists() and not interrupted.exists()
