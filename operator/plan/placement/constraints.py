@@ -7,8 +7,8 @@ bind its pods to; tolerations against node taints are matched in
 all of them allow, so a plan never names a node the scheduler would refuse (which
 would leave the pods unbound until the gang timeout withdraws them, round after round).
 
-Labels a queue assigns (a Kueue ResourceFlavor's node labels) join the same selector,
-so there is one placement, not two that disagree.
+The node labels of a Kueue ResourceFlavor join the template's ``nodeSelector`` (see
+:mod:`ringwright.operator.plan.kueue`), so there is one placement, not two that disagree.
 
 Pure: parsing, matching and explaining, no I/O.
 """
@@ -84,12 +84,10 @@ Term = tuple[Requirement, ...]
 
 @dataclass(frozen=True, slots=True)
 class Selector:
-    """One ``key=value`` a node must carry, and who asked for it."""
+    """One ``key=value`` of a ``nodeSelector``: a node must carry it."""
 
     key: str
     value: str
-    origin: str = "nodeSelector"
-    """Where it came from, for messages: the template's ``nodeSelector`` or a queue's flavor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +98,7 @@ class NodeConstraints:
     """
 
     selector: tuple[Selector, ...] = ()
-    """Every entry must match (the template's ``nodeSelector``, a queue's flavor labels)."""
+    """Every entry must match (the template's ``nodeSelector``)."""
     terms: tuple[Term, ...] = ()
     """Required node affinity: at least one term must match; none means no affinity."""
 
@@ -118,11 +116,6 @@ class NodeConstraints:
             return False
         return not self.terms or any(
             term and all(r.matches(labels, node.name) for r in term) for term in self.terms)
-
-    def with_selector(self, labels: Mapping[str, str], origin: str) -> NodeConstraints:
-        """These constraints plus ``labels`` every node must carry (say, a flavor's)."""
-        extra = tuple(Selector(k, v, origin) for k, v in sorted(labels.items()))
-        return NodeConstraints(self.selector + extra, self.terms)
 
     def terms_wire(self) -> list[dict[str, Any]]:
         """The required terms as ``nodeSelectorTerms`` entries."""
@@ -231,7 +224,7 @@ def narrowing(constraints: NodeConstraints, tolerations: Sequence[Mapping[str, A
     listed = list(nodes)
     steps: list[tuple[str, int]] = []
     for s in constraints.selector:
-        steps.append((f"{s.origin} {s.key}={s.value}",
+        steps.append((f"nodeSelector {s.key}={s.value}",
                       sum(dict(n.labels).get(s.key) == s.value for n in listed)))
     if constraints.terms:
         only_terms = NodeConstraints(terms=constraints.terms)

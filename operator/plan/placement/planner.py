@@ -69,8 +69,9 @@ class PlacementRequest:
     """The model the job asked for; None lets the planner choose."""
     worker_tolerations: tuple[Mapping[str, Any], ...] = ()
     worker_constraints: NodeConstraints = NO_CONSTRAINTS
-    """The worker template's nodeSelector and required node affinity (plus a queue's
-    flavor labels): only nodes they allow are considered."""
+    """The worker template's nodeSelector (with a Kueue flavor's node labels, see
+    :mod:`ringwright.operator.plan.kueue`) and required node affinity: only nodes they
+    allow are considered."""
     ps: int = 0
     """New ps pods wanted."""
     ps_pod: Resources = field(default_factory=lambda: Resources(pods=1))
@@ -145,16 +146,12 @@ def placement_request(
     *,
     current_workers: Sequence[str] = (),
     current_ps: Sequence[str] = (),
-    flavor_labels: Mapping[str, str] | None = None,
-    flavor_origin: str = "",
 ) -> PlacementRequest | Unschedulable:
     """What to place for ``spec`` now, given the job's existing pods.
 
     ``current_workers`` / ``current_ps`` hold the node name of each existing pod of
     that role ("" while unbound). A job asking for more than the policy's limits is
-    refused as a whole, so the user sees which limit to respect. ``flavor_labels`` (a
-    queue's admitted flavor, named by ``flavor_origin``) join the workers' and ps pods'
-    node constraints.
+    refused as a whole, so the user sees which limit to respect.
     """
     limits = policy.limits
     if spec.workers.replicas > limits.max_workers_per_job:
@@ -185,9 +182,6 @@ def placement_request(
             ps_constraints = node_constraints(ps_spec, "spec.ps.template.spec")
     except ConstraintError as err:
         return Unschedulable("InvalidNodeConstraint", f"{err}; fix the template")
-    if flavor_labels:
-        worker_constraints = worker_constraints.with_selector(flavor_labels, flavor_origin)
-        ps_constraints = ps_constraints.with_selector(flavor_labels, flavor_origin)
     bounds = [b for b in (spec.topology.max_racks, limits.max_racks_per_job) if b is not None]
     packing = RackPacking.PREFERRED
     if RackPacking.REQUIRED in (spec.topology.rack_packing, policy.rack_packing):

@@ -227,11 +227,11 @@ def test_ps_pods_keep_to_their_own_constraints() -> None:
     plan = plan_placement(workers(1, ps=2, ps_constraints=c), Inventory(nodes), POLICY)
     assert isinstance(plan, PlacementPlan)
     assert {p.node for p in plan.ps} == {"p0"}
-    refused = plan_placement(
-        workers(1, ps=1, ps_constraints=c.with_selector({"zone": "x"}, "flavor f")),
-        Inventory(nodes), POLICY)
+    nowhere = node_constraints({"nodeSelector": {"role": "ps", "zone": "x"}},
+                               "spec.ps.template.spec")
+    refused = plan_placement(workers(1, ps=1, ps_constraints=nowhere), Inventory(nodes), POLICY)
     assert isinstance(refused, Unschedulable)
-    assert refused.message.startswith("the ps pods' flavor f zone=x leaves 0 of 3")
+    assert refused.message.startswith("the ps pods' nodeSelector zone=x leaves 0 of 3")
 
 
 def test_narrowing_counts_each_constraint_alone_and_together() -> None:
@@ -286,11 +286,3 @@ def test_an_invalid_template_constraint_is_refused_before_planning() -> None:
     assert out.reason == "InvalidNodeConstraint"
     assert "spec.workers.template.spec.affinity" in out.message
 
-
-def test_flavor_labels_join_the_selector() -> None:
-    spec = job_spec({"nodeSelector": {"disk": "ssd"}})
-    req = placement_request(spec, POLICY, flavor_labels={"pool": "p1"},
-                            flavor_origin="Kueue flavor h100")
-    assert isinstance(req, PlacementRequest)
-    assert req.worker_constraints.selector == (
-        Selector("disk", "ssd"), Selector("pool", "p1", "Kueue flavor h100"))
