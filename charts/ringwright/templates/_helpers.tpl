@@ -120,4 +120,14 @@ this, so `helm template`, `helm lint` and `helm install` all refuse bad values.
   - apiGroups: [""]
     resources: [events]
     verbs: [create, patch]
+  {{- if eq (toString (.Values.operator.settings.kueue | default false)) "true" }}
+  # Kueue (settings.kueue): each queued job's Workload, created once and watched;
+  # its status patched Finished when the job ends, which frees the quota.
+  - apiGroups: [kueue.x-k8s.io]
+    resources: [workloads]
+    verbs: [list, watch, create]
+  - apiGroups: [kueue.x-k8s.io]
+    resources: [workloads/status]
+    verbs: [patch]
+  {{- end }}
 {{- end }}
