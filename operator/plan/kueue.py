@@ -72,9 +72,14 @@ def workload(job: Obj, queue: str, policy: SchedulingPolicySpec) -> Obj:
     """The Workload that asks Kueue for the job's whole demand."""
     spec = TrainingJobSpec.model_validate(job["spec"])
     meta = job["metadata"]
-    pod_sets = [_pod_set(WORKERS, spec.workers.replicas, worker_pod_spec(
-        spec.workers.template.spec.to_wire(), spec.gpus_per_worker, policy.gpu_resource),
-        min_count=spec.workers.min)]
+    workers = worker_pod_spec(spec.workers.template.spec.to_wire(), spec.gpus_per_worker,
+                              policy.gpu_resource)
+    if spec.gpu_model:
+        # Only the flavors of the requested model fit: Kueue matches nodeSelector
+        # against the flavors' node labels.
+        workers["nodeSelector"] = {**(workers.get("nodeSelector") or {}),
+                                   policy.node_labels.gpu_model: spec.gpu_model}
+    pod_sets = [_pod_set(WORKERS, spec.workers.replicas, workers, min_count=spec.workers.min)]
     if spec.ps is not None and spec.ps.replicas:
         pod_sets.append(_pod_set(PS, spec.ps.replicas, ps_pod_spec(
             spec.ps.template.spec.to_wire(), policy.ps_pinning)))

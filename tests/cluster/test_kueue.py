@@ -147,9 +147,9 @@ def test_admitted_job_runs_on_the_flavors_model_after_admission(
         assert p["spec"]["nodeSelector"][GPU_MODEL_LABEL] == queues.models[0]
         assert facts[p["spec"]["nodeName"]].model == queues.models[0]
     # Kueue's own record: the Workload holds the quota.
-    wl = workload_of(kube, namespace, "admitted")
-    assert wl is not None
-    assert wl["status"]["admission"]["clusterQueue"] == queues.cluster_queue
+    held = workload_of(kube, namespace, "admitted")
+    assert held is not None
+    assert held["status"]["admission"]["clusterQueue"] == queues.cluster_queue
 
 
 def test_over_quota_job_is_queued_with_kueues_reason_until_the_first_finishes(

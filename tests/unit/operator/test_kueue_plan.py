@@ -87,6 +87,9 @@ def test_the_workload_describes_the_gang_and_each_pods_request() -> None:
         GPU_RESOURCE: "2"}
     assert workers["template"]["spec"]["nodeSelector"] == {"disk": "ssd"}
     assert (ps["name"], ps["count"]) == ("ps", 1)
+    picky = workload(queued(gpuModel="H100"), "team-a", SchedulingPolicySpec())
+    assert picky["spec"]["podSets"][0]["template"]["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "H100"}
     assert "minCount" not in ps
     # ps pods are Guaranteed with whole CPUs: Kueue counts what will really be asked.
     assert ps["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "2"
