@@ -41,6 +41,7 @@ from .observe.cache import (
     PODS_BY_JOB,
     POLICIES,
     PRIORITIES,
+    WORKLOAD_PRIORITIES,
     WORKLOADS,
     IndexCache,
     Written,
@@ -181,8 +182,9 @@ def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> N
 
 
 def _watch_kueue(registry: kopf.OperatorRegistry) -> None:
-    """Index the Workloads ringwright published and every ResourceFlavor's node labels;
-    a Workload's change (admitted, evicted) wakes its job."""
+    """Index the Workloads ringwright published, every ResourceFlavor's node labels and
+    every WorkloadPriorityClass's value; a Workload's change (admitted, evicted) wakes
+    its job."""
     group, version = KUEUE_API_VERSION.split("/")
 
     @kopf.index(group, version, "workloads", labels={JOB_LABEL: kopf.PRESENT},
@@ -190,6 +192,11 @@ def _watch_kueue(registry: kopf.OperatorRegistry) -> None:
     def workloads_by_name(namespace: str | None, name: str, body: kopf.Body,
                           **_: Any) -> dict[tuple[str, str], Obj]:
         return {(namespace or "", name): _plain(body)}
+
+    @kopf.index(group, version, "workloadpriorityclasses", registry=registry,
+                id=WORKLOAD_PRIORITIES)
+    def workload_priorities(name: str, body: kopf.Body, **_: Any) -> dict[str, int]:
+        return {name: int(body.get("value") or 0)}
 
     @kopf.index(group, version, "resourceflavors", registry=registry, id=FLAVORS)
     def flavor_labels(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, str]]:

@@ -16,14 +16,22 @@ def workload_path(namespace: str, name: str | None = None, sub: str | None = Non
 
 
 def perform_queue(kube: KubeClient, job: Obj, plan: Plan, now: float) -> None:
-    """Create ``plan.workload`` (already there: nothing to do) and mark the job's Workload
-    Finished once the job ended, which hands its quota back to the ClusterQueue."""
+    """Create ``plan.workload`` (already there: nothing to do), hand an evicted Workload
+    back to the queue, and mark the job's Workload Finished once the job ended, which
+    hands its quota back to the ClusterQueue."""
     namespace = job["metadata"]["namespace"]
     if plan.workload is not None:
         try:
             kube.create(workload_path(namespace), plan.workload)
         except ApiError as err:
             if err.status != 409:
+                raise
+    if plan.workload_requeue is not None:
+        try:
+            kube.merge_patch(workload_path(namespace, workload_name(job), "status"),
+                             plan.workload_requeue)
+        except ApiError as err:
+            if err.status != 409:  # Kueue changed it meanwhile: the next round decides
                 raise
     if plan.workload_finished:
         name = workload_name(job)

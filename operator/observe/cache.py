@@ -31,7 +31,8 @@ POLICIES = "scheduling_policies"
 PRIORITIES = "priority_classes"
 WORKLOADS = "workloads_by_job"
 FLAVORS = "resource_flavors"
-KUEUE_INDICES = (WORKLOADS, FLAVORS)
+WORKLOAD_PRIORITIES = "workload_priority_classes"
+KUEUE_INDICES = (WORKLOADS, FLAVORS, WORKLOAD_PRIORITIES)
 """Kept only when the Kueue integration is on (its CRDs exist then)."""
 INDICES = tuple(dict.fromkeys((PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES,
                                PRIORITIES, *sorted(w.index for w in SCAFFOLD_KINDS.values()))))
@@ -209,3 +210,10 @@ class IndexCache:
             return {}
         labels: dict[str, str] | None = self._one(FLAVORS, name)
         return dict(labels or {})
+
+    def workload_priority(self, name: str) -> int | None:
+        """The value of WorkloadPriorityClass ``name`` (None when there is none)."""
+        if WORKLOAD_PRIORITIES not in self._ix:
+            return None
+        value: int | None = self._one(WORKLOAD_PRIORITIES, name)
+        return value

@@ -25,12 +25,15 @@ from typing import Any
 from ringwright.objects import Obj
 
 from ..api.base import API_VERSION as JOB_API_VERSION
+from ..api.conditions import rfc3339
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
 from .manifests import JOB_LABEL
 from .placement.podresources import ps_pod_spec, worker_pod_spec
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""Names the WorkloadPriorityClass of a queued job (Kueue's label for every job kind)."""
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 WORKERS, PS = "workers", "ps"
 _POD_FIELDS = ("containers", "initContainers", "nodeSelector", "tolerations", "affinity",
@@ -68,10 +71,31 @@ def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any],
     return out
 
 
-def workload(job: Obj, queue: str, policy: SchedulingPolicySpec) -> Obj:
-    """The Workload that asks Kueue for the job's whole demand."""
+def priority_class(job: Obj) -> str | None:
+    """The WorkloadPriorityClass the job's label names, if any."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    name = labels.get(PRIORITY_LABEL)
+    return str(name) if name else None
+
+
+def workload(job: Obj, queue: str, policy: SchedulingPolicySpec,
+             priority: int | None = None) -> Obj | Admission:
+    """The Workload that asks Kueue for the job's whole demand; ``priority`` is the value
+    of the WorkloadPriorityClass the job names. A class that does not exist (yet) is an
+    :class:`Admission` saying so: a Workload without it would queue at the wrong priority.
+    """
     spec = TrainingJobSpec.model_validate(job["spec"])
     meta = job["metadata"]
+    wl_spec: Obj = {"queueName": queue}
+    named = priority_class(job)
+    if named is not None:
+        if priority is None:
+            return Admission(False, "WorkloadPriorityClassNotFound",
+                             f"the label {PRIORITY_LABEL} names WorkloadPriorityClass "
+                             f"{named!r}, which does not exist; create it or fix the label")
+        wl_spec.update(priorityClassRef={"group": "kueue.x-k8s.io",
+                                         "kind": "WorkloadPriorityClass", "name": named},
+                       priority=priority)
     workers = worker_pod_spec(spec.workers.template.spec.to_wire(), spec.gpus_per_worker,
                               policy.gpu_resource)
     if spec.gpu_model:
@@ -92,7 +116,7 @@ def workload(job: Obj, queue: str, policy: SchedulingPolicySpec) -> Obj:
                                  "name": meta["name"], "uid": meta.get("uid", ""),
                                  "controller": True, "blockOwnerDeletion": True}],
         },
-        "spec": {"queueName": queue, "podSets": pod_sets},
+        "spec": {**wl_spec, "podSets": pod_sets},
     }
 
 
@@ -147,6 +171,40 @@ def admission(wl: Obj | None) -> Admission:
         return Admission(False, str(reserved.get("reason", "Pending")),
                          str(reserved.get("message", "")))
     return Admission(False, "Pending", "waiting for Kueue to consider the Workload")
+
+
+def requeue_evicted(wl: Obj, now: float) -> Obj | None:
+    """The status merge patch that returns an evicted Workload to its queue once the job
+    has no pods left: quota reservation and admission cleared, ``Requeued`` set (True
+    after a preemption, so Kueue retries it; as Kueue's job integrations do). None when
+    the Workload is not evicted or already holds no quota."""
+    evicted = _condition(wl, "Evicted")
+    status = wl.get("status") or {}
+    if not _true(evicted) or (status.get("admission") is None
+                              and not _true(_condition(wl, "QuotaReserved"))):
+        return None
+    reason = str((evicted or {}).get("reason", "Evicted"))
+    message = str((evicted or {}).get("message", ""))
+    at = rfc3339(now)
+    replaced = {
+        "QuotaReserved": {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                          "message": message, "lastTransitionTime": at},
+        "Admitted": {"type": "Admitted", "status": "False", "reason": "NoReservation",
+                     "message": "The workload has no reservation", "lastTransitionTime": at},
+        "Requeued": {"type": "Requeued",
+                     "status": "True" if reason in ("Preempted", "NodeFailures") else "False",
+                     "reason": reason, "message": message, "lastTransitionTime": at},
+    }
+    kept = [c for c in status.get("conditions") or () if c.get("type") not in replaced]
+    generation = (wl.get("metadata") or {}).get("generation")
+    conditions = [*kept, *replaced.values()]
+    if generation is not None:
+        conditions = [{**c, "observedGeneration": generation} if c["type"] in replaced else c
+                      for c in conditions]
+    # Over the version read: a Workload Kueue changed meanwhile is looked at again.
+    return {"metadata": {"resourceVersion": (wl.get("metadata") or {}).get(
+                "resourceVersion", "")},
+            "status": {"admission": None, "conditions": conditions}}
 
 
 def effective_job(job: Obj, given: Admission,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..settings import OperatorSettings
-from .kueue import admission, effective_job, queue_name, workload
+from .kueue import Admission, admission, effective_job, queue_name, requeue_evicted, workload
 from .phases import TERMINAL
 from .round.conditions import checkpoints, crash_loops, policy_found, templates
 from .round.counts import counts
@@ -52,19 +52,26 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
     if r.spec.run_policy.suspend:
         d.take(suspension(r, d.status))
         return _close(r, d)
-    d.take(resumption(d.status))
     queued = queue_name(observed.job)
     if queued is not None:
         # Kueue decides whether and how much may run; its flavor and count make the
         # effective spec every later step places from.
         given = admission(observed.workload)
         if observed.workload is None and observed.policy is not None:
-            d.plan.workload = workload(observed.job, queued, observed.policy)
+            published = workload(observed.job, queued, observed.policy,
+                                 observed.workload_priority)
+            if isinstance(published, Admission):
+                given = published  # it cannot be published yet: say why
+            else:
+                d.plan.workload = published
         if d.take(queue(r, d.status, given)).stop:
+            if not r.pods and observed.workload is not None:
+                d.plan.workload_requeue = requeue_evicted(observed.workload, now)
             return _close(r, d)
         effective = replace(observed, job=effective_job(observed.job, given,
                                                         observed.flavor_labels))
         r = Round.of(effective, settings, now, placer)
+    d.take(resumption(d.status))
     if d.take(completed(r, d.status)).stop:
         return _close(r, d)
     if d.take(failures(r, d.status)).stop:

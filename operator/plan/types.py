@@ -65,6 +65,8 @@ class Observed:
     """The job's Kueue Workload (only for a job labelled with a queue name)."""
     flavor_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Node labels of the ResourceFlavors the Workload was admitted with, by flavor."""
+    workload_priority: int | None = None
+    """Value of the WorkloadPriorityClass the job's label names (None: none, or missing)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class Plan:
     """The Kueue Workload to create when the job has none yet."""
     workload_finished: str = ""
     """Why the job ended: the Workload is marked Finished, which releases its quota."""
+    workload_requeue: Obj | None = None
+    """A merge patch of the Workload's status that hands an evicted Workload back to the
+    queue once the job's pods are gone (what Kueue's job integrations do)."""
 
     def soon(self, seconds: float) -> None:
         """Ask to be run again within ``seconds``."""

@@ -19,7 +19,7 @@ from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.kueue import API_VERSION, running_kueue
 from ringwright.kube import KubeClient, api_path
 from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOURCE
-from ringwright.operator.plan.kueue import QUEUE_LABEL
+from ringwright.operator.plan.kueue import PRIORITY_LABEL, QUEUE_LABEL
 from tests.cluster.test_placement_cluster import (
     SLOW,
     cluster_facts,
@@ -82,7 +82,14 @@ class Queues:
         self._apply("clusterqueues", {"kind": "ClusterQueue",
                                       "metadata": {"name": self.cluster_queue},
                                       "spec": {"namespaceSelector": {},
+                                               "preemption": {
+                                                   "withinClusterQueue": "LowerPriority"},
                                                "resourceGroups": groups}})
+        self.priorities = {"low": f"t-low-{suffix}", "high": f"t-high-{suffix}"}
+        for value, name in ((100, self.priorities["low"]), (1000, self.priorities["high"])):
+            self._apply("workloadpriorityclasses", {"kind": "WorkloadPriorityClass",
+                                                    "metadata": {"name": name},
+                                                    "value": value})
         self._apply("localqueues", {"kind": "LocalQueue",
                                     "metadata": {"name": self.local_queue,
                                                  "namespace": namespace},
@@ -98,6 +105,8 @@ class Queues:
         self.kube.delete(api_path(API_VERSION, "clusterqueues", name=self.cluster_queue))
         for flavor in self.flavors.values():
             self.kube.delete(api_path(API_VERSION, "resourceflavors", name=flavor))
+        for name in self.priorities.values():
+            self.kube.delete(api_path(API_VERSION, "workloadpriorityclasses", name=name))
 
 
 @pytest.fixture()
@@ -108,9 +117,12 @@ def queues(kube: KubeClient, namespace: str, queueing_operator: OperatorProcess
     handle.cleanup()
 
 
-def queued_job(name: str, workers: int, gpus: int, queue: str) -> dict[str, Any]:
+def queued_job(name: str, workers: int, gpus: int, queue: str,
+               priority: str | None = None) -> dict[str, Any]:
     manifest = job(name, workers, gpus)
     manifest["metadata"]["labels"] = {QUEUE_LABEL: queue}
+    if priority is not None:
+        manifest["metadata"]["labels"][PRIORITY_LABEL] = priority
     return manifest
 
 
@@ -182,3 +194,38 @@ def test_over_quota_job_is_queued_with_kueues_reason_until_the_first_finishes(
     assert finished is not None and any(
         c["type"] == "Finished" and c["status"] == "True"
         for c in finished["status"]["conditions"])
+
+
+def test_higher_priority_job_preempts_a_running_one_which_suspends_and_comes_back(
+    kube: KubeClient, namespace: str, queues: Queues
+) -> None:
+    wait_quiet(kube, namespace)
+    kube.create(tj_path(namespace), queued_job("low", 3, 4, queues.local_queue,
+                                               queues.priorities["low"]))
+    wait_running(kube, namespace, "low", 3)
+    low_wl = workload_of(kube, namespace, "low")
+    assert low_wl is not None and low_wl["spec"]["priority"] == 100
+
+    # 12 of 16 GPUs held at priority 100; 8 asked at 1000: Kueue preempts "low".
+    kube.create(tj_path(namespace), queued_job("high", 2, 4, queues.local_queue,
+                                               queues.priorities["high"]))
+    suspended = wait_for(
+        lambda: (s := get_status(kube, namespace, "low")).get("phase") == "Suspended" and s,
+        "low: Suspended after its eviction", timeout=SLOW)
+    evicted = next(c for c in suspended["conditions"] if c["type"] == "Suspended")
+    assert evicted["reason"] == "Preempted", evicted
+    assert evicted["message"].startswith("evicted by Kueue"), evicted
+    wait_running(kube, namespace, "high", 2)
+    assert pods_of(kube, namespace, "low") == []
+    queued = condition(kube, namespace, "low", "Queued")
+    assert queued is not None and queued["status"] == "True", queued
+
+    # "high" finishes: "low" is admitted again and runs, its restarts untouched.
+    world, _ = wait_running(kube, namespace, "high", 2)
+    kube.merge_patch(api_path("v1", "pods", namespace, world.members[0].pod, "status"),
+                     {"status": {"phase": "Succeeded"}})
+    wait_condition(kube, namespace, "low", "Admitted", "True")
+    _, status = wait_running(kube, namespace, "low", 3)
+    assert status.get("restarts", 0) == 0
+    phases = [t["phase"] for t in status["phaseHistory"]]
+    assert phases[-3:] == ["Suspended", "Pending", "Running"], phases

@@ -143,7 +143,8 @@ def settings(objs: list[Obj]) -> None:
     # Finished, and read ResourceFlavors.
     assert kueue_rules(objs) == {"workloads": {"list", "watch", "create"},
                                  "workloads/status": {"patch"},
-                                 "resourceflavors": {"list", "watch"}}
+                                 "resourceflavors": {"list", "watch"},
+                                 "workloadpriorityclasses": {"list", "watch"}}
 
 
 def test_kueue_permissions_only_with_the_integration_on(helm: Path, tmp_path: Path) -> None:

@@ -122,7 +122,8 @@ this, so `helm template`, `helm lint` and `helm install` all refuse bad values.
     verbs: [create, patch]
   {{- if eq (toString (.Values.operator.settings.kueue | default false)) "true" }}
   # Kueue (settings.kueue): each queued job's Workload, created once and watched;
-  # its status patched Finished when the job ends, which frees the quota.
+  # its status patched when the job ends (Finished, which frees the quota) and when
+  # an evicted job's pods are gone (back to the queue).
   - apiGroups: [kueue.x-k8s.io]
     resources: [workloads]
     verbs: [list, watch, create]

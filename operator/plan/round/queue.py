@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from ...api.models import ConditionStatus, TrainingJobStatus
+from dataclasses import replace
+
+from ...api.models import ConditionStatus, JobPhase, TrainingJobStatus
 from ..kueue import Admission
-from ..pods import PodState
-from .state import Outcome, Round, SetCondition, event
+from .lifecycle import suspension
+from .state import Move, Outcome, Round, SetCondition, event
 from .status import find_condition
 
 QUEUED, ADMITTED = "Queued", "Admitted"
@@ -15,11 +17,13 @@ POLL_SECONDS = 2.0
 
 def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
     """Conditions Queued and Admitted from Kueue's answer; until admission, nothing is
-    created and pods that exist (an eviction) go with their grace period (SIGTERM: the
-    runtime writes its checkpoint).
+    created. A job that has pods or a world when it is not admitted (Kueue evicted it)
+    is suspended as ``spec.runPolicy.suspend`` would: an empty world, pods deleted with
+    their grace period (SIGTERM: the runtime writes its checkpoint), restarts kept; on
+    readmission it resumes from Suspended.
 
-    Sets: conditions Queued and Admitted, an event when admission flips; the plan's
-    delete_gracefully. Stops the round while not admitted."""
+    Sets: conditions Queued and Admitted, an event when admission flips; when evicted,
+    what :func:`suspension` sets. Stops the round while not admitted."""
     current = find_condition(status, ADMITTED)
     was_admitted = current is not None and current.status == ConditionStatus.TRUE
     message = given.message or given.reason
@@ -32,10 +36,20 @@ def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
                         SetCondition(QUEUED, False, given.reason, text)),
             events=() if was_admitted else (event(ADMITTED, f"admitted by Kueue: {text}"),))
     told = current is None or was_admitted or current.reason != given.reason
-    leaving = tuple(p.name for p in r.pods if p.state != PodState.DELETING)
-    return Outcome(
+    queued = Outcome(
         conditions=(SetCondition(QUEUED, True, given.reason, message),
                     SetCondition(ADMITTED, False, given.reason, message)),
         events=(event(QUEUED, f"waiting for Kueue: {given.reason}: {message}"),)
         if told else (),
-        delete_gracefully=leaving, requeue=POLL_SECONDS, stop=True)
+        requeue=POLL_SECONDS, stop=True)
+    world = r.obs.world
+    if not r.pods and not (world is not None and (world.members or world.ps)):
+        return queued
+    stopped = suspension(r, status)
+    return replace(
+        stopped, conditions=(*queued.conditions, SetCondition(
+            "Suspended", True, given.reason, f"evicted by Kueue: {message}")),
+        events=queued.events + stopped.events, requeue=POLL_SECONDS, stop=True,
+        moves=(Move(JobPhase.SUSPENDED, given.reason,
+                    f"evicted by Kueue ({message}); pods stop with their grace period, "
+                    "restarts are kept, and the job resumes once admitted again"),))

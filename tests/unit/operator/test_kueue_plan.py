@@ -8,9 +8,12 @@ from typing import Any
 from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import GPU_RESOURCE, SchedulingPolicySpec
 from ringwright.operator.plan.kueue import (
+    PRIORITY_LABEL,
     QUEUE_LABEL,
+    Admission,
     admission,
     effective_job,
+    requeue_evicted,
     workload,
     workload_name,
 )
@@ -18,7 +21,7 @@ from ringwright.operator.plan.placement.inventory import Inventory, NodeInfo
 from ringwright.operator.plan.placement.placer import place
 from ringwright.operator.plan.placement.resources import Resources
 from ringwright.operator.plan.reconcile import Observed, plan
-from tests.unit.operator.test_reconcile import NOW, SETTINGS, job, pod
+from tests.unit.operator.test_reconcile import NOW, SETTINGS, job, pod, world_of
 
 GI = 1024**3
 
@@ -57,14 +60,21 @@ NODES = Inventory(tuple(
     for pool in ("a", "b") for i in range(2)))
 
 
+def published(body: Obj, priority: int | None = None) -> Obj:
+    wl = workload(body, "team-a", SchedulingPolicySpec(), priority)
+    assert not isinstance(wl, Admission), wl
+    return wl
+
+
 def run(body: Obj, wl_status: Obj | None, pods: list[Obj] | None = None,
-        flavors: dict[str, dict[str, str]] | None = None) -> Any:
+        flavors: dict[str, dict[str, str]] | None = None, world: Any = None,
+        priority: int | None = None) -> Any:
     wl = None
     if wl_status is not None:
-        wl = {**workload(body, "team-a", SchedulingPolicySpec()), "status": wl_status}
-    observed = Observed(job=body, pods=pods or [], world=None, reports={},
+        wl = {**published(body, priority), "status": wl_status}
+    observed = Observed(job=body, pods=pods or [], world=world, reports={},
                         policy=SchedulingPolicySpec(), inventory=NODES, workload=wl,
-                        flavor_labels=flavors or {})
+                        flavor_labels=flavors or {}, workload_priority=priority)
     return plan(observed, SETTINGS, NOW, place)
 
 
@@ -77,7 +87,7 @@ def test_the_workload_describes_the_gang_and_each_pods_request() -> None:
         "containers": [{"name": "ps", "image": "img",
                         "resources": {"requests": {"cpu": "2"}}}]}}})
     body["spec"]["workers"]["template"]["spec"]["nodeSelector"] = {"disk": "ssd"}
-    wl = workload(body, "team-a", SchedulingPolicySpec())
+    wl = published(body)
     assert wl["metadata"]["name"] == workload_name(body) == "trainingjob-tj-uid-t"
     assert wl["metadata"]["ownerReferences"][0]["uid"] == "uid-tj"
     assert wl["spec"]["queueName"] == "team-a"
@@ -87,7 +97,7 @@ def test_the_workload_describes_the_gang_and_each_pods_request() -> None:
         GPU_RESOURCE: "2"}
     assert workers["template"]["spec"]["nodeSelector"] == {"disk": "ssd"}
     assert (ps["name"], ps["count"]) == ("ps", 1)
-    picky = workload(queued(gpuModel="H100"), "team-a", SchedulingPolicySpec())
+    picky = published(queued(gpuModel="H100"))
     assert picky["spec"]["podSets"][0]["template"]["spec"]["nodeSelector"] == {
         "nvidia.com/gpu.product": "H100"}
     assert "minCount" not in ps
@@ -136,15 +146,59 @@ def test_a_flavor_no_node_carries_is_a_constraint_refusal_not_a_loop() -> None:
     assert "nodeSelector pool=c leaves 0 of 4" in schedulable["message"]
 
 
-def test_eviction_stops_the_pods_gracefully_and_queues_again() -> None:
-    evicted = wl_status(("Evicted", "True", "Preempted", "Preempted to accommodate a "
-                         "workload (UID: x) due to prioritization in the ClusterQueue"),
-                        ("Admitted", "True", "Admitted", "The workload is admitted"),
-                        assignments=[{"name": "workers", "count": 4, "flavors": {}}])
-    result = run(queued(), evicted, pods=[pod(0), pod(1)])
+EVICTED = wl_status(("Evicted", "True", "Preempted", "Preempted to accommodate a "
+                     "workload (UID: x) due to prioritization in the ClusterQueue"),
+                    ("QuotaReserved", "True", "QuotaReserved", "Quota reserved in cq"),
+                    ("Admitted", "True", "Admitted", "The workload is admitted"),
+                    assignments=[{"name": "workers", "count": 4, "flavors": {}}])
+
+
+def test_eviction_suspends_the_job_gracefully_then_hands_the_workload_back() -> None:
+    running = queued(status={"phase": "Running"})
+    result = run(running, EVICTED, pods=[pod(0), pod(1)], world=world_of([0, 1]))
+    # As a suspend: an empty world, pods with their grace period (checkpoint on SIGTERM).
     assert sorted(result.delete_gracefully) == ["tj-worker-0", "tj-worker-1"]
+    assert result.world is not None and result.world.members == ()
     assert result.create == []
+    assert result.status["phase"] == "Suspended"
     assert condition(result, "Queued")["reason"] == "Preempted"
+    assert condition(result, "Suspended")["message"].startswith("evicted by Kueue")
+    assert result.workload_requeue is None  # not before the pods are gone
+
+    gone = run(queued(status={"phase": "Suspended"}), EVICTED)
+    patch = gone.workload_requeue
+    assert patch is not None and patch["status"]["admission"] is None
+    by_type = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert by_type["QuotaReserved"]["status"] == "False"
+    assert by_type["Admitted"]["status"] == "False"
+    assert (by_type["Requeued"]["status"], by_type["Requeued"]["reason"]) == ("True",
+                                                                               "Preempted")
+    assert by_type["Evicted"]["status"] == "True"  # Kueue's to reset on readmission
+
+
+def test_readmission_resumes_a_suspended_job() -> None:
+    result = run(queued(status={"phase": "Suspended"}), admitted(),
+                 flavors={"h100": {"pool": "a"}})
+    assert result.status["phase"] == "Pending"
+    assert len(result.create) == 4
+
+
+def test_requeue_patch_only_for_an_evicted_workload_holding_quota() -> None:
+    assert requeue_evicted({"status": admitted()}, NOW) is None
+    assert requeue_evicted({"status": wl_status(("Evicted", "True", "Preempted", "m"))},
+                           NOW) is None
+
+
+def test_priority_class_label_sets_the_workloads_priority() -> None:
+    body = queued()
+    body["metadata"]["labels"][PRIORITY_LABEL] = "urgent"
+    wl = published(body, priority=1000)
+    assert wl["spec"]["priority"] == 1000
+    assert wl["spec"]["priorityClassRef"] == {"group": "kueue.x-k8s.io",
+                                              "kind": "WorkloadPriorityClass", "name": "urgent"}
+    missing = run(body, None)
+    assert missing.workload is None and missing.create == []
+    assert condition(missing, "Queued")["reason"] == "WorkloadPriorityClassNotFound"
 
 
 def test_a_finished_job_marks_its_workload_finished() -> None:
