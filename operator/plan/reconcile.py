@@ -52,7 +52,9 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
     if r.spec.run_policy.suspend:
         d.take(suspension(r, d.status))
         return _close(r, d)
-    queued = queue_name(observed.job)
+    # With the integration off the label is Kueue's business only (as for a cluster
+    # without Kueue): the job runs as any other.
+    queued = queue_name(observed.job) if settings.kueue else None
     if queued is not None:
         # Kueue decides whether and how much may run; its flavor and count make the
         # effective spec every later step places from.

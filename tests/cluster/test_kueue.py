@@ -229,3 +229,25 @@ def test_higher_priority_job_preempts_a_running_one_which_suspends_and_comes_bac
     assert status.get("restarts", 0) == 0
     phases = [t["phase"] for t in status["phaseHistory"]]
     assert phases[-3:] == ["Suspended", "Pending", "Running"], phases
+
+
+def test_a_job_larger_than_the_quota_runs_as_many_workers_as_kueue_admits(
+    kube: KubeClient, namespace: str, queues: Queues
+) -> None:
+    wait_quiet(kube, namespace)
+    # 6 workers of 4 GPUs against 16 GPUs of quota, gang of 2: Kueue admits 4.
+    manifest = queued_job("partial", 6, 4, queues.local_queue)
+    manifest["spec"]["workers"]["min"] = 2
+    kube.create(tj_path(namespace), manifest)
+    wl = wait_for(lambda: workload_of(kube, namespace, "partial"), "the job's Workload",
+                  timeout=SLOW)
+    assert (wl["spec"]["podSets"][0]["count"], wl["spec"]["podSets"][0]["minCount"]) == (6, 2)
+    wait_condition(kube, namespace, "partial", "Admitted", "True")
+    wait_running(kube, namespace, "partial", 4)
+    admitted = workload_of(kube, namespace, "partial")
+    assert admitted is not None
+    (workers,) = admitted["status"]["admission"]["podSetAssignments"]
+    assert workers["count"] == 4
+    # Rounds go on and never exceed what was admitted.
+    reconciled(kube, namespace, "partial", timeout=SLOW)
+    assert len(pods_of(kube, namespace, "partial")) == 4

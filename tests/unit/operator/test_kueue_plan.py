@@ -24,6 +24,7 @@ from ringwright.operator.plan.reconcile import Observed, plan
 from tests.unit.operator.test_reconcile import NOW, SETTINGS, job, pod, world_of
 
 GI = 1024**3
+QUEUEING = SETTINGS.model_copy(update={"kueue": True})
 
 
 def queued(replicas: int = 4, minimum: int = 2, **spec: Any) -> Obj:
@@ -75,7 +76,7 @@ def run(body: Obj, wl_status: Obj | None, pods: list[Obj] | None = None,
     observed = Observed(job=body, pods=pods or [], world=world, reports={},
                         policy=SchedulingPolicySpec(), inventory=NODES, workload=wl,
                         flavor_labels=flavors or {}, workload_priority=priority)
-    return plan(observed, SETTINGS, NOW, place)
+    return plan(observed, QUEUEING, NOW, place)
 
 
 def condition(result: Any, type_: str) -> Obj:
@@ -215,6 +216,13 @@ def test_without_the_label_nothing_changes() -> None:
     result = run(body, None)
     assert result.workload is None and len(result.create) == 4
     assert not [c for c in result.status["conditions"] if c["type"] in ("Queued", "Admitted")]
+
+
+def test_with_the_integration_off_the_label_is_ignored() -> None:
+    observed = Observed(job=queued(), pods=[], world=None, reports={},
+                        policy=SchedulingPolicySpec(), inventory=NODES)
+    result = plan(observed, SETTINGS, NOW, place)
+    assert result.workload is None and len(result.create) == 4
 
 
 def test_effective_job_merges_flavor_labels_over_the_users_selector() -> None:
