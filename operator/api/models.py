@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 from pydantic.config import JsonDict
 
-from ringwright.world import Backend, HierarchicalAllReduce, LRRule, Mode, generation_from_legacy
+from ringwright.world import (
+    AUTO_MAX_STEPS,
+    AUTO_MIN_STEPS,
+    Backend,
+    HierarchicalAllReduce,
+    LRRule,
+    Mode,
+    generation_from_legacy,
+)
 
 from ..plan.manifests import RESERVED_PREFIX
 from .base import (
@@ -306,10 +314,16 @@ class CheckpointSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=validations(
             cel(
-                "self.path != '' || (self.intervalSteps == 0 && self.intervalSeconds == 0)",
+                "self.path != '' || (type(self.intervalSteps) == int && self.intervalSteps == 0"
+                " && self.intervalSeconds == 0)",
                 "spec.checkpoint.intervalSteps and spec.checkpoint.intervalSeconds "
                 "need spec.checkpoint.path",
                 ".path",
+            ),
+            cel(
+                "self.autoMinSteps <= self.autoMaxSteps",
+                "spec.checkpoint.autoMinSteps must not exceed spec.checkpoint.autoMaxSteps",
+                ".autoMinSteps",
             ),
             cel(
                 "self.path.startsWith('s3://') || (self.credentialsSecret == '' "
@@ -347,9 +361,27 @@ class CheckpointSpec(ApiModel):
         description="For an s3:// path: the bucket's region, set as AWS_REGION. "
         "Empty: us-east-1, or what the pod's environment says.",
     )
-    interval_steps: int = Field(
-        default=0, ge=0, description="Checkpoint every this many steps; 0: not by steps."
+    interval_steps: Annotated[int, Field(ge=0)] | Literal["Auto"] = Field(
+        default=0,
+        description="Checkpoint every this many steps; 0: not by steps. Auto: every "
+        "sqrt(2 x MTBF x cost) seconds of steps (Young/Daly), from the measured time a "
+        "checkpoint write takes (cost) and the observed time between whole-job restarts "
+        "(MTBF; until the first restart, the time run so far), within autoMinSteps and "
+        "autoMaxSteps; status.checkpointInterval shows the choice.",
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            **validations(cel("type(self) == int ? self >= 0 : self == 'Auto'",
+                              "spec.checkpoint.intervalSteps must be Auto or a number >= 0")),
+        },
     )
+    auto_min_steps: int = Field(
+        default=AUTO_MIN_STEPS, ge=1, le=10_000_000,
+        description="intervalSteps Auto: fewest steps between checkpoints (the first "
+        "checkpoint comes after this many, to measure the write cost).")
+    auto_max_steps: int = Field(
+        default=AUTO_MAX_STEPS, ge=1, le=10_000_000,
+        description="intervalSteps Auto: most steps between checkpoints, however rare "
+        "restarts are.")
     interval_seconds: int = Field(
         default=0, ge=0, description="Checkpoint every this many seconds; 0: not by time."
     )
@@ -485,6 +517,12 @@ _SPEC_RULES = (
         "self.ps.backupWorkers < self.workers.replicas",
         "spec.ps.backupWorkers must be below spec.workers.replicas: a sync round needs a push",
         ".ps.backupWorkers",
+    ),
+    cel(
+        "self.mode != 'ParameterServer' || type(self.checkpoint.intervalSteps) == int",
+        "spec.checkpoint.intervalSteps: Auto is for AllReduce jobs; parameter servers "
+        "checkpoint every intervalSteps versions, so give a number",
+        ".checkpoint.intervalSteps",
     ),
     cel(
         "!has(self.gpuModel) || self.gpusPerWorker > 0",

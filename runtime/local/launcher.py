@@ -431,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--checkpoint-path", default="",
                         help="the job's spec.checkpoint.path: checkpoints with no script code")
-    parser.add_argument("--checkpoint-interval-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-interval-steps", default="0",
+                        help="a number of steps (0: not by steps), or Auto (Young/Daly)")
     parser.add_argument("--checkpoint-keep", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--procs-per-pod", type=int, default=1,
@@ -449,8 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr = lr_scaling(args.lr_rule, args.base_world_size, args.warmup_steps)
     except ValueError as err:
         parser.error(str(err))
-    checkpoint = CheckpointSettings(path=args.checkpoint_path, keep=args.checkpoint_keep,
-                                    intervalSteps=args.checkpoint_interval_steps)
+    auto = args.checkpoint_interval_steps == "Auto"
+    if not auto and not args.checkpoint_interval_steps.isdigit():
+        parser.error("--checkpoint-interval-steps takes a number >= 0 or Auto, got "
+                     f"{args.checkpoint_interval_steps!r}")
+    checkpoint = CheckpointSettings(
+        path=args.checkpoint_path, keep=args.checkpoint_keep, intervalAuto=auto,
+        intervalSteps=0 if auto else int(args.checkpoint_interval_steps))
     with LocalJob(command, args.workdir, job=args.job, lr=lr, checkpoint=checkpoint,
                   capture_logs=False, restart=args.restart,
                   procs_per_pod=args.procs_per_pod) as job:

@@ -191,11 +191,30 @@ class LRScaling(_Wire):
     warmup_steps: Annotated[int, Field(ge=0, alias="warmupSteps")] = 0
 
 
+AUTO_MIN_STEPS = 10
+"""Fewest steps between two checkpoints under ``intervalSteps: Auto`` unless the job sets
+``autoMinSteps``: below this a checkpoint's own cost outweighs what it protects."""
+AUTO_MAX_STEPS = 100_000
+"""Most steps between two checkpoints under ``intervalSteps: Auto`` unless the job sets
+``autoMaxSteps``: a job that never failed still checkpoints now and then."""
+
+
 class CheckpointSettings(_Wire):
+    """``spec.checkpoint`` as the runtime follows it.
+
+    ``interval_auto`` (``intervalSteps: Auto``) is new in this version and comes with
+    ``interval_steps`` 0: a runtime one version older reads it as no step interval.
+    """
+
     path: str = ""
     interval_steps: Annotated[int, Field(ge=0, alias="intervalSteps")] = 0
     interval_seconds: Annotated[float, Field(ge=0, alias="intervalSeconds")] = 0.0
     keep: Annotated[int, Field(ge=1)] = 3
+    interval_auto: bool = Field(default=False, alias="intervalAuto")
+    """Choose the step interval from the measured write cost and the observed time
+    between whole-job restarts (Young/Daly), within the two bounds below."""
+    auto_min_steps: Annotated[int, Field(ge=1, alias="autoMinSteps")] = AUTO_MIN_STEPS
+    auto_max_steps: Annotated[int, Field(ge=1, alias="autoMaxSteps")] = AUTO_MAX_STEPS
 
 
 class TopologySettings(_Wire):
