@@ -471,13 +471,18 @@ class State:
             world = self._binding.world
             self._rng.seed(derived_seed(self.seed, self.step, self.synced_rank, world.size))
 
+    def mtbf_seconds(self) -> float:
+        """The observed mean time between whole-job restarts, now (see
+        :meth:`~ringwright.runtime.checkpoint.policy.RestartHistory.mtbf`)."""
+        return self.history.mtbf(self._wall())
+
     def checkpoint_interval_steps(self) -> int:
         """The step interval checkpoints follow now: the chosen one under
         ``intervalSteps: Auto``, else the job's (or the script's policy's)."""
         if self.checkpoint_policy is not None:
             return self.checkpoint_policy.interval_steps
         if self.auto_interval is not None:
-            return self.auto_interval.steps(self.history.mtbf(self._wall()))
+            return self.auto_interval.steps(self.mtbf_seconds())
         return self.binding.world.checkpoint.interval_steps
 
     def _follow_auto_interval(self, world: World) -> None:

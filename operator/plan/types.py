@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringwright.objects import Obj
-from ringwright.world import Report, World
+from ringwright.world import MemberStats, Report, World
 
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
@@ -61,6 +61,8 @@ class Observed:
     """The world ConfigMap's resourceVersion as read; empty when there is none."""
     node_down_since: Mapping[str, float] = field(default_factory=dict)
     """The job's pods' nodes that are NotReady, and since when."""
+    stats: Mapping[str, MemberStats] = field(default_factory=dict)
+    """The members' latest measurements, by pod (sealed by that pod)."""
 
 
 @dataclass(frozen=True)
