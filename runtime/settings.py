@@ -92,7 +92,7 @@ class RuntimeSettings(BaseModel):
     """Attempt length when connecting to this generation's store; between attempts the
     runtime checks whether a newer world has replaced the one it is joining."""
 
-    stats_interval_s: Annotated[float, Field(gt=0)] = 10.0
+    stats_interval_s: Annotated[float, Field(gt=0)] = 30.0
     """How often a pod sends its measurements (step times, time per phase, checkpoint
     interval) beside its reports; each one wakes the operator's round for the job."""
 

@@ -3,12 +3,14 @@ status, and stragglers replaced."""
 
 from __future__ import annotations
 
+from ringwright.stragglers import faster_without, slowness
+
 from ...api.conditions import rfc3339
 from ...api.models import AvoidedNode, SlowMember, TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
 from ..goodput import checkpoint_interval, goodput
 from ..pods import PodState
-from ..stragglers import faster_without, inventory_without, judge, slowness, still_avoided
+from ..stragglers import inventory_without, judge, still_avoided
 from .state import NOTHING, Outcome, Round, SetCondition, event
 from .status import StatusChange, find_condition
 
