@@ -37,6 +37,16 @@ def slowness(stats: Mapping[str, MemberStats], world: World) -> dict[str, float]
 
 
 @dataclass(frozen=True)
+class StragglerRule:
+    """How slow, for how long (the SchedulingPolicy's ``stragglers`` in a cluster), and
+    how many replacements may be started (a local launcher's stand-in for free room)."""
+
+    factor: float = 1.5
+    window_s: float = 300.0
+    spares: int = 0
+
+
+@dataclass(frozen=True)
 class SlowWatch:
     """The slow members and since when each was slow; those slow for the window."""
 

@@ -17,6 +17,8 @@ GATE_FILE exists, so a test can make a change happen at a known point of trainin
 without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that
 rank that completes that step first sleep once per job (a slow evaluation, a straggler:
 late, not dead); PAUSE_FILE (default: in TRACE_DIR) records that it happened.
+SLOW_POD=<pod> and SLOW_FACTOR make that pod's STEP_SLEEP (its stand-in for compute)
+SLOW_FACTOR times longer, for good: a throttled GPU.
 USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
 training function, as user code may.
 LOADER_WORKERS=N draws each step's samples through a torch ``DataLoader`` with N worker
@@ -150,6 +152,8 @@ def main() -> int:
     batch = int(os.environ.get("BATCH", "4"))
     commit_every = int(os.environ.get("COMMIT_EVERY", "4"))
     step_sleep = float(os.environ.get("STEP_SLEEP", "0.03"))
+    if os.environ.get("SLOW_POD") == pod:
+        step_sleep *= float(os.environ.get("SLOW_FACTOR", "1"))
     gate = Path(os.environ.get("GATE_FILE", "/nonexistent"))
     gate_step = int(os.environ.get("GATE_STEP", "-1"))
     pause_rank = int(os.environ.get("PAUSE_RANK", "-1"))
