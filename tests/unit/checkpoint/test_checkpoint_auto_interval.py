@@ -23,7 +23,7 @@ from ringwright.runtime.elastic import ElasticRuntime
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.runtime.state import State
-from ringwright.world import CheckpointSettings
+from ringwright.world import CheckpointSettings, Phase
 from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world
 
 
@@ -189,3 +189,33 @@ def test_restoring_a_checkpoint_counts_a_whole_job_restart(tmp_path: Path) -> No
     assert second.history == RestartHistory(5000.0, 1), \
         "the start time came back with the checkpoint, and the restart was counted"
     assert second.history.mtbf(wall.now) == 1000.0
+
+
+def test_the_writer_sends_its_interval_cost_and_time_per_phase(tmp_path: Path) -> None:
+    clock, wall = FakeClock(), FakeClock(1e6)
+    model = torch.nn.Linear(2, 1)
+    state = State(model, torch.optim.SGD(model.parameters(), lr=0.1), ElasticSampler(64, 2),
+                  clock=clock, wall_clock=wall)
+    state.use_checkpointer(SlowWriter(tmp_path, clock))
+    state.history = RestartHistory(started_at=wall.now - 3600.0)
+
+    def train(s: State) -> None:
+        while s.step < 300:
+            clock.now += STEP_S
+            s.advance()
+            s.commit()
+
+    source = FakeSource()
+    source.publish(make_world(0, ["w-0"]).model_copy(update={"checkpoint": CheckpointSettings(
+        path=str(tmp_path), intervalAuto=True)}))
+    reporter = FakeReporter()
+    with ElasticRuntime(source, "w-0", settings=RuntimeSettings(stats_interval_s=10.0),
+                        reporter=reporter, clock=clock,
+                        backend_factory=lambda k, d, s: FakeBackend()) as rt:
+        rt.run(train, state)
+    last = reporter.sent_stats[-1]
+    assert len(reporter.sent_stats) >= 300 * STEP_S / 10.0 - 1, "every 10 s of the clock"
+    assert (last.checkpoint_interval_steps, last.checkpoint_write_seconds) == (240, WRITE_S)
+    assert last.mtbf_seconds == 3600.0
+    assert last.step_seconds == pytest.approx(STEP_S)
+    assert last.seconds[Phase.TRAINING] > 0.9 * last.step * STEP_S
