@@ -441,9 +441,10 @@ class LocalJob:
         if replace:
             self._spares -= 1
             self._joining.append(self._spawn().name)
+        # It is slow, not dead: like a scale-down leaver it sees the next world at its
+        # next commit and exits.
         self._members.remove(slow)
         self._pods[slow].leaving = True
-        self._pods[slow].evicted_at = self._clock()
         self._slow_since = {}
         log_event(_log, logging.WARNING, "straggler", pod=slow, ratio=round(ratios[slow], 2),
                   action="replaced" if replace else "dropped")
