@@ -134,8 +134,9 @@ class OperatorMetrics:
         self.goodput = Gauge(
             "ringwright_operator_job_goodput_ratio", "Fraction of a job's member time by "
             "phase (training is the goodput; detecting, reforming, syncing, replaying the "
-            "rest), over the job's life, from its status.goodput.",
-            ["namespace", "job", "phase"], registry=r)
+            "rest), over the job's life, from its status.goodput (``job_name``, as the "
+            "runtime's metrics name the job: ``job`` is Prometheus's own).",
+            ["namespace", "job_name", "phase"], registry=r)
         self._phases: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         for phase in JobPhase:

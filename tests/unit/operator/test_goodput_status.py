@@ -83,12 +83,12 @@ def test_a_round_writes_goodput_and_interval_into_the_status_and_the_metric() ->
                         inventory=NODES)
     metrics.applied("ns", "tj", observed, result)
     value = metrics.registry.get_sample_value(
-        "ringwright_operator_job_goodput_ratio", {"namespace": "ns", "job": "tj",
+        "ringwright_operator_job_goodput_ratio", {"namespace": "ns", "job_name": "tj",
                                                   "phase": "training"})
     assert value == pytest.approx(0.95)
     metrics.forget("ns", "tj")
     assert metrics.registry.get_sample_value(
-        "ringwright_operator_job_goodput_ratio", {"namespace": "ns", "job": "tj",
+        "ringwright_operator_job_goodput_ratio", {"namespace": "ns", "job_name": "tj",
                                                   "phase": "training"}) is None
 
 
