@@ -54,10 +54,8 @@ def stragglers(r: Round, policy: SchedulingPolicySpec, status: TrainingJobStatus
     watching = [m for m in verdict.watching if m.pod in live]
     found = [m for m in verdict.stragglers if m.pod in live]
     if not found:
-        cleared = (find_condition(status, CONDITION) is not None and not watching
-                   and _was_true(status))
         out = _recorded(status, watching, avoided)
-        if cleared:
+        if not watching and _was_true(status):
             return Outcome(status=out.status, conditions=(SetCondition(
                 CONDITION, False, "NoStragglers", "every member keeps pace with its peers"),))
         return out
@@ -68,8 +66,9 @@ def stragglers(r: Round, policy: SchedulingPolicySpec, status: TrainingJobStatus
     what = (f"{slow.pod} {where} has been {slow.ratio:.2f}x slower than its peers' median "
             f"for {r.now - slow.since:.0f}s (SchedulingPolicy stragglers.factor "
             f"{settings.factor}, windowSeconds {settings.window_seconds})")
-    if slow.node and settings.avoid_seconds:
-        avoided = [a for a in avoided if a.node != slow.node] + [AvoidedNode(
+    if slow.node and settings.avoid_seconds and all(a.node != slow.node for a in avoided):
+        # Once: a straggler kept round after round must not move its record's expiry.
+        avoided = [*avoided, AvoidedNode(
             node=slow.node, until=rfc3339(r.now + settings.avoid_seconds),
             reason=f"{slow.pod} ran {slow.ratio:.2f}x slower than its peers")]
     size = len(world.pods)

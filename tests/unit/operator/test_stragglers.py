@@ -164,6 +164,8 @@ def test_without_a_spare_a_job_at_its_minimum_keeps_the_straggler() -> None:
     assert (condition["status"], condition["reason"]) == ("True", "StragglerKept")
     reasons = [e.reason for p in plans for e in p.events if e.reason.startswith("Straggler")]
     assert reasons == ["StragglerKept"], "said once, not every round"
+    first = next(p.status["avoidedNodes"] for p in plans if p.status.get("avoidedNodes"))
+    assert status["avoidedNodes"] == first, "the record's expiry does not move every round"
 
 
 def test_a_disabled_policy_flags_nobody() -> None:
