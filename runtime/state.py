@@ -28,7 +28,7 @@ import torch
 from ringwright.world import World
 
 from .checkpoint.guard import Checkpointer, CheckpointGuard
-from .checkpoint.policy import CheckpointPolicy
+from .checkpoint.policy import AutoInterval, CheckpointPolicy, RestartHistory
 from .collectives.backend import CollectiveBackend
 from .collectives.buckets import BucketSettings, GradientBuckets
 from .kvlog import log_event, runtime_logger
@@ -152,6 +152,7 @@ class State:
         seed: int = 0,
         buckets: BucketSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         extra: Mapping[str, Any] | None = None,
         **objects: Stateful,
     ) -> None:
@@ -181,6 +182,12 @@ class State:
         self.stop: StopSignal | None = None
         """Set by the elastic runtime: checked after every step."""
         self._clock = clock
+        self._wall = wall_clock
+        self.history = RestartHistory(wall_clock())
+        """When the job first started and how often it restarted whole since: kept with
+        the state (so in checkpoints), counted up by :meth:`restore_checkpoint`."""
+        self.auto_interval: AutoInterval | None = None
+        """Under ``intervalSteps: Auto``: the measured step time and write cost."""
         self._rng = RNGState()
         self._checkpoints: CheckpointGuard | None = None
         if checkpointer is not None:
@@ -290,6 +297,8 @@ class State:
         self.sampler.advance()
         self.step += 1
         self.lr.step = self.step
+        if self.auto_interval is not None:
+            self.auto_interval.stepped()
         self.binding.progress()
         self.stop_if_signalled(committed=False)
 
@@ -335,6 +344,7 @@ class State:
         self.lr.set_world(world.lr, world.size, self.step)
         self.synced_generation, self.synced_rank = world.generation, rank
         self.synced_members = world.pods
+        self._follow_auto_interval(world)
         self._reseed_per_rank()
         if self._committed is None or self._commit_stale:
             self._committed = self.to_payload()
@@ -352,6 +362,7 @@ class State:
         if found is None:
             return False
         self.load_payload(found.payload)
+        self.history = self.history.restarted()
         self._commit_stale = True
         self._last_checkpoint = (self.step, self._clock())
         return True
@@ -425,6 +436,7 @@ class State:
             "lr": self.lr.state_dict(),
             "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
             "extra": self.extra,
+            "history": self.history.to_dict(),
         }
         if self.rng_mode is RNGMode.SHARED:
             payload["rng"] = self._rng.state_dict()
@@ -450,6 +462,7 @@ class State:
         if self.rng_mode is RNGMode.SHARED and "rng" in payload:
             self._rng.load_state_dict(payload["rng"])
         self.extra = _to_host(payload["extra"])
+        self.history = RestartHistory.from_dict(payload.get("history"), self._wall())
         self.step = int(payload["step"])
         self.lr.step = self.step
 
@@ -458,6 +471,39 @@ class State:
             world = self._binding.world
             self._rng.seed(derived_seed(self.seed, self.step, self.synced_rank, world.size))
 
+    def mtbf_seconds(self) -> float:
+        """The observed mean time between whole-job restarts, now (see
+        :meth:`~ringwright.runtime.checkpoint.policy.RestartHistory.mtbf`)."""
+        return self.history.mtbf(self._wall())
+
+    def checkpoint_interval_steps(self) -> int:
+        """The step interval checkpoints follow now: the chosen one under
+        ``intervalSteps: Auto``, else the job's (or the script's policy's)."""
+        if self.checkpoint_policy is not None:
+            return self.checkpoint_policy.interval_steps
+        if self.auto_interval is not None:
+            return self.auto_interval.steps(self.mtbf_seconds())
+        return self.binding.world.checkpoint.interval_steps
+
+    def _follow_auto_interval(self, world: World) -> None:
+        """Start (or stop) measuring for ``intervalSteps: Auto`` as ``world`` asks; a
+        world change is a pause, not a step."""
+        settings = world.checkpoint
+        if not settings.interval_auto:
+            self.auto_interval = None
+            return
+        if self.auto_interval is None or (
+                (self.auto_interval.min_steps, self.auto_interval.max_steps)
+                != (settings.auto_min_steps, settings.auto_max_steps)):
+            measured = self.auto_interval
+            self.auto_interval = AutoInterval(min_steps=settings.auto_min_steps,
+                                              max_steps=settings.auto_max_steps,
+                                              clock=self._clock)
+            if measured is not None:
+                self.auto_interval.step_s, self.auto_interval.cost_s = \
+                    measured.step_s, measured.cost_s
+        self.auto_interval.paused()
+
     def _maybe_checkpoint(self) -> None:
         guard = self._checkpoints
         if guard is None or self.synced_rank != 0:
@@ -465,6 +511,12 @@ class State:
         last_step, last_time = self._last_checkpoint
         policy = self.checkpoint_policy or CheckpointPolicy.from_settings(
             self.binding.world.checkpoint)
+        auto = self.auto_interval
+        if self.checkpoint_policy is None and auto is not None:
+            guard.poll()
+            if guard.last_write_s is not None:
+                auto.written(guard.last_write_s)
+            policy = CheckpointPolicy(self.checkpoint_interval_steps(), policy.interval_seconds)
         if policy.due(step=self.step, now=self._clock(), last_step=last_step,
                       last_time=last_time) and guard.may_write():
             self.save_checkpoint()

@@ -25,8 +25,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 
 from ringwright.objects import Obj
-from ringwright.report_seal import written_by
-from ringwright.world import DEFAULT_METRICS_PORT, Env, Report
+from ringwright.report_seal import stats_written_by, written_by
+from ringwright.world import DEFAULT_METRICS_PORT, Env, MemberStats, Report
 
 from ..api.templates_policy import secure
 from .manifests import (
@@ -180,4 +180,20 @@ def honest_reports(reports: Mapping[str, Report], pods: Sequence[Obj]) -> dict[s
             log.warning("ignoring a report under %s's name that %s did not write", name, name)
             continue
         out[name] = report
+    return out
+
+
+def honest_stats(stats: Mapping[str, MemberStats], pods: Sequence[Obj]
+                 ) -> dict[str, MemberStats]:
+    """The stats written by the pod whose name they sit under, as :func:`honest_reports`
+    (a member that could pass off slow stats under a peer's name could have it evicted);
+    stats under names of no pod of the job are kept, for the goodput of pods now gone."""
+    keys = {p["metadata"]["name"]: report_key(p) for p in pods}
+    out: dict[str, MemberStats] = {}
+    for name, st in stats.items():
+        key = keys.get(name)
+        if key is not None and not stats_written_by(name, st, key):
+            log.warning("ignoring stats under %s's name that %s did not write", name, name)
+            continue
+        out[name] = st
     return out

@@ -27,6 +27,7 @@ from .round.lifecycle import (
     resumption,
     suspension,
 )
+from .round.measures import measurements, stragglers
 from .round.placement import backoff, gang_timeout, resize
 from .round.queue import queue
 from .round.state import Round
@@ -80,7 +81,10 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
         return _close(r, d)
     d.take(crash_loops(r, d.status))
     d.take(checkpoints(r, d.status))
+    d.take(measurements(r, d.status))
     if not d.finishing:
+        if observed.policy is not None:
+            d.take(stragglers(r, observed.policy, d.status, frozenset(d.plan.delete)))
         if observed.policy is None or not d.take(gang_timeout(r, observed.policy)).stop:
             d.take(resize(r, d.status, doomed=frozenset(d.plan.delete)))
         d.take(world(r, d.status, doomed=frozenset(d.plan.delete + d.plan.mark_leaving)))

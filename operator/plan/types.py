@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringwright.objects import Obj
-from ringwright.world import Report, World
+from ringwright.world import MemberStats, Report, World
 
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
@@ -67,6 +67,8 @@ class Observed:
     """Node labels of the ResourceFlavors the Workload was admitted with, by flavor."""
     workload_priority: int | None = None
     """Value of the WorkloadPriorityClass the job's label names (None: none, or missing)."""
+    stats: Mapping[str, MemberStats] = field(default_factory=dict)
+    """The members' latest measurements, by pod (sealed by that pod)."""
 
 
 @dataclass(frozen=True)

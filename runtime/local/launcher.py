@@ -44,7 +44,9 @@ from types import FrameType
 from typing import IO
 
 from ringwright.eviction import all_waiting, judge, needs_new_generation
+from ringwright.stragglers import StragglerRule, faster_without, slowness, watch
 from ringwright.world import (
+    STATS_SUFFIX,
     CheckpointSettings,
     ContractError,
     Env,
@@ -52,12 +54,14 @@ from ringwright.world import (
     LRRule,
     LRScaling,
     Member,
+    MemberStats,
     Report,
     ReportKind,
     StoreAddress,
     TopologySettings,
     World,
     parse_report,
+    parse_stats,
 )
 
 from ..kvlog import log_event, runtime_logger
@@ -103,8 +107,13 @@ class LocalJob:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         procs_per_pod: int = 1,
+        stragglers: StragglerRule | None = None,
     ) -> None:
         self.command = list(command)
+        self.stragglers = stragglers
+        """Replace (or drop) members slow for good, by the operator's rule; None: never."""
+        self._spares = stragglers.spares if stragglers else 0
+        self._slow_since: dict[str, float] = {}
         self.procs_per_pod = procs_per_pod
         """Local ranks per pod: with more than one, each pod runs the pod entry point
         (:mod:`ringwright.runtime.launch`), which starts the command once per rank."""
@@ -177,6 +186,17 @@ class LocalJob:
                 out[path.stem] = parse_report(path.read_text(), where=str(path))
             except (OSError, ContractError):
                 continue  # being replaced, or not a report: read it next round
+        return out
+
+    def stats(self) -> dict[str, MemberStats]:
+        """Every member's newest measurements (``<pod>.stats`` beside its report)."""
+        out: dict[str, MemberStats] = {}
+        for path in sorted(self.reports_dir.glob(f"*{STATS_SUFFIX}")):
+            try:
+                out[path.name.removesuffix(STATS_SUFFIX)] = parse_stats(path.read_text(),
+                                                                        where=str(path))
+            except (OSError, ContractError):
+                continue  # being replaced: read it next round
         return out
 
     def start(self, workers: int) -> World:
@@ -347,6 +367,7 @@ class LocalJob:
             log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
         reports = self.reports()  # read once a round
         self._follow_reports(reports)
+        self._follow_stragglers()
         if self._pending_since is not None and (
                 self._clock() - self._pending_since >= self.settle_s
                 or self._awaited(reports)):
@@ -401,6 +422,35 @@ class LocalJob:
             self._publish(why)
 
 
+    def _follow_stragglers(self) -> None:
+        """Replace a member slow for good with a new process while spares last, else drop
+        it when the ring is faster without it (the operator's rule, without nodes)."""
+        rule, world = self.stragglers, self._world
+        if rule is None or world is None or self._pending_since is not None or self._joining:
+            return
+        ratios = slowness(self.stats(), world)
+        seen = watch(ratios, self._slow_since, factor=rule.factor, window_s=rule.window_s,
+                     now=self._wall())
+        self._slow_since = seen.since
+        if not seen.stragglers:
+            return
+        slow = seen.stragglers[0]
+        replace = self._spares > 0
+        if not replace and not faster_without(ratios[slow], len(self._members)):
+            return
+        if replace:
+            self._spares -= 1
+            self._joining.append(self._spawn().name)
+        # It is slow, not dead: like a scale-down leaver it sees the next world at its
+        # next commit and exits.
+        self._members.remove(slow)
+        self._pods[slow].leaving = True
+        self._slow_since = {}
+        log_event(_log, logging.WARNING, "straggler", pod=slow, ratio=round(ratios[slow], 2),
+                  action="replaced" if replace else "dropped")
+        self._publish(f"straggler {slow}")
+
+
 def lr_scaling(rule: str | None, base_world_size: int | None, warmup_steps: int) -> LRScaling:
     """The job's ``spec.lrScaling`` from the command line, with the API server's rule:
     ``linear`` and ``sqrt`` need a base world size. A base world size alone means
@@ -431,7 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--checkpoint-path", default="",
                         help="the job's spec.checkpoint.path: checkpoints with no script code")
-    parser.add_argument("--checkpoint-interval-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-interval-steps", default="0",
+                        help="a number of steps (0: not by steps), or Auto (Young/Daly)")
     parser.add_argument("--checkpoint-keep", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--procs-per-pod", type=int, default=1,
@@ -449,8 +500,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr = lr_scaling(args.lr_rule, args.base_world_size, args.warmup_steps)
     except ValueError as err:
         parser.error(str(err))
-    checkpoint = CheckpointSettings(path=args.checkpoint_path, keep=args.checkpoint_keep,
-                                    intervalSteps=args.checkpoint_interval_steps)
+    auto = args.checkpoint_interval_steps == "Auto"
+    if not auto and not args.checkpoint_interval_steps.isdigit():
+        parser.error("--checkpoint-interval-steps takes a number >= 0 or Auto, got "
+                     f"{args.checkpoint_interval_steps!r}")
+    checkpoint = CheckpointSettings(
+        path=args.checkpoint_path, keep=args.checkpoint_keep, intervalAuto=auto,
+        intervalSteps=0 if auto else int(args.checkpoint_interval_steps))
     with LocalJob(command, args.workdir, job=args.job, lr=lr, checkpoint=checkpoint,
                   capture_logs=False, restart=args.restart,
                   procs_per_pod=args.procs_per_pod) as job:

@@ -19,6 +19,8 @@ that kills a member mid-training holds a later step, so the job cannot end first
 PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that rank that completes
 that step first sleep once per job (a slow evaluation, a straggler: late, not dead);
 PAUSE_FILE (default: in TRACE_DIR) records that it happened.
+SLOW_POD=<pod> and SLOW_FACTOR make that pod's STEP_SLEEP (its stand-in for compute)
+SLOW_FACTOR times longer, for good: a throttled GPU.
 USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
 training function, as user code may.
 LOADER_WORKERS=N draws each step's samples through a torch ``DataLoader`` with N worker
@@ -162,6 +164,8 @@ def main() -> int:
     batch = int(os.environ.get("BATCH", "4"))
     commit_every = int(os.environ.get("COMMIT_EVERY", "4"))
     step_sleep = float(os.environ.get("STEP_SLEEP", "0.03"))
+    if os.environ.get("SLOW_POD") == pod:
+        step_sleep *= float(os.environ.get("SLOW_FACTOR", "1"))
     gate = Path(os.environ.get("GATE_FILE", "/nonexistent"))
     gate_step = int(os.environ.get("GATE_STEP", "-1"))
     pause_rank = int(os.environ.get("PAUSE_RANK", "-1"))

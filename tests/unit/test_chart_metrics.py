@@ -97,4 +97,5 @@ def test_dashboard_queries_name_only_exported_metrics(helm: Path, tmp_path: Path
     assert used <= _exported(), f"not exported: {sorted(used - _exported())}"
     titles = {p["title"] for p in dashboard["panels"]}
     assert {"Jobs by phase", "World size", "Recoveries", "Step time",
-            "Checkpoint stall and write", "Heartbeat lag", "PS pushes and pulls"} <= titles
+            "Checkpoint stall and write", "Heartbeat lag", "PS pushes and pulls",
+            "Goodput", "Badput by phase"} <= titles

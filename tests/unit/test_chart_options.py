@@ -275,11 +275,13 @@ def policy_fields(objs: list[Obj]) -> None:
         "rackPacking": "Preferred",
         "gangTimeoutSeconds": 600,
         "nodeLoss": {"tolerationSeconds": 120, "unreadySeconds": 180},
+        "stragglers": STRAGGLERS,
         "limits": {"maxWorkersPerJob": 256, "maxPsPerJob": 16, "maxRacksPerJob": 4},
         "templates": TEMPLATES,
     }
 
 
+STRAGGLERS: Obj = {"enabled": False, "factor": 2.5, "windowSeconds": 600, "avoidSeconds": 60}
 TEMPLATES: Obj = {"allowHostNetwork": True, "allowHostPID": True, "allowHostIPC": True,
                   "allowPrivileged": True, "allowRunAsRoot": True,
                   "allowedCapabilities": ["NET_ADMIN", "IPC_LOCK"],
@@ -381,6 +383,7 @@ CASES: list[Case] = [
         "rackPacking": "Preferred",
         "gangTimeoutSeconds": 600,
         "nodeLoss": {"tolerationSeconds": 120, "unreadySeconds": 180},
+        "stragglers": STRAGGLERS,
         "limits": {"maxWorkersPerJob": 256, "maxPsPerJob": 16, "maxRacksPerJob": 4},
         "templates": TEMPLATES}}, policy_fields),
     Case("global", {"global": {"imageRegistry": "ignored.example"}}, global_ignored),
