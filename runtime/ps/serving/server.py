@@ -111,7 +111,8 @@ class ParameterServer:
         return {"epoch": self.data.epoch, "done": self.data.done,
                 "trained": {str(k): v for k, v in a.trained.items()},
                 "dropped": {str(k): v for k, v in a.dropped.items()},
-                "requeued": {str(k): v for k, v in a.requeued.items()}}
+                "requeued": {str(k): v for k, v in a.requeued.items()},
+                "requeuedStale": {str(k): v for k, v in a.requeued_stale.items()}}
 
     def set_workers(self, workers: frozenset[str]) -> None:
         """The current workers (from the world): sync rounds and data leases follow them."""
