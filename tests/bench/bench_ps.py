@@ -47,9 +47,9 @@ from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa
 MB = 1_000_000
 SERVER = """
 import sys, time
-import torch
+import os, torch
 from ringwright.runtime.ps.memory import retain_freed_memory
-torch.set_num_threads(1)  # as the bench's client: see main()
+torch.set_num_threads(len(os.sched_getaffinity(0)))  # as a PS pod: its CPUs (process.py)
 from ringwright.runtime.ps.serving.server import ParameterServer
 from ringwright.runtime.ps.wire.transport import serve
 retain_freed_memory()  # as a PS pod does
@@ -288,10 +288,11 @@ def main() -> int:
     args = parser.parse_args()
     only = set(args.only.split(","))
     retain_freed_memory()  # as a worker pod does
-    # One torch thread in each process, as the test harness runs workers
+    # One torch thread in the worker, as the test harness runs workers
     # (OMP_NUM_THREADS=1): on a small shared machine OpenMP's spinning threads take the
     # CPU the transport needs (a sparse pull measured 17 ms with two threads, 2.4 ms
-    # with one, at a load average of 11 on 2 cores).
+    # with one, at a load average of 11 on 2 cores). The server takes its CPUs, as a
+    # PS pod does.
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}")

@@ -115,7 +115,9 @@ class ShardState:
             self.loans.append(loan)
         for name, ids in rows.items():
             table = self.tables[name]
-            out[name] = table.values.index_select(0, table.locate(ids))
+            # numpy gathers on this thread; torch would wake its OpenMP pool for a
+            # few thousand rows, and on a busy machine wait for its threads.
+            out[name] = torch.from_numpy(table.values.numpy()[table.locate(ids).numpy()])
         return out
 
     def apply(self, grads: Mapping[str, torch.Tensor],
