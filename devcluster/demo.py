@@ -106,10 +106,11 @@ def world_summary(job: Obj | None, generation: int) -> Obj | None:
 def show_world(world: World, edges: int) -> None:
     print(f"world generation {world.generation}: {world.size} workers, store at "
           f"{world.store.address}:{world.store.port}")
-    print(f"  {'RANK':<5}{'POD':<22}{'IP':<16}{'RACK':<9}{'NVLINK':<14}{'NODE':<18}GPU")
+    node = max([16, *(len(m.node) for m in world.members)]) + 2
+    print(f"  {'RANK':<5}{'POD':<22}{'IP':<16}{'RACK':<9}{'NVLINK':<14}{'NODE':<{node}}GPU")
     for m in world.members:
         print(f"  {m.rank:<5}{m.pod:<22}{m.ip:<16}{m.rack:<9}{m.nvlink_domain:<14}"
-              f"{m.node:<18}{m.gpu_model}")
+              f"{m.node:<{node}}{m.gpu_model}")
     print("  ring: " + " -> ".join(f"{m.rank}({m.rack})" for m in world.members)
           + f" -> 0   cross-rack edges: {edges}")
 
