@@ -148,10 +148,16 @@ def install_chart(cluster: Cluster, kube: KubeClient, helm: Helm) -> None:
                "--create-namespace", "--wait", "--timeout", "10m", timeout=660)
     lease = api_path("coordination.k8s.io/v1", "leases", RELEASE_NAMESPACE,
                      "ringwright-operator")
-    holder = wait(lambda: ((kube.get_or_none(lease) or {}).get("spec") or {})
-                  .get("holderIdentity"), "an operator replica to take the Lease",
-                  timeout=300, interval=1.0)
-    print(f"the operator's leader: {holder}")
+    def leader() -> str | None:
+        # The Lease outlives a release (the operator made it): only a holder that is
+        # one of these replicas counts. Its identity starts with the pod's name.
+        holder = str(((kube.get_or_none(lease) or {}).get("spec") or {})
+                     .get("holderIdentity") or "")
+        return next((pod for pod in operator_pods(kube) if holder.startswith(f"{pod}-")),
+                    None)
+
+    held = wait(leader, "an operator replica to take the Lease", timeout=300, interval=1.0)
+    print(f"the operator's leader: {held}")
     kubectl(cluster, "-n", RELEASE_NAMESPACE, "get", "pods", "-o", "wide")
 
 
