@@ -10,6 +10,8 @@
 6. print the log lines of every process merged by time, the recovery as the runtime's
    and the operator's Prometheus metrics count it, and draw a PNG timeline.
 The cluster is left running (``python -m ringwright.devcluster down`` stops it).
+Steps 3 to 6 are :func:`drive`, which ``make demo-real`` (:mod:`.demo_real`) runs too,
+on real nodes, with pod logs read through the API.
 Every step waits for what it reads: the world ConfigMap and the job's status are
 written one after the other, so neither is read before it shows the awaited generation.
 """
