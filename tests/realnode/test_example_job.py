@@ -32,8 +32,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ringwright.devcluster.inventory import KWOK_NODE_ANNOTATION
-from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
+from ringwright.devcluster.example import LONG_EPOCHS, example, training_container, with_epochs
+from ringwright.devcluster.realnode import RealNodeSet
+from ringwright.devcluster.realnode_only import real_nodes_only as plain_real_nodes
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
 from ringwright.runtime.checkpoint.checkpointer import Checkpointer
@@ -48,39 +49,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(CLUS
 
 NODE_IMAGES = ("training", "training-horovod")
 """The image the nodes start with (tests/realnode/conftest.py)."""
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainingjob-demo.yaml"
 JOB = "resnet"
 """The example's job name."""
-LONG_EPOCHS = 100_000
-"""The overlay's epochs: training outlasts the test (its namespace goes with it)."""
 
 
 @pytest.fixture()
 def real_nodes_only(kube: KubeClient, real_nodes: RealNodeSet) -> Iterator[None]:
     """KWOK nodes cordoned and the real nodes' taint removed; both put back after."""
-    kwok = [n["metadata"]["name"] for n in kube.list(api_path("v1", "nodes"))
-            if KWOK_NODE_ANNOTATION in (n["metadata"].get("annotations") or {})]
-
-    def taints(node: str, keep_real: bool) -> list[Obj]:
-        current = kube.get(api_path("v1", "nodes", name=node))["spec"].get("taints") or []
-        rest = [t for t in current if t["key"] != REAL_NODE_LABEL]
-        real = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
-        return [*rest, real] if keep_real else rest
-
-    for node in kwok:
-        kube.merge_patch(api_path("v1", "nodes", name=node), {"spec": {"unschedulable": True}})
-    for node in real_nodes.names:
-        kube.merge_patch(api_path("v1", "nodes", name=node),
-                         {"spec": {"taints": taints(node, keep_real=False)}})
-    try:
+    with plain_real_nodes(kube, real_nodes.names):
         yield
-    finally:
-        for node in real_nodes.names:
-            kube.merge_patch(api_path("v1", "nodes", name=node),
-                             {"spec": {"taints": taints(node, keep_real=True)}})
-        for node in kwok:
-            kube.merge_patch(api_path("v1", "nodes", name=node),
-                             {"spec": {"unschedulable": None}})
 
 
 def _world(kube: KubeClient, ns: str) -> World | None:
@@ -192,12 +169,11 @@ def test_the_example_trains_in_real_containers_and_survives_pod_and_container_lo
     training_image: str, real_nodes_only: None,
 ) -> None:
     with diagnosed(kube, namespace):
-        manifest = yaml.safe_load(EXAMPLE.read_text())
-        (container,) = manifest["spec"]["workers"]["template"]["spec"]["containers"]
+        manifest = example()
+        container = training_container(manifest)
         assert container["image"] == training_image
         assert "args" not in container
-        container["args"] = ["--epochs", str(LONG_EPOCHS)]
-        kube.create(tj_path(namespace), manifest)
+        kube.create(tj_path(namespace), with_epochs(manifest, LONG_EPOCHS))
 
         first = wait_for(lambda: _world_where(kube, namespace, 4, 0),
                          "a world of the example's 4 workers", timeout=900)

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from pydantic.alias_generators import to_camel
 
+from ringwright.devcluster.helm import CHART
 from ringwright.devcluster.versions import KUBERNETES
 from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicy
 from ringwright.operator.settings import OperatorSettings
 from tests.unit.test_chart_render import (
-    CHART,
     FULLNAME,
     RELEASE,
     RELEASE_NS,
