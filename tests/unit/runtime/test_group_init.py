@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
-from torch.distributed import HashStore
+from torch._C._distributed_c10d import HashStore
 
 from ringwright.runtime.collectives.torch_backend import init_default_group
 
