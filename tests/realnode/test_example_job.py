@@ -160,10 +160,6 @@ def _logs(kube: KubeClient, ns: str) -> str:
     return "\n".join(out)
 
 
-@pytest.mark.flaky(reruns=1, reason=(
-    "once in a full run no epoch ended within 300 s after step 64 (after the container "
-    "kill); cause not yet found: the job's log lines are the only progress this test "
-    "can read on real nodes"))
 def test_the_example_trains_in_real_containers_and_survives_pod_and_container_loss(
     kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
     training_image: str, real_nodes_only: None,
