@@ -72,28 +72,19 @@ def template_config(root: Path) -> str:
 def ensure_store(archives: Sequence[Path], cache: Path, *, containerd: Path,
                  ctr: Path) -> Path:
     """The containerd root holding ``archives``' images, imported under ``cache`` the
-    first time it is asked for, on top of the store used last: an image rebuilt with a
-    new top layer shares its other layers with the one before (buildah's layer cache),
-    so only the new layers are unpacked. Stores of archives that are gone (an image
-    rebuilt under a new digest) are removed after."""
+    first time it is asked for. Stores of archives that are gone (an image rebuilt
+    under a new digest) are removed."""
     version = subprocess.run([str(containerd), "--version"], capture_output=True,
                              text=True, check=True).stdout.strip()
     final = cache / f"store-{store_key(archives, version)}"
     cache.mkdir(parents=True, exist_ok=True)
     with (cache / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (final / READY).is_file():
-            _import_store(archives, final, _newest(cache), containerd=containerd, ctr=ctr)
-        (final / READY).touch()  # its mtime says when it was last used
         prune(cache, time.time())
+        if not (final / READY).is_file():
+            _import_store(archives, final, containerd=containerd, ctr=ctr)
+        (final / READY).touch()  # its mtime says when it was last used
     return final / "root"
-
-
-def _newest(cache: Path) -> Path | None:
-    """The root of the store used last, if any."""
-    stores = [s for s in cache.glob("store-*") if (s / READY).is_file()]
-    newest = max(stores, key=lambda s: (s / READY).stat().st_mtime, default=None)
-    return newest / "root" if newest is not None else None
 
 
 def prune(cache: Path, now: float) -> None:
@@ -108,15 +99,11 @@ def prune(cache: Path, now: float) -> None:
             shutil.rmtree(store, ignore_errors=True)
 
 
-def _import_store(archives: Sequence[Path], final: Path, base: Path | None, *,
-                  containerd: Path, ctr: Path) -> None:
+def _import_store(archives: Sequence[Path], final: Path, *, containerd: Path,
+                  ctr: Path) -> None:
     work = final.with_name(f"building-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
-    (work / "root").mkdir(parents=True)
-    if base is not None:
-        # Its blobs and snapshots are linked, not copied, like a node's; the images it
-        # holds beyond ``archives`` cost nothing and are never run.
-        seed_root(base, work / "root")
+    work.mkdir(parents=True)
     config = work / "config.toml"
     config.write_text(template_config(work))
     log = work / "containerd.log"
