@@ -11,16 +11,18 @@ its training: on a real node the image pull, the imports, CUDA start-up):
 * ``restart``: the killed process is started again in its pod, as the kubelet restarts
   a crashed container (the launcher's ``restart``).
 
-For each survivor, from its ``stepped`` trace records: the gaps between consecutive
-completed steps, each less the survivor's median gap before the fault (a step's own
-time). Reported per survivor, median and worst over the survivors:
+For each survivor, from its ``stepped`` and ``commit`` trace records: the gaps between
+consecutive completed steps, each less what such a gap took before the fault (the
+median gap with a commit in it, or without one: a commit copies the whole state).
+Reported as the median and the worst over the survivors:
 
 * ``join idle``: the gap that ends at its first step in the world of four, the time it
-  stood still for the join (state transfer, group formation, and whatever it waited for
-  the newcomer);
-* ``fault to full``: the sum over every gap from the fault to that step (the failure's
-  own recovery included);
-* ``launch to full``: from the kill to the first step at four, for scale.
+  stood still for the join (group formation, state transfer, and whatever it waited
+  for the newcomer);
+* ``failure idle``: the gap in which the fault fell (detection and re-forming without
+  the dead member); the same gap as the join's when the survivors never trained
+  without it;
+* ``kill to full``: from the kill to the first step at four, for scale.
 
     python tests/bench/bench_join.py [--scenarios replace,restart] [--state-mb 100]
                                      [--start-delay 3] [--repeats 1]
@@ -44,7 +46,6 @@ if str(ROOT) not in sys.path:
 
 from ringwright.runtime.local.launcher import LocalJob  # noqa: E402
 from tests.bench.recovery_common import (  # noqa: E402
-    KILL_AT_STEP,
     VICTIM,
     WAIT_S,
     WORKLOAD,
@@ -57,6 +58,8 @@ from tests.runtime.elastic_traces import Record, Traces  # noqa: E402
 
 WORKER = ROOT / "tests" / "runtime" / "elastic_worker.py"
 WORKERS = 4
+FAULT_AFTER_STEP = 45
+"""The kill comes once this step is done: after four commits, to know what one costs."""
 STEPS_AT_FULL = 5
 """Steps trained by the world of four before the scenario ends (its first gaps settle)."""
 
@@ -66,21 +69,45 @@ class Idle:
     """One survivor's idle seconds in one run."""
 
     join: float
-    fault_to_full: float
+    failure: float
 
 
-def survivor_idle(steps: list[Record], fault: float, full_generation: int) -> Idle:
-    """Idle seconds of one survivor from its ``stepped`` records (in the order written)."""
-    times = [r["t"] for r in steps]
-    before = [b - a for a, b in itertools.pairwise(times) if b < fault]
-    if len(before) < 3:
-        raise BaselineFailed("too few steps before the fault to know a step's time")
-    step = statistics.median(before)
+def survivor_idle(records: list[Record], fault: float, full_generation: int) -> Idle:
+    """Idle seconds of one survivor from its trace records (in the order written)."""
+    steps = [r for r in records if r["ev"] == "stepped"]
+    committed = {r["step"] for r in records if r["ev"] == "commit"}
+
+    def usual(with_commit: bool) -> float:
+        gaps: list[float] = [b["t"] - a["t"] for a, b in itertools.pairwise(steps)
+                if b["t"] < fault and (a["step"] in committed) == with_commit]
+        if len(gaps) < 3:
+            raise BaselineFailed("too few steps before the fault to know a step's time")
+        return float(statistics.median(gaps))
+
+    normal, at_commit = usual(False), usual(True)
+
+    def idle(i: int) -> float:
+        a, b = steps[i - 1], steps[i]
+        gap: float = b["t"] - a["t"]
+        return max(gap - (at_commit if a["step"] in committed else normal), 0.0)
+
     first_full = next(i for i, r in enumerate(steps)
                       if r["generation"] == full_generation and r["t"] > fault)
-    gaps = [max(times[i] - times[i - 1] - step, 0.0) for i in range(1, first_full + 1)
-            if times[i] > fault]
-    return Idle(join=gaps[-1], fault_to_full=sum(gaps))
+    failed = next(i for i, r in enumerate(steps) if r["t"] > fault)
+    return Idle(join=idle(first_full), failure=idle(failed))
+
+
+def back_to_full(trace_dir: Path, before: int, fault: float) -> float:
+    """Seconds from the fault to the first step of a later world of every worker (a step
+    of world ``before`` may still complete after the fault)."""
+    def first() -> float | None:
+        return min((r["t"] for _, r in Traces.load(trace_dir).events("stepped")
+                    if r["size"] == WORKERS and r["generation"] > before), default=None)
+
+    wait_until(f"a step at size {WORKERS} again", lambda: first() is not None)
+    done = first()
+    assert done is not None
+    return done - fault
 
 
 def run_once(workdir: Path, scenario: str, state_mb: int, start_delay: float
@@ -91,9 +118,10 @@ def run_once(workdir: Path, scenario: str, state_mb: int, start_delay: float
     with LocalJob([sys.executable, str(WORKER)], workdir, env=env,
                   restart=scenario == "restart") as job:
         job.start(WORKERS)
-        wait_until("training", lambda: steps_done(trace_dir) >= KILL_AT_STEP)
+        wait_until("training", lambda: steps_done(trace_dir) >= FAULT_AFTER_STEP)
         # Only the newcomer starts slowly: the delay is read when a process starts.
         job.env["START_DELAY_S"] = str(start_delay)
+        before = job.world.generation
         victim = job.world.members[VICTIM].pod
         survivors = [m.pod for m in job.world.members if m.pod != victim]
         fault = time.time()
@@ -102,15 +130,13 @@ def run_once(workdir: Path, scenario: str, state_mb: int, start_delay: float
             if time_to_size(trace_dir, WORKERS - 1, fault, WAIT_S) is None:
                 raise BaselineFailed(f"never trained at {WORKERS - 1}; logs in {workdir}")
             job.scale(WORKERS)
-        full = time_to_size(trace_dir, WORKERS, fault, WAIT_S)
-        if full is None:
-            raise BaselineFailed(f"never trained at {WORKERS} again; logs in {workdir}")
-        generation = job.world.generation
+        full = back_to_full(trace_dir, before, fault)
+        generation = min(r["generation"] for _, r in Traces.load(trace_dir).events("stepped")
+                         if r["size"] == WORKERS and r["generation"] > before)
         target = steps_done(trace_dir) + STEPS_AT_FULL
         wait_until("steps at full size", lambda: steps_done(trace_dir) >= target)
     t = Traces.load(trace_dir)
-    idle = [survivor_idle([r for r in t.by_pod[pod] if r["ev"] == "stepped"], fault,
-                          generation) for pod in survivors]
+    idle = [survivor_idle(t.by_pod[pod], fault, generation) for pod in survivors]
     return idle, full
 
 
@@ -128,17 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workdir {base}; {WORKERS} workers, {args.state_mb} MB of state each, newcomer "
           f"start-up delay {args.start_delay:.1f} s", flush=True)
     head = (f"{'scenario':10}{'join idle s (median / worst)':>32}"
-            f"{'fault to full s (median / worst)':>36}{'kill to full s':>16}")
+            f"{'failure idle s (median / worst)':>35}{'kill to full s':>16}")
     rows = []
     for scenario in scenarios:
         for n in range(args.repeats):
             idle, full = run_once(base / f"{scenario}-{n}", scenario, args.state_mb,
                                   args.start_delay)
             join = [i.join for i in idle]
-            whole = [i.fault_to_full for i in idle]
+            failure = [i.failure for i in idle]
             row = (f"{scenario:10}"
                    f"{f'{statistics.median(join):.2f} / {max(join):.2f}':>32}"
-                   f"{f'{statistics.median(whole):.2f} / {max(whole):.2f}':>36}"
+                   f"{f'{statistics.median(failure):.2f} / {max(failure):.2f}':>35}"
                    f"{full:>16.2f}")
             print(row, flush=True)
             rows.append(row)

@@ -275,8 +275,9 @@ def test_members_train_on_while_a_newcomer_starts_then_switch_at_a_commit(
     t = audit(job)
     last = job.world.generation
     assert job.world.member(newcomer) is not None and newcomer in t.starts(last)
-    at_three = {r["step"] for _, r in t.events("stepped") if r["generation"] == last - 1}
-    assert len(at_three) >= JOIN_GATE_STEP - GATE_STEP - 4, sorted(at_three)
+    trained_at_three = {r["step"] for _, r in t.events("stepped")
+                        if r["generation"] == last - 1}
+    assert len(trained_at_three) >= JOIN_GATE_STEP - GATE_STEP - 4, sorted(trained_at_three)
     # The join was planned: the world of four began at the survivors' last commit in
     # the world of three, and the only rollback is the kill's.
     assert_resumed_from_commit(t, before=last - 1, after=last)
