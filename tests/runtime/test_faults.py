@@ -219,19 +219,28 @@ def test_a_user_level_all_reduce_while_a_member_is_killed(make_job: JobFactory) 
     assert_resumed_from_commit(t, before=0, after=1)
 
 
-def test_a_process_restarted_in_its_pod_rejoins_as_a_newcomer(make_job: JobFactory) -> None:
+def test_a_process_restarted_in_its_pod_rejoins_as_a_newcomer(make_job: JobFactory,
+                                                              tmp_path: Path) -> None:
     """Dropped like any dead member, it is added back once it reports that it is ready to
     join: the others train on at three meanwhile, then take it in at a commit. (Slow
     heartbeats here: the survivors must learn of the death from their failed collective,
     not from a verdict on the dead process.)"""
     # 30 s: far beyond a restart under load, and the leave marks at the end, which wait up
     # to a third of it for the store of a rank 0 that finished first, stay short.
-    job = make_job(restart=True, verdict_wait_s=600, **{SettingsEnv.FAILURE_DETECT: "30"})
+    # The others train on while it starts: held at step 20 (a commit) until it is back,
+    # they would otherwise finish without it.
+    gate = tmp_path / "gate"
+    gate.touch()
+    job = make_job(restart=True, verdict_wait_s=600, GATE_FILE=str(gate), GATE_STEP="20",
+                   **{SettingsEnv.FAILURE_DETECT: "30"})
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod
     first_pid = job.pod(victim).process.pid
     job.kill(victim, signal.SIGKILL)
+    wait_until(job, "the restarted process to be back", lambda: job.world.size == 4
+               and job.world.generation >= 2)
+    gate.unlink()
     codes = finish(job)
     assert codes[victim] == 0 and job.pod(victim).process.pid != first_pid
     assert job.world.size == 4 and job.world.member(victim) is not None
