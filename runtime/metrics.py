@@ -229,12 +229,6 @@ class MeteredBackend:
         with self._seconds.labels("broadcast_tensors").time():
             self._inner.broadcast_tensors(tensors, src)
 
-    def send_tensors(self, tensors: Sequence[torch.Tensor], src: int,
-                     receivers: Sequence[int]) -> None:
-        """Timed ``send_tensors``."""
-        with self._seconds.labels("send_tensors").time():
-            self._inner.send_tensors(tensors, src, receivers)
-
     def broadcast_object(self, obj: T, src: int) -> T:
         """Timed ``broadcast_object``."""
         with self._seconds.labels("broadcast_object").time():

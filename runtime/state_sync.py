@@ -10,9 +10,9 @@ per dtype, without ever being pickled.
 :func:`shared_commit` decides, from what every member of a new world says about
 itself, whether they all already hold the same commit, in which case nothing needs to
 move at all (a planned scale-down, or survivors of a failure that all rolled back to
-the same commit); :func:`needs_state`, which members lack the source's commit, so that
-on a join the state goes to the newcomers alone, while the members that hold it
-already neither receive it nor copy it again.
+the same commit); :func:`needs_state`, which members lack the source's commit: on a
+join the members that hold it take part in the broadcast with their own tensors and
+neither load the state nor copy it again.
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ def broadcast_payload(backend: CollectiveBackend, payload: dict[str, Any] | None
 
     ``receivers``: the ranks that lack it (None: every rank but ``src``). ``payload`` is
     read on ``src`` and on the other ranks that are no receivers, which hold the same
-    state and get their own payload back; its tensors are sent from where they are (the
-    sender's live tensors are overwritten with their own values). Receivers get fresh
-    tensors that nothing else references.
+    state and get their own payload back; its tensors take part in the broadcast where
+    they are (overwritten with the values they hold). Receivers get fresh tensors that
+    nothing else references.
     """
     holds = rank == src or (receivers is not None and rank not in receivers)
     if holds:
@@ -114,10 +114,9 @@ def broadcast_payload(backend: CollectiveBackend, payload: dict[str, Any] | None
     skeleton = backend.broadcast_object(skeleton if rank == src else None, src)
     if not holds:
         tensors = empty_tensors(skeleton, backend.device)
-    if receivers is None:
-        backend.broadcast_tensors(tensors, src)
-    else:
-        backend.send_tensors(tensors, src, receivers)
+    # A collective even when few receive: it fails at once when the group is aborted
+    # (a dead source), where gloo leaves a point-to-point receive waiting.
+    backend.broadcast_tensors(tensors, src)
     moved = len(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL))
     if rank == src or not holds:
         moved += sum(t.numel() * t.element_size() for t in tensors)

@@ -129,13 +129,6 @@ class CollectiveBackend(Protocol):
         """Overwrite ``tensors`` in place with ``src``'s values."""
         ...
 
-    def send_tensors(self, tensors: Sequence[torch.Tensor], src: int,
-                     receivers: Sequence[int]) -> None:
-        """Overwrite ``tensors`` in place with ``src``'s values on ``receivers``; every
-        rank calls it, and the other ranks already hold ``src``'s values in theirs (a
-        backend may send them there too, or nothing at all)."""
-        ...
-
     def broadcast_object(self, obj: T, src: int) -> T:
         """``src``'s ``obj`` on every rank (pickled; for small, irregular state)."""
         ...

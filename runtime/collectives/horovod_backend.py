@@ -239,12 +239,6 @@ class HorovodBackend:
                 self._hvd.broadcast_(flat, root_rank=src, name=f"ringwright.broadcast.{i}")
                 unflatten_into(flat, group)
 
-    def send_tensors(self, tensors: Sequence[torch.Tensor], src: int,
-                     receivers: Sequence[int]) -> None:
-        """A broadcast to every rank: Horovod has no point-to-point transfer, and the
-        ranks that are no receivers receive the values they hold."""
-        self.broadcast_tensors(tensors, src)
-
     def broadcast_object(self, obj: T, src: int) -> T:
         """``src``'s pickled object on every rank."""
         with collective("object broadcast"):

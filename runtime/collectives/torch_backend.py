@@ -38,7 +38,7 @@ from .hierarchical import RackGroups, rack_plan
 from .sockets import GroupSockets
 
 DIRECT_BYTES = 1 << 20
-"""A tensor this large travels to a newcomer on its own, without a flat buffer."""
+"""A tensor this large is broadcast on its own, without a flat buffer."""
 
 _log = runtime_logger("torch_backend")
 
@@ -188,49 +188,26 @@ class TorchDistributedBackend:
         self._stores.close()
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
-        """Broadcast in one flat buffer per dtype, then copy back into ``tensors``."""
+        """Every tensor of :data:`DIRECT_BYTES` or more in place, the smaller ones in one
+        flat buffer per dtype, then copied back into ``tensors``. Large tensors skip the
+        flat buffer: copying them in and out of it costs more than the transfer on
+        loopback."""
+        # Decided by size alone: the same on every rank, whatever each tensor's layout.
+        direct = [t for t in tensors if t.numel() * t.element_size() >= DIRECT_BYTES]
+        small = [t for t in tensors if t.numel() * t.element_size() < DIRECT_BYTES]
         with collective("broadcast"):
-            for group in by_dtype(tensors):
+            for group in by_dtype(small):
                 flat = flatten(group, self._device)
                 dist.broadcast(flat, src)
                 unflatten_into(flat, group)
-
-    def send_tensors(self, tensors: Sequence[torch.Tensor], src: int,
-                     receivers: Sequence[int]) -> None:
-        """Point to point from ``src`` to each receiver: every tensor of
-        :data:`DIRECT_BYTES` or more as it is, the smaller ones in one flat buffer per
-        dtype; the other ranks return at once (they hold the values, and nothing moves
-        to them). Sending the large tensors in place spares the copies in and out of a
-        flat buffer, which cost more than the transfer itself on loopback."""
-        rank = dist.get_rank()
-        if rank != src and rank not in receivers:
-            return
-        # Decided by size alone, the same on every rank whatever the layout.
-        direct = [t for t in tensors if t.numel() * t.element_size() >= DIRECT_BYTES]
-        small = [t for t in tensors if t.numel() * t.element_size() < DIRECT_BYTES]
-        with collective("state transfer"):
-            if rank == src:
-                pending = [dist.isend(flat, dst) for flat in
-                           [flatten(g, self._device) for g in by_dtype(small)]
-                           + [t.detach().to(self._device).contiguous() for t in direct]
-                           for dst in receivers]
-                for work in pending:
-                    if work is not None:  # None only on ranks outside the group
-                        work.wait()
-                return
-            for group in by_dtype(small):
-                flat = torch.empty(sum(t.numel() for t in group), dtype=group[0].dtype,
-                                   device=self._device)
-                dist.recv(flat, src)
-                unflatten_into(flat, group)
             for t in direct:
                 if t.device == self._device and t.is_contiguous():
-                    dist.recv(t, src)
+                    dist.broadcast(t, src)
                     continue
-                landing = torch.empty(t.shape, dtype=t.dtype, device=self._device)
-                dist.recv(landing, src)
+                buffer = t.detach().to(self._device).contiguous()
+                dist.broadcast(buffer, src)
                 with torch.no_grad():
-                    t.copy_(landing)
+                    t.copy_(buffer)
 
     def broadcast_object(self, obj: T, src: int) -> T:
         """Pickle ``src``'s object to every rank."""

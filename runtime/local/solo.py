@@ -98,11 +98,6 @@ class SoloBackend:
         """The only rank's tensors are everyone's."""
         return
 
-    def send_tensors(self, tensors: Sequence[torch.Tensor], src: int,
-                     receivers: Sequence[int]) -> None:
-        """No other rank to send to."""
-        return
-
     def broadcast_object(self, obj: T, src: int) -> T:
         """The only rank's object is everyone's."""
         return obj

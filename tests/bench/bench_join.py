@@ -18,7 +18,8 @@ Reported as the median and the worst over the survivors:
 
 * ``join idle``: the gap that ends at its first step in the world of four, the time it
   stood still for the join (group formation, state transfer, and whatever it waited
-  for the newcomer);
+  for the newcomer); when it left its world at a commit for the join, counted from
+  leaving (after the commit's own copy of the state), less a step's usual time;
 * ``failure idle``: the gap in which the fault fell (detection and re-forming without
   the dead member); the same gap as the join's when the survivors never trained
   without it;
@@ -94,7 +95,11 @@ def survivor_idle(records: list[Record], fault: float, full_generation: int) -> 
     first_full = next(i for i, r in enumerate(steps)
                       if r["generation"] == full_generation and r["t"] > fault)
     failed = next(i for i, r in enumerate(steps) if r["t"] > fault)
-    return Idle(join=idle(first_full), failure=idle(failed))
+    # Left at a commit for the join: timed from leaving, after the commit's own copy.
+    left = [r for r in records if r["ev"] == "interrupted" and r["why"] == "WorldChanged"
+            and steps[first_full - 1]["t"] <= r["t"] <= steps[first_full]["t"]]
+    join = steps[first_full]["t"] - left[-1]["t"] - normal if left else idle(first_full)
+    return Idle(join=max(join, 0.0), failure=idle(failed))
 
 
 def back_to_full(trace_dir: Path, before: int, fault: float) -> float:

@@ -102,10 +102,6 @@ class FakeBackend:
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
         assert src == 0
 
-    def send_tensors(self, tensors: Sequence[torch.Tensor], src: int,
-                     receivers: Sequence[int]) -> None:
-        assert src == 0
-
     def broadcast_object(self, obj: T, src: int) -> T:
         assert src == 0
         return obj

@@ -41,10 +41,6 @@ class PairBackend(FakeBackend):
         self.objects_sent.append(received)
         return received
 
-    def send_tensors(self, tensors: Any, src: int, receivers: Any) -> None:
-        if self.rank == src or self.rank in receivers:
-            self.broadcast_tensors(tensors, src)
-
     def broadcast_tensors(self, tensors: Any, src: int) -> None:
         if self.rank == src:
             self.wire.tensors.append([t.detach().clone() for t in tensors])
