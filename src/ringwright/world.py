@@ -327,6 +327,13 @@ class ReportKind(StrEnum):
     """Writing or reading checkpoints failed (detail: where and the OS error)."""
     CHECKPOINT_OK = "checkpoint-ok"
     """Checkpoints are written again after a failure."""
+    JOINING = "joining"
+    """A process not in the world ``generation`` (a newcomer, or a process restarted
+    without state) is ready to take part: started, its imports done, listening, and
+    waiting for a world that includes it. New in this version: a newcomer is added to
+    a world only on this report, so the members already training never stand still
+    while its process starts (an older runtime never sends it: see
+    :mod:`ringwright.joining`)."""
 
 
 class Report(_Wire):

@@ -34,6 +34,10 @@ broadcast carries it, so a test can act while one is under way.
 FREEZE_IN_HVD_INIT=<pod>: that pod stops itself (SIGSTOP) on entering ``hvd.init()``
 for the first time, after the runtime's join barrier: a peer frozen inside Horovod's
 own rendezvous, at a point no test could otherwise hit on purpose.
+A slow start (a newcomer pulling its image, importing, starting CUDA): START_DELAY_S
+makes every process sleep that long before it sets up its training; a process that
+starts while START_GATE_FILE exists records ``launched`` and waits until the file is
+gone, so a test can hold a newcomer in its start-up for as long as it needs.
 """
 
 from __future__ import annotations
@@ -155,6 +159,16 @@ def held_step(gate: Path, default: int) -> int | None:
     return int(text) if text else default
 
 
+def slow_start(trace: Trace) -> None:
+    """The start-up delays of the module's docstring (START_DELAY_S, START_GATE_FILE)."""
+    time.sleep(float(os.environ.get("START_DELAY_S", "0")))
+    gate = Path(os.environ.get("START_GATE_FILE", "/nonexistent"))
+    if gate.exists():
+        trace.write(ev="launched", pid=os.getpid())
+        while gate.exists():
+            time.sleep(0.02)
+
+
 def main() -> int:
     pod = os.environ[Env.POD_NAME]
     if os.environ.get("FREEZE_IN_HVD_INIT") == pod:
@@ -179,6 +193,7 @@ def main() -> int:
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}{'.' + local if local else ''}.jsonl")
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {pod} %(name)s %(message)s")
+    slow_start(trace)
 
     data = torch.Generator().manual_seed(1234)
     xs = torch.randn(samples, FEATURES, generator=data)
