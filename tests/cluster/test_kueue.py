@@ -29,7 +29,7 @@ from tests.cluster.test_placement_cluster import (
     wait_quiet,
     wait_running,
 )
-from tests.jobs import OperatorProcess, get_status, reconciled, tj_path
+from tests.jobs import OperatorProcess, get_status, instead_of, reconciled, tj_path
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -48,15 +48,10 @@ def queueing_operator(cluster: Cluster, kueue: Path, operator: OperatorProcess,
                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator with RINGWRIGHT_KUEUE on, instead of the session's for this module
     (both would take the same Lease; the session's is back afterwards)."""
-    operator.stop()
     own = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-op") / "operator.log",
                           settings={**operator.settings, "RINGWRIGHT_KUEUE": "true"})
-    own.start()
-    try:
+    with instead_of(operator, own):
         yield own
-    finally:
-        own.stop()
-        operator.start()
 
 
 class Queues:
