@@ -81,7 +81,7 @@ from .membership.source import MembershipSource
 from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
 from .settings import RuntimeSettings, SettingsEnv
 from .state import State, Terminated
-from .state_sync import needs_state, shared_commit
+from .state_sync import shared_commit
 from .timekeeping import StatsSender, TimeKeeper
 
 _log = runtime_logger("elastic")
@@ -404,16 +404,15 @@ class ElasticRuntime:
                     restored = manager.rank == 0 and state.restore_checkpoint()
                     src = 0
                 skip = shared_commit(infos)
-                # On a join only the newcomers lack the commit: the others keep theirs.
-                receivers = needs_state(infos, src)
+                # Every member receives, also those that hold the source's commit: with
+                # holders keeping theirs (State.sync's ``receivers``), a holder once stayed
+                # blocked after the source died mid-transfer (cause not yet found).
                 if not skip:
                     # Marks the start of a possibly long transfer (tests wait for it).
                     log_event(_log, logging.INFO, "sync_started", generation=world.generation,
-                              rank=manager.rank, source_rank=src,
-                              receivers="all" if receivers is None
-                              else ",".join(map(str, receivers)))
+                              rank=manager.rank, source_rank=src)
                 self.timekeeper.syncing()
-                state.sync(src, skip=skip, receivers=receivers)
+                state.sync(src, skip=skip)
             except RuntimeError as raised:
                 err = backend.failure_of(raised)
                 if err is None:

@@ -10,9 +10,8 @@ per dtype, without ever being pickled.
 :func:`shared_commit` decides, from what every member of a new world says about
 itself, whether they all already hold the same commit, in which case nothing needs to
 move at all (a planned scale-down, or survivors of a failure that all rolled back to
-the same commit); :func:`needs_state`, which members lack the source's commit: on a
-join the members that hold it take part in the broadcast with their own tensors and
-neither load the state nor copy it again.
+the same commit). :func:`broadcast_payload` can leave the members that hold the
+source's commit their own tensors (``receivers``); the runtime does not use that yet.
 """
 
 from __future__ import annotations
@@ -123,20 +122,6 @@ def broadcast_payload(backend: CollectiveBackend, payload: dict[str, Any] | None
     if holds and payload is not None:
         return payload, moved
     return join_tensors(skeleton, tensors), moved
-
-
-def needs_state(infos: Sequence[MemberInfo], src: int) -> list[int] | None:
-    """The ranks that lack rank ``src``'s commit and must receive it; None when all the
-    others do (a fresh start), for one broadcast to all.
-
-    A member holds the source's commit on the terms of :func:`shared_commit`: synced in
-    the same world, at the same committed step.
-    """
-    source = infos[src]
-    lacking = [i for i, info in enumerate(infos) if i != src and not (
-        source.state_generation >= 0 and info.state_generation == source.state_generation
-        and info.step == source.step)]
-    return None if len(lacking) == len(infos) - 1 else lacking
 
 
 def shared_commit(infos: Sequence[MemberInfo]) -> bool:

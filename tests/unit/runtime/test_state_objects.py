@@ -19,7 +19,7 @@ from ringwright.runtime.collectives.group import MemberInfo
 from ringwright.runtime.rng import RNGMode
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import State
-from ringwright.runtime.state_sync import needs_state, shared_commit
+from ringwright.runtime.state_sync import shared_commit
 from ringwright.world import World
 from tests.unit.runtime.runtime_fakes import make_world
 from tests.unit.runtime.state_fakes import Binding, PairBackend, Wire
@@ -230,20 +230,6 @@ def info(generation: int, step: int, rank: int = 0) -> MemberInfo:
 def test_sync_is_skipped_only_when_every_member_holds_the_same_commit(
         infos: list[MemberInfo], skip: bool) -> None:
     assert shared_commit(infos) is skip
-
-
-@pytest.mark.parametrize(
-    ("infos", "src", "receivers"),
-    [
-        ([info(3, 40, 0), info(3, 40, 1), info(-1, 0, 2)], 0, [2]),  # a join: the newcomer
-        ([info(3, 40, 0), info(3, 36, 1), info(2, 40, 2)], 0, None),  # nobody else holds it
-        ([info(-1, 0, 0), info(-1, 0, 1)], 0, None),                  # a fresh job
-        ([info(3, 40, 0), info(3, 40, 1)], 1, []),                    # everyone holds it
-    ],
-)
-def test_the_state_goes_only_to_the_members_that_lack_the_sources_commit(
-        infos: list[MemberInfo], src: int, receivers: list[int] | None) -> None:
-    assert needs_state(infos, src) == receivers
 
 
 def test_on_a_join_the_newcomer_receives_the_state_and_the_survivors_keep_theirs() -> None:
