@@ -404,9 +404,6 @@ class ElasticRuntime:
                     restored = manager.rank == 0 and state.restore_checkpoint()
                     src = 0
                 skip = shared_commit(infos)
-                # Every member receives, also those that hold the source's commit: with
-                # holders keeping theirs (State.sync's ``receivers``), a holder once stayed
-                # blocked after the source died mid-transfer (cause not yet found).
                 if not skip:
                     # Marks the start of a possibly long transfer (tests wait for it).
                     log_event(_log, logging.INFO, "sync_started", generation=world.generation,

@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -35,7 +35,7 @@ from .kvlog import log_event, runtime_logger
 from .lr_scaling import LRScaler
 from .rng import RNGMode, RNGState, derived_seed
 from .sampler import ElasticSampler
-from .state_sync import broadcast_payload, split_tensors
+from .state_sync import broadcast_payload
 
 __all__ = ["PAYLOAD_FORMAT", "Checkpointer", "State", "StateBinding", "Stateful",
            "StopSignal", "Terminated"]
@@ -324,33 +324,19 @@ class State:
 
     # Called by the elastic runtime around a world change.
 
-    def sync(self, src: int, *, skip: bool = False,
-             receivers: Sequence[int] | None = None) -> None:
+    def sync(self, src: int, *, skip: bool = False) -> None:
         """Adopt rank ``src``'s state: the tensors by tensor broadcast, the small rest as
         one pickled skeleton. ``skip`` when every member already holds the same commit:
-        nothing moves. ``receivers``: the ranks that lack it (None: all but ``src``);
-        the others hold it as their live state and last commit, and keep both."""
+        nothing moves."""
         if skip:
             self.sync_bytes = 0
             return
         rank = self.binding.rank
-        holds = rank == src or (receivers is not None and rank not in receivers)
-        mine = self._payload() if holds else None
-        received, self.sync_bytes = broadcast_payload(self.binding.backend, mine, src, rank,
-                                                      receivers)
-        if not holds:
-            if all(t.device.type == "cpu" for t in split_tensors(received)[1]):
-                # The received host tensors are the commit, as a fresh snapshot would
-                # be: the live state gets copies (into the model's own tensors, mostly),
-                # and no second copy of the whole state is taken before training.
-                self._load(received, copy=True)
-                self._committed = received
-                self._commit_stale = False
-            else:
-                self._load(received, copy=False)
-                self._commit_stale = True
-        elif receivers is None:
-            self._commit_stale = True
+        mine = self._payload() if rank == src else None
+        received, self.sync_bytes = broadcast_payload(self.binding.backend, mine, src, rank)
+        if rank != src:
+            self._load(received, copy=False)
+        self._commit_stale = True
 
     def follow_world(self, world: World, rank: int) -> None:
         """Re-partition the data and rescale the LR for ``world``, then commit locally."""

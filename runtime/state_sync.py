@@ -10,8 +10,7 @@ per dtype, without ever being pickled.
 :func:`shared_commit` decides, from what every member of a new world says about
 itself, whether they all already hold the same commit, in which case nothing needs to
 move at all (a planned scale-down, or survivors of a failure that all rolled back to
-the same commit). :func:`broadcast_payload` can leave the members that hold the
-source's commit their own tensors (``receivers``); the runtime does not use that yet.
+the same commit).
 """
 
 from __future__ import annotations
@@ -93,34 +92,25 @@ def join_tensors(skeleton: Any, tensors: Sequence[torch.Tensor]) -> Any:
 
 
 def broadcast_payload(backend: CollectiveBackend, payload: dict[str, Any] | None, src: int,
-                      rank: int, receivers: Sequence[int] | None = None
-                      ) -> tuple[dict[str, Any], int]:
-    """``src``'s payload on every rank, and the bytes that moved here.
+                      rank: int) -> tuple[dict[str, Any], int]:
+    """``src``'s payload on every rank, and the bytes that moved.
 
-    ``receivers``: the ranks that lack it (None: every rank but ``src``). ``payload`` is
-    read on ``src`` and on the other ranks that are no receivers, which hold the same
-    state and get their own payload back; its tensors take part in the broadcast where
-    they are (overwritten with the values they hold). Receivers get fresh tensors that
-    nothing else references.
+    ``payload`` is only read on ``src``; its tensors are sent from where they are (the
+    sender's live tensors are overwritten with their own values). Receivers get fresh
+    tensors that nothing else references.
     """
-    holds = rank == src or (receivers is not None and rank not in receivers)
-    if holds:
+    if rank == src:
         if payload is None:
-            raise ValueError("a member that holds the state to sync must give its payload")
+            raise ValueError("the source of a state broadcast must hold a payload")
         skeleton, tensors = split_tensors(payload)
     else:
         skeleton, tensors = None, []
-    skeleton = backend.broadcast_object(skeleton if rank == src else None, src)
-    if not holds:
+    skeleton = backend.broadcast_object(skeleton, src)
+    if rank != src:
         tensors = empty_tensors(skeleton, backend.device)
-    # A collective even when few receive: it fails at once when the group is aborted
-    # (a dead source), where gloo leaves a point-to-point receive waiting.
     backend.broadcast_tensors(tensors, src)
-    moved = len(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL))
-    if rank == src or not holds:
-        moved += sum(t.numel() * t.element_size() for t in tensors)
-    if holds and payload is not None:
-        return payload, moved
+    moved = sum(t.numel() * t.element_size() for t in tensors)
+    moved += len(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL))
     return join_tensors(skeleton, tensors), moved
 
 

@@ -38,9 +38,6 @@ from .flat import by_dtype, flatten, gradients, unflatten_into
 from .hierarchical import RackGroups, rack_plan
 from .sockets import GroupSockets
 
-DIRECT_BYTES = 1 << 20
-"""A tensor this large is broadcast on its own, without a flat buffer."""
-
 _log = runtime_logger("torch_backend")
 
 T = TypeVar("T")
@@ -189,26 +186,12 @@ class TorchDistributedBackend:
         self._stores.close()
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
-        """Every tensor of :data:`DIRECT_BYTES` or more in place, the smaller ones in one
-        flat buffer per dtype, then copied back into ``tensors``. Large tensors skip the
-        flat buffer: copying them in and out of it costs more than the transfer on
-        loopback."""
-        # Decided by size alone: the same on every rank, whatever each tensor's layout.
-        direct = [t for t in tensors if t.numel() * t.element_size() >= DIRECT_BYTES]
-        small = [t for t in tensors if t.numel() * t.element_size() < DIRECT_BYTES]
+        """Broadcast in one flat buffer per dtype, then copy back into ``tensors``."""
         with collective("broadcast"):
-            for group in by_dtype(small):
+            for group in by_dtype(tensors):
                 flat = flatten(group, self._device)
                 dist.broadcast(flat, src)
                 unflatten_into(flat, group)
-            for t in direct:
-                if t.device == self._device and t.is_contiguous():
-                    dist.broadcast(t, src)
-                    continue
-                buffer = t.detach().to(self._device).contiguous()
-                dist.broadcast(buffer, src)
-                with torch.no_grad():
-                    t.copy_(buffer)
 
     def broadcast_object(self, obj: T, src: int) -> T:
         """Pickle ``src``'s object to every rank."""

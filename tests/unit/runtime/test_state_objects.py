@@ -232,33 +232,6 @@ def test_sync_is_skipped_only_when_every_member_holds_the_same_commit(
     assert shared_commit(infos) is skip
 
 
-def test_on_a_join_the_newcomer_receives_the_state_and_the_survivors_keep_theirs() -> None:
-    survivors = [new_state(seed=1), new_state(seed=3)]
-    join(survivors[0], world(1))
-    train(survivors[0], 3)
-    survivors[0].commit()
-    first, before = Wire(), world(2)
-    for rank, survivor in enumerate(survivors):  # the survivors' own world, synced
-        survivor.bind(Binding(before, rank, PairBackend(first, rank)))
-        survivor.sync(0)
-        survivor.follow_world(before, rank)
-    wire, w = Wire(), world(3, generation=1)
-    for rank, survivor in enumerate(survivors):
-        survivor.bind(Binding(w, rank, PairBackend(wire, rank)))
-    newcomer = new_state(seed=2)
-    newcomer.bind(Binding(w, 2, PairBackend(wire, 2)))
-    expected = snapshot(survivors[0])
-    for rank, member in enumerate([*survivors, newcomer]):
-        member.sync(0, receivers=[2])
-        member.follow_world(w, rank)
-    assert_same(snapshot(newcomer), expected)
-    assert_same(snapshot(survivors[1]), expected)
-    # Only the newcomer's copy moved (and the source's send): the other survivor
-    # received nothing beyond the small skeleton.
-    assert newcomer.sync_bytes == survivors[0].sync_bytes > survivors[1].sync_bytes
-    assert len(wire.tensors) == 1
-
-
 def test_a_skipped_sync_moves_nothing_and_keeps_the_state() -> None:
     state = new_state()
     join(state, world(2), 0, PairBackend(Wire(), 0))
