@@ -3,9 +3,12 @@
 1. ``plan``: one reconcile round's observe + plan for a 64-worker job with 10,000 nodes in
    memory, against the old round that rebuilt the inventory from every Node and Pod
    object (the LIST it also made is not even counted). Goal: p99 <= 50 ms.
-2. ``throughput``: a 256-worker TrainingJob until every pod is Running, against a plain
-   script creating the same 256 pods with the same concurrency (slow-start batches of
-   1, 2, 4 ... 64 in flight). Goal: <= 1.2x.
+2. ``throughput``: a 256-worker TrainingJob until it is Running, against a plain script
+   creating the very pods the operator would (its own plan for the same free nodes: same
+   placement, affinity, priority, labels, volumes) the way its apply step sends them,
+   until every pod is Running. Three trials each, alternating, one fresh operator per
+   trial; medians, ranges, the load, the phases of both as one watch saw them, the
+   operator's rounds and kube-apiserver's ``apiserver_request_total``. Goal: <= 1.2x.
 3. ``scale``: >= 2,000 KWOK nodes and >= 100 jobs of 4-32 workers applied at once: API
    requests per reconcile round from kube-apiserver's own ``apiserver_request_total``
    (read before and after), LIST calls per round while nothing changes, reconcile
@@ -28,19 +31,22 @@ fails (the ratios would mean nothing).
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +58,11 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from ringwright.devcluster.control_plane import Cluster  # noqa: E402
 from ringwright.devcluster.install import install_api  # noqa: E402
 from ringwright.devcluster.inventory import Inventory, RackGroup, node_manifests  # noqa: E402
-from ringwright.kube import KubeClient, api_path  # noqa: E402
+from ringwright.kube import ApiError, KubeClient, api_path  # noqa: E402
 from ringwright.objects import Obj  # noqa: E402
 from ringwright.operator.api.base import API_VERSION  # noqa: E402
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec  # noqa: E402
-from ringwright.operator.apply.executor import slow_start  # noqa: E402
+from ringwright.operator.apply.executor import MAX_IN_FLIGHT, slow_start  # noqa: E402
 from ringwright.operator.heap import settle  # noqa: E402
 from ringwright.operator.observe.cache import (  # noqa: E402
     JOB_CONFIGMAPS,
@@ -70,7 +76,8 @@ from ringwright.operator.observe.cache import (  # noqa: E402
 )
 from ringwright.operator.observe.job import observe  # noqa: E402
 from ringwright.operator.observe.ledger import CapacityLedger, PodSlot, node_record, pod_slots  # noqa: E402
-from ringwright.operator.plan.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION  # noqa: E402
+from ringwright.operator.plan.isolation import new_token, with_report_key  # noqa: E402
+from ringwright.operator.plan.manifests import PLANNED_NODE_ANNOTATION, scaffold  # noqa: E402
 from ringwright.operator.plan.placement.inventory import Inventory as PlannerInventory  # noqa: E402
 from ringwright.operator.plan.placement.inventory import inventory_from_objects  # noqa: E402
 from ringwright.operator.plan.placement.placer import place  # noqa: E402
@@ -254,11 +261,6 @@ def running_job(job: Obj, first: Plan, settings: OperatorSettings
 # -- cluster helpers ---------------------------------------------------------------------
 
 
-def running_pods(kube: KubeClient, namespace: str, selector: str) -> int:
-    return len(kube.list(api_path("v1", "pods", namespace), labelSelector=selector,
-                         fieldSelector="status.phase=Running"))
-
-
 def make_namespace(kube: KubeClient, name: str) -> str:
     kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
     wait_until(f"the default ServiceAccount in {name}", lambda: kube.get_or_none(
@@ -360,61 +362,288 @@ def apiserver_requests(kube: KubeClient, subresources: bool = False
     return totals
 
 
-# -- 2. 256 workers against a plain script ------------------------------------------------
+# -- 2. 256 workers against the same pods created bare ------------------------------------
+
+
+TRIALS = 3
+"""Baseline and operator trials, alternating, in one run."""
+PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
+           "Service": "services", "ConfigMap": "configmaps"}
+
+
+class Timeline:
+    """What the API server told a watch of one namespace, stamped on arrival (monotonic):
+    each pod's creation, binding and readiness, the world ConfigMap and the job's Running.
+
+    The same watch times the baseline and the operator, so both carry the same delay."""
+
+    def __init__(self, cluster: Cluster, namespace: str, world: str) -> None:
+        self.created: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.world: float | None = None
+        self.running: float | None = None
+        self.restarts = 0
+        """Watches the API server dropped and this one started again."""
+        self._closed = False
+        self._world_name = world
+        self._clients: list[KubeClient] = []
+        self._threads = [threading.Thread(target=self._follow, args=(cluster, path, seen),
+                                          daemon=True) for path, seen in (
+            (api_path("v1", "pods", namespace), self._pod),
+            (api_path("v1", "configmaps", namespace), self._configmap),
+            (api_path(API_VERSION, "trainingjobs", namespace), self._job))]
+        self._started = threading.Semaphore(0)
+        for t in self._threads:
+            t.start()
+        for _ in self._threads:
+            self._started.acquire()
+        time.sleep(0.5)  # the watch requests are sent once each thread iterates
+
+    def _follow(self, cluster: Cluster, path: str, seen: Callable[[Obj, float], None]) -> None:
+        kube = cluster.client()
+        self._clients.append(kube)
+        self._started.release()
+        version = ""
+        while not self._closed:
+            try:
+                for event in kube.watch(path, resource_version=version, timeout_seconds=1800):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        version = ""  # expired: start again from the current state
+                        break
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        seen(obj, time.monotonic())
+            except (ApiError, RuntimeError):
+                # The API server drops a watch that falls behind; close() cuts it.
+                self.restarts += 0 if self._closed else 1
+
+    def _pod(self, pod: Obj, now: float) -> None:
+        name = pod["metadata"]["name"]
+        self.created.setdefault(name, now)
+        if pod["spec"].get("nodeName"):
+            self.bound.setdefault(name, now)
+        status = pod.get("status") or {}
+        if status.get("phase") == "Running" and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or []):
+            self.ready.setdefault(name, now)
+
+    def _configmap(self, cm: Obj, now: float) -> None:
+        if self.world is None and cm["metadata"]["name"] == self._world_name and (
+                cm.get("data") or {}).get(WORLD_KEY):
+            self.world = now
+
+    def _job(self, job: Obj, now: float) -> None:
+        if self.running is None and (job.get("status") or {}).get("phase") == "Running":
+            self.running = now
+
+    def close(self) -> None:
+        self._closed = True
+        for kube in self._clients:
+            kube.close()
+
+
+@dataclass
+class Trial:
+    """One trial's figures, in seconds from the first request of the trial."""
+
+    label: str
+    load: float
+    first_create: float
+    last_create: float
+    last_bound: float
+    last_ready: float
+    world: float | None
+    running: float | None
+    requests: Counter[tuple[str, str]]
+    metrics: dict[str, float]
+    watch_restarts: int
+
+    @property
+    def done(self) -> float:
+        """Until every pod is Running (baseline) or the job is Running (operator)."""
+        return self.running if self.running is not None else self.last_ready
+
+
+def trial_figures(label: str, load: float, t0: float, tl: Timeline,
+                  requests: Counter[tuple[str, str]], metrics: dict[str, float]) -> Trial:
+    return Trial(label, load, min(tl.created.values()) - t0, max(tl.created.values()) - t0,
+                 max(tl.bound.values()) - t0, max(tl.ready.values()) - t0,
+                 None if tl.world is None else tl.world - t0,
+                 None if tl.running is None else tl.running - t0, requests, metrics,
+                 tl.restarts)
+
+
+def operator_metrics(port: int) -> dict[str, float]:
+    """Every sample the operator serves, summed over labels, by sample name."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_bucket"):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def defaulted_job(kube: KubeClient, workers: int) -> Obj:
+    """The bench's TrainingJob as the API server stores it (schema defaults filled in),
+    read back from a namespace no operator reconciles and deleted again."""
+    ns = make_namespace(kube, "job-defaults")
+    job = kube.create(api_path(API_VERSION, "trainingjobs", ns), job_manifest("big", workers))
+    drop_namespace(kube, ns)
+    return job
+
+
+def operator_pods(kube: KubeClient, stored: Obj, namespace: str) -> list[Obj]:
+    """The pods the operator's first round creates for ``stored`` in ``namespace`` on
+    the cluster's free nodes: its own observe-free plan (same placement, affinity,
+    priority, labels, volumes, hardening), with a report key each as its apply step
+    adds, and without the controller reference (no job owns them: the garbage collector
+    would delete them)."""
+    job = copy.deepcopy(stored)
+    job["metadata"]["namespace"] = namespace
+    nodes = kube.list(api_path("v1", "nodes"))
+    inventory = inventory_from_objects(nodes, [], POLICY.node_labels, POLICY.gpu_resource)
+    decided = plan(Observed(job=job, pods=[], world=None, reports={}, policy=POLICY,
+                            inventory=inventory), OperatorSettings(), time.time(), place)
+    pods = []
+    for pod in decided.create:
+        pod["metadata"].pop("ownerReferences", None)
+        pods.append(with_report_key(pod, new_token()))
+    return pods
+
+
+def baseline_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str,
+                   pool: ThreadPoolExecutor) -> Trial:
+    """The operator's pods created by a plain script, as the operator's apply step sends
+    them (slow-start batches up to the same cap); done when every pod is Running."""
+    name = stored["metadata"]["name"]
+    pods = operator_pods(kube, stored, ns)
+    # The job's scaffold, made before the clock starts (the operator makes it inside its
+    # own time): admission wants the pods' ServiceAccount, and the headless Service
+    # makes the cluster's controllers follow the pods as they do the operator's.
+    job = {**stored, "metadata": {**stored["metadata"], "namespace": ns}}
+    for obj in scaffold(job):
+        obj["metadata"].pop("ownerReferences")
+        kube.create(api_path(obj["apiVersion"], PLURALS[obj["kind"]], ns), obj)
+    tl = Timeline(cluster, ns, world_configmap_name(name))
+    try:
+        load, before = os.getloadavg()[0], apiserver_requests(kube)
+        t0 = time.monotonic()
+
+        def create(pod: Obj) -> None:
+            kube.create(api_path("v1", "pods", ns), pod)
+
+        _, refusal = slow_start(pods, create, pool)
+        if refusal is not None:
+            raise RuntimeError(f"baseline create refused: {refusal.error}")
+        wait_until("every baseline pod Running", lambda: len(tl.ready) == len(pods), 0.1)
+        requests = apiserver_requests(kube) - before
+    finally:
+        tl.close()
+    return trial_figures("baseline", load, t0, tl, requests, {})
+
+
+def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str,
+                   log: Path) -> tuple[Trial, float]:
+    """A fresh operator reconciles the job until it is Running; returns the trial and
+    the operator's peak RSS."""
+    name = stored["metadata"]["name"]
+    op = Operator(cluster, log)
+    try:
+        time.sleep(2)  # its watches list what exists
+        tl = Timeline(cluster, ns, world_configmap_name(name))
+        try:
+            load, before = os.getloadavg()[0], apiserver_requests(kube)
+            metrics0 = operator_metrics(op.port)
+            t0 = time.monotonic()
+            kube.create(api_path(API_VERSION, "trainingjobs", ns),
+                        job_manifest(name, int(stored["spec"]["workers"]["replicas"])))
+            wait_until("the job Running", lambda: tl.running is not None, 0.1)
+            requests = apiserver_requests(kube) - before
+            metrics = {k: v - metrics0.get(k, 0.0)
+                       for k, v in operator_metrics(op.port).items()}
+        finally:
+            tl.close()
+        drop_namespace(kube, ns)  # while the operator runs: it releases the finalizer
+    finally:
+        rss = op.stop()
+    return trial_figures("operator", load, t0, tl, requests, metrics), rss
+
+
+def spread(values: list[float]) -> str:
+    """Median and range of ``values``."""
+    return f"{statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def throughput_part(work: Path, workers: int) -> bool:
     cluster = Cluster(name="bench-operator", root=work / "throughput")
     print(f"\n2. starting a cluster with the large inventory in {work} ...", flush=True)
     cluster.up(inventory="large")
+    trials: list[Trial] = []
+    rss = 0.0
     try:
-        with cluster.client() as kube:
+        with cluster.client() as kube, ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
             install_api(kube)
-            ns = make_namespace(kube, "plain")
-            pool = ThreadPoolExecutor(64)
-            started = time.time()
-
-            def create(i: int) -> None:
-                kube.create(api_path("v1", "pods", ns), {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": f"plain-{i}", "labels": {"app": "plain"}},
-                    "spec": {"containers": [{"name": "train", "image": IMAGE, "resources": {
-                        "limits": {POLICY.gpu_resource: "1"}}}]}})
-
-            _, refusal = slow_start(list(range(workers)), create, pool)
-            if refusal is not None:
-                print(f"baseline failed: {refusal.error}", file=sys.stderr)
-                return False
-            plain = wait_until("every plain pod Running",
-                               lambda: running_pods(kube, ns, "app=plain") == workers) - started
-            kube.delete(api_path("v1", "namespaces", name=ns))
-            wait_until("the plain namespace gone", lambda: kube.get_or_none(
-                api_path("v1", "namespaces", name=ns)) is None)
-
-            jobs = make_namespace(kube, "jobs")
-            op = Operator(cluster, work / "throughput-operator.log")
-            try:
-                time.sleep(2)
-                started = time.time()
-                kube.create(api_path(API_VERSION, "trainingjobs", jobs),
-                            job_manifest("big", workers))
-                pods = wait_until("every worker Running", lambda: running_pods(
-                    kube, jobs, f"{JOB_LABEL}=big") == workers) - started
-                status = wait_until("the job Running", lambda: (kube.get(
-                    api_path(API_VERSION, "trainingjobs", jobs, "big")).get("status") or {})
-                    .get("phase") == "Running") - started
-            finally:
-                rss = op.stop()
+            stored = defaulted_job(kube, workers)
+            for i in range(TRIALS):
+                ns = make_namespace(kube, f"plain-{i}")
+                trials.append(baseline_trial(cluster, kube, stored, ns, pool))
+                drop_namespace(kube, ns)
+                ns = make_namespace(kube, f"job-{i}")
+                trial, peak = operator_trial(cluster, kube, stored, ns,
+                                             work / f"throughput-operator-{i}.log")
+                trials.append(trial)
+                rss = max(rss, peak)
+                print(f"  pair {i + 1}: baseline {trials[-2].done:.2f} s (load "
+                      f"{trials[-2].load:.2f}), operator {trial.done:.2f} s (load "
+                      f"{trial.load:.2f})", flush=True)
     finally:
         cluster.down()
-    print(f"{'':44} {'seconds':>8} {'ratio':>6}")
-    print(f"{f'plain script, {workers} pods, 64 in flight -> Running':44} {plain:8.2f} "
-          f"{1.0:6.2f}")
-    print(f"{f'TrainingJob, {workers} workers -> pods Running':44} {pods:8.2f} "
-          f"{pods / plain:6.2f}")
-    print(f"{f'TrainingJob, {workers} workers -> job Running':44} {status:8.2f} "
-          f"{status / plain:6.2f}")
-    print(f"operator peak RSS: {rss:.0f} MiB")
+    base = [t for t in trials if t.label == "baseline"]
+    ops = [t for t in trials if t.label == "operator"]
+    plain = statistics.median(t.done for t in base)
+    print(f"\n{workers} workers, {TRIALS} trials each, alternating; the same pod manifests "
+          f"(the operator's plan), {MAX_IN_FLIGHT} creates in flight at most (slow start)")
+    print(f"{'seconds from the first request: median (range)':52} {'baseline':>20} "
+          f"{'operator':>20}")
+    rows: list[tuple[str, Callable[[Trial], float | None]]] = [
+        ("first pod created (observe, scaffold, plan)", lambda t: t.first_create),
+        ("last pod created", lambda t: t.last_create),
+        ("last pod bound by the scheduler", lambda t: t.last_bound),
+        ("last pod Running and Ready", lambda t: t.last_ready),
+        ("world ConfigMap published", lambda t: t.world),
+        ("job Running (status written)", lambda t: t.running)]
+    for label, get in rows:
+        cells = []
+        for group in (base, ops):
+            values = [v for v in (get(t) for t in group) if v is not None]
+            cells.append(spread(values) if values else "-")
+        print(f"{label:52} {cells[0]:>20} {cells[1]:>20}")
+    done = [t.done for t in ops]
+    print(f"{'ratio, job Running / every baseline pod Running':52} {'':>20} "
+          f"{statistics.median(done) / plain:6.2f} ({min(done) / plain:.2f}-"
+          f"{max(done) / plain:.2f})")
+    loads = [t.load for t in trials]
+    print(f"load average (1 min) at the trials' starts: {min(loads):.2f}-{max(loads):.2f} "
+          f"(now {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    rounds = [t.metrics.get(f"{ROUNDS_METRIC}_count", 0.0) for t in ops]
+    round_s = [t.metrics.get(f"{ROUNDS_METRIC}_sum", 0.0) for t in ops]
+    plan_s = [t.metrics.get("ringwright_operator_planning_seconds_sum", 0.0) for t in ops]
+    print(f"operator rounds per trial: {spread(rounds)}; seconds in rounds {spread(round_s)}, "
+          f"of which planning {spread(plan_s)}")
+    print("kube-apiserver requests per trial (all clients), median:")
+    keys = sorted({k for t in trials for k in t.requests},
+                  key=lambda k: -max(t.requests.get(k, 0) for t in trials))
+    for key in keys[:12]:
+        counts = [statistics.median(t.requests.get(key, 0) for t in g) for g in (base, ops)]
+        print(f"  {key[0] + ' ' + key[1]:50} {counts[0]:>20.0f} {counts[1]:>20.0f}")
+    totals = [statistics.median(sum(t.requests.values()) for t in g) for g in (base, ops)]
+    print(f"  {'all':50} {totals[0]:>20.0f} {totals[1]:>20.0f}")
+    print(f"operator peak RSS: {rss:.0f} MiB; watches the API server dropped and the bench "
+          f"resumed: {sum(t.watch_restarts for t in trials)}")
     return True
 
 
