@@ -546,12 +546,12 @@ def baseline_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str,
     return trial_figures("baseline", load, t0, tl, requests, {})
 
 
-def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str,
-                   log: Path) -> tuple[Trial, float]:
-    """A fresh operator reconciles the job until it is Running; returns the trial and
-    the operator's peak RSS."""
+def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str, label: str,
+                   env: dict[str, str], log: Path) -> tuple[Trial, float]:
+    """A fresh operator (with ``env``) reconciles the job until it is Running; returns
+    the trial and the operator's peak RSS."""
     name = stored["metadata"]["name"]
-    op = Operator(cluster, log)
+    op = Operator(cluster, log, env)
     try:
         time.sleep(2)  # its watches list what exists
         tl = Timeline(cluster, ns, world_configmap_name(name))
@@ -570,7 +570,7 @@ def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str,
         drop_namespace(kube, ns)  # while the operator runs: it releases the finalizer
     finally:
         rss = op.stop()
-    return trial_figures("operator", load, t0, tl, requests, metrics), rss
+    return trial_figures(label, load, t0, tl, requests, metrics), rss
 
 
 def spread(values: list[float]) -> str:
@@ -578,12 +578,17 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def throughput_part(work: Path, workers: int) -> bool:
+def throughput_part(work: Path, workers: int, before: str = "") -> bool:
+    """Baseline and operator trials in turn, three each; with ``before`` (a git revision),
+    that revision's operator takes a turn after each baseline too."""
     cluster = Cluster(name="bench-operator", root=work / "throughput")
     print(f"\n2. starting a cluster with the large inventory in {work} ...", flush=True)
     cluster.up(inventory="large")
+    operators = [(f"operator {before}", {"PYTHONPATH": str(old_tree(work, before))})
+                 ] if before else []
+    operators.append(("operator", {}))
     trials: list[Trial] = []
-    rss = 0.0
+    rss: dict[str, float] = {}
     try:
         with cluster.client() as kube, ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
             install_api(kube)
@@ -592,23 +597,24 @@ def throughput_part(work: Path, workers: int) -> bool:
                 ns = make_namespace(kube, f"plain-{i}")
                 trials.append(baseline_trial(cluster, kube, stored, ns, pool))
                 drop_namespace(kube, ns)
-                ns = make_namespace(kube, f"job-{i}")
-                trial, peak = operator_trial(cluster, kube, stored, ns,
-                                             work / f"throughput-operator-{i}.log")
-                trials.append(trial)
-                rss = max(rss, peak)
-                print(f"  pair {i + 1}: baseline {trials[-2].done:.2f} s (load "
-                      f"{trials[-2].load:.2f}), operator {trial.done:.2f} s (load "
-                      f"{trial.load:.2f})", flush=True)
+                for k, (label, env) in enumerate(operators):
+                    ns = make_namespace(kube, f"job-{i}-{k}")
+                    trial, peak = operator_trial(cluster, kube, stored, ns, label, env,
+                                                 work / f"throughput-operator-{i}-{k}.log")
+                    trials.append(trial)
+                    rss[label] = max(rss.get(label, 0.0), peak)
+                print(f"  round {i + 1}: " + ", ".join(
+                    f"{t.label} {t.done:.2f} s (load {t.load:.2f})"
+                    for t in trials[-1 - len(operators):]), flush=True)
     finally:
         cluster.down()
-    base = [t for t in trials if t.label == "baseline"]
-    ops = [t for t in trials if t.label == "operator"]
-    plain = statistics.median(t.done for t in base)
+    groups = {label: [t for t in trials if t.label == label]
+              for label in ["baseline", *(label for label, _ in operators)]}
+    plain = statistics.median(t.done for t in groups["baseline"])
     print(f"\n{workers} workers, {TRIALS} trials each, alternating; the same pod manifests "
-          f"(the operator's plan), {MAX_IN_FLIGHT} creates in flight at most (slow start)")
-    print(f"{'seconds from the first request: median (range)':52} {'baseline':>20} "
-          f"{'operator':>20}")
+          f"(the operator's plan), at most {MAX_IN_FLIGHT} creates in flight (slow start)")
+    print(f"{'seconds from the first request: median (range)':48}"
+          + "".join(f"{label:>22}" for label in groups))
     rows: list[tuple[str, Callable[[Trial], float | None]]] = [
         ("first pod created (observe, scaffold, plan)", lambda t: t.first_create),
         ("last pod created", lambda t: t.last_create),
@@ -616,34 +622,40 @@ def throughput_part(work: Path, workers: int) -> bool:
         ("last pod Running and Ready", lambda t: t.last_ready),
         ("world ConfigMap published", lambda t: t.world),
         ("job Running (status written)", lambda t: t.running)]
-    for label, get in rows:
+    for row, get in rows:
         cells = []
-        for group in (base, ops):
+        for group in groups.values():
             values = [v for v in (get(t) for t in group) if v is not None]
             cells.append(spread(values) if values else "-")
-        print(f"{label:52} {cells[0]:>20} {cells[1]:>20}")
-    done = [t.done for t in ops]
-    print(f"{'ratio, job Running / every baseline pod Running':52} {'':>20} "
-          f"{statistics.median(done) / plain:6.2f} ({min(done) / plain:.2f}-"
-          f"{max(done) / plain:.2f})")
+        print(f"{row:48}" + "".join(f"{c:>22}" for c in cells))
+    ratios = [f"{'':>22}"]
+    for group in list(groups.values())[1:]:
+        done = [t.done for t in group]
+        ratios.append(f"{statistics.median(done) / plain:6.2f} ({min(done) / plain:.2f}-"
+                      f"{max(done) / plain:.2f})")
+    print(f"{'ratio: job Running / baseline pods Running':48}"
+          + "".join(f"{c:>22}" for c in ratios))
     loads = [t.load for t in trials]
     print(f"load average (1 min) at the trials' starts: {min(loads):.2f}-{max(loads):.2f} "
           f"(now {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
-    rounds = [t.metrics.get(f"{ROUNDS_METRIC}_count", 0.0) for t in ops]
-    round_s = [t.metrics.get(f"{ROUNDS_METRIC}_sum", 0.0) for t in ops]
-    plan_s = [t.metrics.get("ringwright_operator_planning_seconds_sum", 0.0) for t in ops]
-    print(f"operator rounds per trial: {spread(rounds)}; seconds in rounds {spread(round_s)}, "
-          f"of which planning {spread(plan_s)}")
+    for label, group in list(groups.items())[1:]:
+        rounds = [t.metrics.get(f"{ROUNDS_METRIC}_count", 0.0) for t in group]
+        round_s = [t.metrics.get(f"{ROUNDS_METRIC}_sum", 0.0) for t in group]
+        plan_s = [t.metrics.get("ringwright_operator_planning_seconds_sum", 0.0)
+                  for t in group]
+        print(f"{label}: rounds per trial {spread(rounds)}; seconds in rounds "
+              f"{spread(round_s)}, of which planning {spread(plan_s)}; peak RSS "
+              f"{rss[label]:.0f} MiB")
     print("kube-apiserver requests per trial (all clients), median:")
     keys = sorted({k for t in trials for k in t.requests},
                   key=lambda k: -max(t.requests.get(k, 0) for t in trials))
     for key in keys[:12]:
-        counts = [statistics.median(t.requests.get(key, 0) for t in g) for g in (base, ops)]
-        print(f"  {key[0] + ' ' + key[1]:50} {counts[0]:>20.0f} {counts[1]:>20.0f}")
-    totals = [statistics.median(sum(t.requests.values()) for t in g) for g in (base, ops)]
-    print(f"  {'all':50} {totals[0]:>20.0f} {totals[1]:>20.0f}")
-    print(f"operator peak RSS: {rss:.0f} MiB; watches the API server dropped and the bench "
-          f"resumed: {sum(t.watch_restarts for t in trials)}")
+        counts = [statistics.median(t.requests.get(key, 0) for t in g) for g in groups.values()]
+        print(f"  {key[0] + ' ' + key[1]:46}" + "".join(f"{c:>22.0f}" for c in counts))
+    totals = [statistics.median(sum(t.requests.values()) for t in g) for g in groups.values()]
+    print(f"  {'all':46}" + "".join(f"{c:>22.0f}" for c in totals))
+    print(f"watches the API server dropped and the bench resumed: "
+          f"{sum(t.watch_restarts for t in trials)}")
     return True
 
 
@@ -929,6 +941,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="git revision of the operator to compare LIST calls with")
     parser.add_argument("--steady-before", default="78854eb",
                         help="git revision of the operator to compare steady requests with")
+    parser.add_argument("--throughput-before", default="",
+                        help="git revision of an operator to alternate with this one in "
+                        "the throughput part (before/after in one run)")
     parser.add_argument("--steady-jobs", type=int, default=20)
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -943,7 +958,7 @@ def main(argv: list[str] | None = None) -> int:
     if "plan" in parts:
         ok &= plan_part(args.nodes, args.rounds)
     if "throughput" in parts:
-        ok &= throughput_part(work, args.workers)
+        ok &= throughput_part(work, args.workers, args.throughput_before)
     if "scale" in parts:
         ok &= scale_part(work, args.jobs, args.steady_seconds)
     if "lists" in parts:
