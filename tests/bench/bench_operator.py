@@ -268,6 +268,12 @@ def make_namespace(kube: KubeClient, name: str) -> str:
     return name
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mib(pid: int) -> float:
     """The process's peak resident set size so far (VmHWM), in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -367,6 +373,8 @@ def apiserver_requests(kube: KubeClient, subresources: bool = False
 
 TRIALS = 3
 """Baseline and operator trials, alternating, in one run."""
+CPU = "cpu_seconds"
+"""The operator's CPU time (user + system) in a trial, beside its own metrics."""
 PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
            "Service": "services", "ConfigMap": "configmaps"}
 
@@ -558,6 +566,7 @@ def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str, lab
         try:
             load, before = os.getloadavg()[0], apiserver_requests(kube)
             metrics0 = operator_metrics(op.port)
+            cpu0 = cpu_seconds(op.proc.pid)
             t0 = time.monotonic()
             kube.create(api_path(API_VERSION, "trainingjobs", ns),
                         job_manifest(name, int(stored["spec"]["workers"]["replicas"])))
@@ -565,6 +574,7 @@ def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str, lab
             requests = apiserver_requests(kube) - before
             metrics = {k: v - metrics0.get(k, 0.0)
                        for k, v in operator_metrics(op.port).items()}
+            metrics[CPU] = cpu_seconds(op.proc.pid) - cpu0
         finally:
             tl.close()
         drop_namespace(kube, ns)  # while the operator runs: it releases the finalizer
@@ -643,9 +653,10 @@ def throughput_part(work: Path, workers: int, before: str = "") -> bool:
         round_s = [t.metrics.get(f"{ROUNDS_METRIC}_sum", 0.0) for t in group]
         plan_s = [t.metrics.get("ringwright_operator_planning_seconds_sum", 0.0)
                   for t in group]
-        print(f"{label}: rounds per trial {spread(rounds)}; seconds in rounds "
-              f"{spread(round_s)}, of which planning {spread(plan_s)}; peak RSS "
-              f"{rss[label]:.0f} MiB")
+        cpu = [t.metrics.get(CPU, 0.0) for t in group]
+        print(f"{label}: CPU seconds per trial {spread(cpu)}; rounds {spread(rounds)}, "
+              f"seconds in rounds {spread(round_s)}, of which planning {spread(plan_s)}; "
+              f"peak RSS {rss[label]:.0f} MiB")
     print("kube-apiserver requests per trial (all clients), median:")
     keys = sorted({k for t in trials for k in t.requests},
                   key=lambda k: -max(t.requests.get(k, 0) for t in trials))
