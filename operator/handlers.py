@@ -224,7 +224,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry, id=PODS_BY_JOB)
     async def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
                           **_: Any) -> dict[tuple[str, str], Obj]:
-        return {(namespace or "", labels[JOB_LABEL]): _plain(body)}
+        # The event's own objects, not a deep copy per pod per event: kopf parses every
+        # event into fresh dicts and never changes them afterwards (a live body is
+        # pointed at the next event's dicts), and rounds only read them.
+        return {(namespace or "", labels[JOB_LABEL]): dict(body)}
 
     @kopf.index("pods", registry=registry, id=POD_SLOTS)
     async def pod_slots_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
