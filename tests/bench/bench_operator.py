@@ -292,13 +292,15 @@ def free_port() -> int:
 class Operator:
     """``python -m ringwright.operator`` with a metrics port, as the bench runs it."""
 
-    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), **(env or {})}
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ringwright.operator", "--metrics-port", str(self.port)],
+                [sys.executable, "-m", "ringwright.operator", "--metrics-port", str(self.port),
+                 *args],
                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
         wait_until("the operator to log in", lambda: self.proc.poll() is not None or
                    "Initial authentication has finished" in log.read_text(errors="replace"))
@@ -559,7 +561,8 @@ def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str, lab
     """A fresh operator (with ``env``) reconciles the job until it is Running; returns
     the trial and the operator's peak RSS."""
     name = stored["metadata"]["name"]
-    op = Operator(cluster, log, env)
+    # One operator after another: none waits out the last one's Lease.
+    op = Operator(cluster, log, env, ("--no-leader-election",))
     try:
         time.sleep(2)  # its watches list what exists
         tl = Timeline(cluster, ns, world_configmap_name(name))
@@ -590,7 +593,7 @@ def spread(values: list[float]) -> str:
 
 def throughput_part(work: Path, workers: int, before: str = "") -> bool:
     """Baseline and operator trials in turn, three each; with ``before`` (a git revision),
-    that revision's operator takes a turn after each baseline too."""
+    that revision's operator takes a turn in each round too."""
     cluster = Cluster(name="bench-operator", root=work / "throughput")
     print(f"\n2. starting a cluster with the large inventory in {work} ...", flush=True)
     cluster.up(inventory="large")
@@ -603,19 +606,23 @@ def throughput_part(work: Path, workers: int, before: str = "") -> bool:
         with cluster.client() as kube, ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
             install_api(kube)
             stored = defaulted_job(kube, workers)
+            kinds: list[tuple[str, dict[str, str]] | None] = [None, *operators]
             for i in range(TRIALS):
-                ns = make_namespace(kube, f"plain-{i}")
-                trials.append(baseline_trial(cluster, kube, stored, ns, pool))
-                drop_namespace(kube, ns)
-                for k, (label, env) in enumerate(operators):
-                    ns = make_namespace(kube, f"job-{i}-{k}")
+                # Each kind takes each place in the order once: the load drifts.
+                for k, kind in enumerate(kinds[i % len(kinds):] + kinds[:i % len(kinds)]):
+                    ns = make_namespace(kube, f"trial-{i}-{k}")
+                    if kind is None:
+                        trials.append(baseline_trial(cluster, kube, stored, ns, pool))
+                        drop_namespace(kube, ns)
+                        continue
+                    label, env = kind
                     trial, peak = operator_trial(cluster, kube, stored, ns, label, env,
                                                  work / f"throughput-operator-{i}-{k}.log")
                     trials.append(trial)
                     rss[label] = max(rss.get(label, 0.0), peak)
                 print(f"  round {i + 1}: " + ", ".join(
                     f"{t.label} {t.done:.2f} s (load {t.load:.2f})"
-                    for t in trials[-1 - len(operators):]), flush=True)
+                    for t in trials[-len(kinds):]), flush=True)
     finally:
         cluster.down()
     groups = {label: [t for t in trials if t.label == label]
