@@ -9,7 +9,9 @@
    until every pod is Running. Three trials each, alternating, one fresh operator per
    trial; medians, ranges, the load, the phases of both as one watch saw them, the
    operator's rounds and kube-apiserver's ``apiserver_request_total``. Goal: <= 1.2x.
-3. ``scale``: >= 2,000 KWOK nodes and >= 100 jobs of 4-32 workers applied at once: API
+3. ``scale``: >= 2,000 KWOK nodes and >= 100 jobs of 4-32 workers applied at once, against
+   the same pods created bare first (the operator's own plans, one job after another),
+   with every gang whole and no node given more GPUs than it has checked once Running: API
    requests per reconcile round from kube-apiserver's own ``apiserver_request_total``
    (read before and after), LIST calls per round while nothing changes, reconcile
    latency p50/p99 (the operator's histogram), time until every job is Running, and the
@@ -77,7 +79,11 @@ from ringwright.operator.observe.cache import (  # noqa: E402
 from ringwright.operator.observe.job import observe  # noqa: E402
 from ringwright.operator.observe.ledger import CapacityLedger, PodSlot, node_record, pod_slots  # noqa: E402
 from ringwright.operator.plan.isolation import new_token, with_report_key  # noqa: E402
-from ringwright.operator.plan.manifests import PLANNED_NODE_ANNOTATION, scaffold  # noqa: E402
+from ringwright.operator.plan.manifests import (  # noqa: E402
+    JOB_LABEL,
+    PLANNED_NODE_ANNOTATION,
+    scaffold,
+)
 from ringwright.operator.plan.placement.inventory import Inventory as PlannerInventory  # noqa: E402
 from ringwright.operator.plan.placement.inventory import inventory_from_objects  # noqa: E402
 from ringwright.operator.plan.placement.placer import place  # noqa: E402
@@ -680,6 +686,72 @@ def throughput_part(work: Path, workers: int, before: str = "") -> bool:
 # -- 3. 2,000 nodes, 100 jobs -------------------------------------------------------------
 
 
+def bare_scale(cluster: Cluster, kube: KubeClient, stored: Obj, sizes: list[int], ns: str,
+               pool: ThreadPoolExecutor) -> float:
+    """The pods the operator would make for jobs of ``sizes`` workers, placed one job after
+    another (each plan counts the pods planned before it), created bare: 16 jobs at a
+    time as the bench applies them, each job's pods in the operator's slow-start window
+    on one shared pool of its size; seconds until every pod is Running."""
+    nodes = kube.list(api_path("v1", "nodes"))
+    planned: list[Obj] = []
+    by_job: list[list[Obj]] = []
+    for i, size in enumerate(sizes):
+        job = copy.deepcopy(stored)
+        job["metadata"].update(name=f"job-{i}", namespace=ns, uid=f"bare-{i}")
+        job["spec"]["workers"].update(min=size, replicas=size, max=size)
+        inventory = inventory_from_objects(nodes, planned, POLICY.node_labels,
+                                           POLICY.gpu_resource)
+        decided = plan(Observed(job=job, pods=[], world=None, reports={}, policy=POLICY,
+                                inventory=inventory), OperatorSettings(), time.time(), place)
+        if len(decided.create) != size:
+            raise RuntimeError(f"job-{i}: the plan made {len(decided.create)} of {size} pods")
+        for pod in decided.create:
+            pod["metadata"].pop("ownerReferences", None)
+            planned.append({"spec": {**pod["spec"], "nodeName": pod["metadata"][
+                "annotations"][PLANNED_NODE_ANNOTATION]}})
+        by_job.append([with_report_key(p, new_token()) for p in decided.create])
+        for obj in scaffold(job):
+            obj["metadata"].pop("ownerReferences")
+            kube.create(api_path(obj["apiVersion"], PLURALS[obj["kind"]], ns), obj)
+    tl = Timeline(cluster, ns, "")
+    try:
+        t0 = time.monotonic()
+
+        def create(pod: Obj) -> None:
+            kube.create(api_path("v1", "pods", ns), pod)
+
+        def one_job(pods: list[Obj]) -> None:
+            _, refusal = slow_start(pods, create, pool)
+            if refusal is not None:
+                raise RuntimeError(f"baseline create refused: {refusal.error}")
+
+        with ThreadPoolExecutor(16) as jobs_pool:
+            list(jobs_pool.map(one_job, by_job))
+        total = sum(sizes)
+        wait_until("every bare pod Running", lambda: len(tl.ready) == total, 0.5)
+        return max(tl.ready.values()) - t0
+    finally:
+        tl.close()
+
+
+def gangs_and_booking(kube: KubeClient, ns: str, sizes: list[int]) -> tuple[int, int]:
+    """(jobs whose every worker runs on a node, nodes given more GPUs than they have)."""
+    pods = kube.list(api_path("v1", "pods", ns))
+    running: Counter[str] = Counter()
+    gpus: Counter[str] = Counter()
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") == "Running":
+            running[pod["metadata"]["labels"][JOB_LABEL]] += 1
+            for c in pod["spec"]["containers"]:
+                gpus[node] += int(((c.get("resources") or {}).get("limits") or {}).get(
+                    POLICY.gpu_resource, 0))
+    capacity = {n["metadata"]["name"]: int(n["status"]["allocatable"].get(
+        POLICY.gpu_resource, 0)) for n in kube.list(api_path("v1", "nodes"))}
+    whole = sum(running[f"job-{i}"] == size for i, size in enumerate(sizes))
+    return whole, sum(used > capacity.get(node, 0) for node, used in gpus.items())
+
+
 def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
     cluster = Cluster(name="bench-operator-scale", root=work / "scale")
     print(f"\n3. starting a cluster with the xlarge inventory in {work} ...", flush=True)
@@ -690,6 +762,14 @@ def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
         with cluster.client() as kube:
             install_api(kube)
             nodes = len(kube.list(api_path("v1", "nodes")))
+            stored = defaulted_job(kube, 4)
+            bare_ns = make_namespace(kube, "bare")
+            load_bare = os.getloadavg()[0]
+            with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+                bare = bare_scale(cluster, kube, stored, sizes, bare_ns, pool)
+            drop_namespace(kube, bare_ns)
+            print(f"  the same pods bare: every pod Running after {bare:.1f} s (load "
+                  f"{load_bare:.2f})", flush=True)
             ns = make_namespace(kube, "scale")
             op = Operator(cluster, work / "scale-operator.log")
             try:
@@ -707,7 +787,9 @@ def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
                     phases = [(j.get("status") or {}).get("phase") for j in items]
                     return phases.count("Running") == jobs
 
+                load_op = os.getloadavg()[0]
                 done = wait_until("every job Running", all_running, interval=2.0) - started
+                whole, double_booked = gangs_and_booking(kube, ns, sizes)
                 after = apiserver_requests(kube)
                 rounds_after, buckets = op.rounds()
                 # Steady state: nothing changes; the operator resyncs every job.
@@ -723,7 +805,11 @@ def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
     quiet = steady - after
     quiet_rounds = rounds_steady - rounds_after
     print(f"{nodes:,} nodes, {jobs} jobs of 4-32 workers ({sum(sizes)} pods), applied at once")
-    print(f"time until every job Running: {done:.1f} s")
+    print(f"time until every job Running: {done:.1f} s (load {load_op:.2f} at the start); "
+          f"the same pods bare until every pod Running: {bare:.1f} s (load {load_bare:.2f}); "
+          f"ratio {done / bare:.2f}")
+    print(f"gangs whole (every worker Running on a node): {whole} of {jobs}; nodes given "
+          f"more GPUs than they have: {double_booked}")
     print(f"reconcile rounds: {rounds:.0f} until Running, {quiet_rounds:.0f} in "
           f"{steady_s:.0f} s of steady state")
     print(f"reconcile latency: p50 {histogram_quantile(.5, buckets) * 1000:.1f} ms, "
