@@ -28,6 +28,7 @@ fails (the ratios would mean nothing).
 
     python tests/bench/bench_operator.py [plan] [throughput] [scale] [lists] [steady]
         [refusals] [--workers 256] [--nodes 10000] [--jobs 100] [--touches 40]
+        [--throughput-before REV] [--throughput-inventory large|xlarge]
 """
 
 from __future__ import annotations
@@ -597,12 +598,13 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def throughput_part(work: Path, workers: int, before: str = "") -> bool:
+def throughput_part(work: Path, workers: int, before: str = "",
+                    inventory: str = "large") -> bool:
     """Baseline and operator trials in turn, three each; with ``before`` (a git revision),
     that revision's operator takes a turn in each round too."""
     cluster = Cluster(name="bench-operator", root=work / "throughput")
-    print(f"\n2. starting a cluster with the large inventory in {work} ...", flush=True)
-    cluster.up(inventory="large")
+    print(f"\n2. starting a cluster with the {inventory} inventory in {work} ...", flush=True)
+    cluster.up(inventory=inventory, timeout=900)
     operators = [(f"operator {before}", {"PYTHONPATH": str(old_tree(work, before))})
                  ] if before else []
     operators.append(("operator", {}))
@@ -634,7 +636,8 @@ def throughput_part(work: Path, workers: int, before: str = "") -> bool:
     groups = {label: [t for t in trials if t.label == label]
               for label in ["baseline", *(label for label, _ in operators)]}
     plain = statistics.median(t.done for t in groups["baseline"])
-    print(f"\n{workers} workers, {TRIALS} trials each, alternating; the same pod manifests "
+    print(f"\n{workers} workers on the {inventory} inventory, {TRIALS} trials each, "
+          f"alternating; the same pod manifests "
           f"(the operator's plan), at most {MAX_IN_FLIGHT} creates in flight (slow start)")
     print(f"{'seconds from the first request: median (range)':48}"
           + "".join(f"{label:>22}" for label in groups))
@@ -1048,6 +1051,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-before", default="",
                         help="git revision of an operator to alternate with this one in "
                         "the throughput part (before/after in one run)")
+    parser.add_argument("--throughput-inventory", default="large",
+                        help="devcluster inventory of the throughput part (xlarge: 2,000 "
+                        "nodes, room for 1,000 workers)")
     parser.add_argument("--steady-jobs", type=int, default=20)
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -1062,7 +1068,8 @@ def main(argv: list[str] | None = None) -> int:
     if "plan" in parts:
         ok &= plan_part(args.nodes, args.rounds)
     if "throughput" in parts:
-        ok &= throughput_part(work, args.workers, args.throughput_before)
+        ok &= throughput_part(work, args.workers, args.throughput_before,
+                              args.throughput_inventory)
     if "scale" in parts:
         ok &= scale_part(work, args.jobs, args.steady_seconds)
     if "lists" in parts:
