@@ -153,12 +153,12 @@ class Applier:
         differs right after our apply (another manager's list entries, say) is not
         applied again until it changes: applying cannot change it. ``first``: the objects
         are being made (a refusal is a FailedCreate). Returns the refusals; every object
-        is tried.
+        is tried, all at once.
         """
         ns = job["metadata"]["namespace"]
-        out: list[Refused] = []
-        self._try(out, "create", "Secret", join_token_secret_name(job["metadata"]["name"]),
-                  partial(self._ensure_join_token, job))
+        writes: list[tuple[str, str, str, Callable[[], object]]] = [
+            ("create", "Secret", join_token_secret_name(job["metadata"]["name"]),
+             partial(self._ensure_join_token, job))]
         objects = scaffold(job)
         if self.settings.network_policy:
             objects.append(network_policy(job, self.settings.operator_namespace))
@@ -174,8 +174,16 @@ class Applier:
             def write(obj: Obj = obj, kind: str = kind) -> None:
                 self.written.put(kind, record(self.kube.apply(_object_path(obj), obj)),
                                  sent=obj)
-            self._try(out, "create" if first or seen is None else "update", kind, name, write)
-        return out
+            writes.append(("create" if first or seen is None else "update", kind, name, write))
+
+        def attempt(verb: str, kind: str, name: str, write: Callable[[], object]
+                    ) -> list[Refused]:
+            out: list[Refused] = []
+            self._try(out, verb, kind, name, write)
+            return out
+        # All at once: none depends on another, and a new job's first pods wait for
+        # them (a round trip each, one after another, before).
+        return [r for rs in self.pool.map(lambda w: attempt(*w), writes) for r in rs]
 
     def _ensure_join_token(self, job: Obj) -> None:
         """Create the job's join-token Secret once, with a fresh token.
