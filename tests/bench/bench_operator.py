@@ -28,7 +28,7 @@ fails (the ratios would mean nothing).
 
     python tests/bench/bench_operator.py [plan] [throughput] [scale] [lists] [steady]
         [refusals] [--workers 256] [--nodes 10000] [--jobs 100] [--touches 40]
-        [--throughput-before REV] [--throughput-inventory large|xlarge]
+        [--throughput-before REV] [--throughput-inventory large|xlarge] [--trials 3]
 """
 
 from __future__ import annotations
@@ -381,7 +381,7 @@ def apiserver_requests(kube: KubeClient, subresources: bool = False
 
 
 TRIALS = 3
-"""Baseline and operator trials, alternating, in one run."""
+"""Baseline and operator trials each, alternating, in one run (``--trials``)."""
 CPU = "cpu_seconds"
 """The operator's CPU time (user + system) in a trial, beside its own metrics."""
 PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
@@ -599,7 +599,7 @@ def spread(values: list[float]) -> str:
 
 
 def throughput_part(work: Path, workers: int, before: str = "",
-                    inventory: str = "large") -> bool:
+                    inventory: str = "large", trials: int = TRIALS) -> bool:
     """Baseline and operator trials in turn, three each; with ``before`` (a git revision),
     that revision's operator takes a turn in each round too."""
     cluster = Cluster(name="bench-operator", root=work / "throughput")
@@ -615,7 +615,7 @@ def throughput_part(work: Path, workers: int, before: str = "",
             install_api(kube)
             stored = defaulted_job(kube, workers)
             kinds: list[tuple[str, dict[str, str]] | None] = [None, *operators]
-            for i in range(TRIALS):
+            for i in range(trials):
                 # Each kind takes each place in the order once: the load drifts.
                 for k, kind in enumerate(kinds[i % len(kinds):] + kinds[:i % len(kinds)]):
                     ns = make_namespace(kube, f"trial-{i}-{k}")
@@ -636,7 +636,7 @@ def throughput_part(work: Path, workers: int, before: str = "",
     groups = {label: [t for t in trials if t.label == label]
               for label in ["baseline", *(label for label, _ in operators)]}
     plain = statistics.median(t.done for t in groups["baseline"])
-    print(f"\n{workers} workers on the {inventory} inventory, {TRIALS} trials each, "
+    print(f"\n{workers} workers on the {inventory} inventory, {trials} trials each, "
           f"alternating; the same pod manifests "
           f"(the operator's plan), at most {MAX_IN_FLIGHT} creates in flight (slow start)")
     print(f"{'seconds from the first request: median (range)':48}"
@@ -1054,6 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput-inventory", default="large",
                         help="devcluster inventory of the throughput part (xlarge: 2,000 "
                         "nodes, room for 1,000 workers)")
+    parser.add_argument("--trials", type=int, default=TRIALS,
+                        help="trials of each kind in the throughput part")
     parser.add_argument("--steady-jobs", type=int, default=20)
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -1069,7 +1071,7 @@ def main(argv: list[str] | None = None) -> int:
         ok &= plan_part(args.nodes, args.rounds)
     if "throughput" in parts:
         ok &= throughput_part(work, args.workers, args.throughput_before,
-                              args.throughput_inventory)
+                              args.throughput_inventory, args.trials)
     if "scale" in parts:
         ok &= scale_part(work, args.jobs, args.steady_seconds)
     if "lists" in parts:
