@@ -599,7 +599,7 @@ def spread(values: list[float]) -> str:
 
 
 def throughput_part(work: Path, workers: int, before: str = "",
-                    inventory: str = "large", trials: int = TRIALS) -> bool:
+                    inventory: str = "large", repeats: int = TRIALS) -> bool:
     """Baseline and operator trials in turn, three each; with ``before`` (a git revision),
     that revision's operator takes a turn in each round too."""
     cluster = Cluster(name="bench-operator", root=work / "throughput")
@@ -615,7 +615,7 @@ def throughput_part(work: Path, workers: int, before: str = "",
             install_api(kube)
             stored = defaulted_job(kube, workers)
             kinds: list[tuple[str, dict[str, str]] | None] = [None, *operators]
-            for i in range(trials):
+            for i in range(repeats):
                 # Each kind takes each place in the order once: the load drifts.
                 for k, kind in enumerate(kinds[i % len(kinds):] + kinds[:i % len(kinds)]):
                     ns = make_namespace(kube, f"trial-{i}-{k}")
@@ -636,7 +636,7 @@ def throughput_part(work: Path, workers: int, before: str = "",
     groups = {label: [t for t in trials if t.label == label]
               for label in ["baseline", *(label for label, _ in operators)]}
     plain = statistics.median(t.done for t in groups["baseline"])
-    print(f"\n{workers} workers on the {inventory} inventory, {trials} trials each, "
+    print(f"\n{workers} workers on the {inventory} inventory, {repeats} trials each, "
           f"alternating; the same pod manifests "
           f"(the operator's plan), at most {MAX_IN_FLIGHT} creates in flight (slow start)")
     print(f"{'seconds from the first request: median (range)':48}"
