@@ -28,7 +28,7 @@ fails (the ratios would mean nothing).
 
     python tests/bench/bench_operator.py [plan] [throughput] [scale] [lists] [steady]
         [refusals] [--workers 256] [--nodes 10000] [--jobs 100] [--touches 40]
-        [--throughput-before REV] [--throughput-inventory large|xlarge] [--trials 3]
+        [--throughput-before REV] [--throughput-inventory large|wide] [--trials 3]
 """
 
 from __future__ import annotations
@@ -1052,8 +1052,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="git revision of an operator to alternate with this one in "
                         "the throughput part (before/after in one run)")
     parser.add_argument("--throughput-inventory", default="large",
-                        help="devcluster inventory of the throughput part (xlarge: 2,000 "
-                        "nodes, room for 1,000 workers)")
+                        help="devcluster inventory of the throughput part (wide: 160 "
+                        "nodes, room for 1,000 workers on one GPU model)")
     parser.add_argument("--trials", type=int, default=TRIALS,
                         help="trials of each kind in the throughput part")
     parser.add_argument("--steady-jobs", type=int, default=20)
