@@ -1,6 +1,7 @@
 # ringwright developer entry points. Two matter for a newcomer:
 #   make demo   local cluster + operator + an elastic training job that survives a failure
 #   make test   lint, type-check and every test (unit, cluster, e2e)
+#   (then make demo-real: the same demo on real kubelet nodes, the chart's operator, images)
 # Expensive things are cached outside the checkout, keyed by version:
 #   $(CACHE)/venv/<digest>   Python deps (torch, ...)   digest of pyproject.toml's dependencies + python version
 #   $(CACHE)/bin/<name>-<version>-<digest>   control-plane binaries (and the kubelet) built from Go modules
@@ -18,7 +19,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 MAKEFLAGS += --jobs=2
 
-.PHONY: help env binaries lint test test-unit demo down bench crds images clean-cache
+.PHONY: help env binaries lint test test-unit demo demo-real down bench crds images clean-cache
 
 help:
 	@grep -E '^#' Makefile | head -8
@@ -69,6 +70,11 @@ test: binaries lint
 
 demo: binaries env
 	$(PY) -m ringwright.devcluster.demo
+
+# The demo on two real kubelet nodes (root, containerd, runc; docs/real-nodes.md), with
+# the images built here (as `make images`) and the operator installed by `helm install`.
+demo-real: binaries env
+	$(PY) -m ringwright.devcluster.demo_real
 
 down: env
 	$(PY) -m ringwright.devcluster down

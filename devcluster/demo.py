@@ -10,6 +10,8 @@
 6. print the log lines of every process merged by time, the recovery as the runtime's
    and the operator's Prometheus metrics count it, and draw a PNG timeline.
 The cluster is left running (``python -m ringwright.devcluster down`` stops it).
+Steps 3 to 6 are :func:`drive`, which ``make demo-real`` (:mod:`.demo_real`) runs too,
+on real nodes, with pod logs read through the API.
 Every step waits for what it reads: the world ConfigMap and the job's status are
 written one after the other, so neither is read before it shows the awaited generation.
 """
@@ -27,9 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
-
-import yaml
+from typing import Protocol, TypeVar
 
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
@@ -43,6 +43,7 @@ from ringwright.world import (
 )
 
 from .control_plane import Cluster, free_port
+from .example import EXAMPLE, example
 from .install import install_api
 from .inventory import describe
 from .podhost import PodHost
@@ -50,7 +51,6 @@ from .scrape import Scrape, scrape
 from .timeline import LogLine, draw, fields, merge, read_log, read_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "trainingjob-demo.yaml"
 NAMESPACE = "demo"
 PROGRESS = r" epoch_done "
 """The line rank 0 prints after every data epoch."""
@@ -72,18 +72,19 @@ def say(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
-def wait(probe: Callable[[], T | None], what: str, host: PodHost | None = None,
-         timeout: float = 180.0) -> T:
-    """Poll ``probe`` (keeping the pod host in step) until it answers."""
+def wait(probe: Callable[[], T | None], what: str, sync: Callable[[], None] | None = None,
+         timeout: float = 180.0, interval: float = 0.2) -> T:
+    """Poll ``probe`` (calling ``sync`` first, to keep a pod host in step) until it
+    answers."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if host is not None:
-            host.sync()
+        if sync is not None:
+            sync()
         value = probe()
         if value:
             return value
-        time.sleep(0.2)
-    raise DemoTimeout(f"demo: timed out waiting for {what}")
+        time.sleep(interval)
+    raise DemoTimeout(f"demo: timed out waiting for {what} ({timeout:.0f} s)")
 
 
 def current_world(kube: KubeClient, namespace: str, name: str) -> World | None:
@@ -107,10 +108,11 @@ def world_summary(job: Obj | None, generation: int) -> Obj | None:
 def show_world(world: World, edges: int) -> None:
     print(f"world generation {world.generation}: {world.size} workers, store at "
           f"{world.store.address}:{world.store.port}")
-    print(f"  {'RANK':<5}{'POD':<22}{'IP':<16}{'RACK':<9}{'NVLINK':<14}{'NODE':<18}GPU")
+    node = max([16, *(len(m.node) for m in world.members)]) + 2
+    print(f"  {'RANK':<5}{'POD':<22}{'IP':<16}{'RACK':<9}{'NVLINK':<14}{'NODE':<{node}}GPU")
     for m in world.members:
         print(f"  {m.rank:<5}{m.pod:<22}{m.ip:<16}{m.rack:<9}{m.nvlink_domain:<14}"
-              f"{m.node:<18}{m.gpu_model}")
+              f"{m.node:<{node}}{m.gpu_model}")
     print("  ring: " + " -> ".join(f"{m.rank}({m.rack})" for m in world.members)
           + f" -> 0   cross-rack edges: {edges}")
 
@@ -141,9 +143,78 @@ def pod_lines(host: PodHost) -> list[LogLine]:
     return merge(read_log(path, path.stem) for path in sorted(host.workdir.glob("*.log")))
 
 
-def grep_logs(host: PodHost, pattern: str) -> list[LogLine]:
-    """Pod log lines matching ``pattern``, in time order."""
-    return [line for line in pod_lines(host) if re.search(pattern, line.text)]
+class Pods(Protocol):
+    """The job's pods as the demo reads them, wherever they run."""
+
+    def sync(self) -> None:
+        """Keep the pods in step with the cluster (a pod host starts and stops them)."""
+
+    def lines(self) -> list[LogLine]:
+        """Every pod's timestamped log lines so far, merged by time."""
+
+    def metrics_urls(self) -> dict[str, str]:
+        """The runtime's /metrics URL of each pod, by pod name."""
+
+
+@dataclass
+class HostedPods:
+    """Pods run by a :class:`PodHost` on this machine: logs in its folder."""
+
+    host: PodHost
+
+    def sync(self) -> None:
+        self.host.sync()
+
+    def lines(self) -> list[LogLine]:
+        return pod_lines(self.host)
+
+    def metrics_urls(self) -> dict[str, str]:
+        return {pod: f"http://{hosted.ip}:{DEFAULT_METRICS_PORT}/metrics"
+                for pod, hosted in sorted(self.host.pods.items())}
+
+
+def grep(lines: list[LogLine], pattern: str) -> list[LogLine]:
+    """The lines matching ``pattern``, in their order."""
+    return [line for line in lines if re.search(pattern, line.text)]
+
+
+def first_ready(lines: list[LogLine], generation: int, since: float = 0.0) -> float | None:
+    """When the first member logged ``world_ready`` for ``generation`` (or a later one)
+    at or after ``since``: training in that world starts with its next step."""
+    for line in lines:
+        found = fields(line.text, "world_ready") if line.at >= since else None
+        if found is not None and int(found.get("generation", -1)) >= generation:
+            return line.at
+    return None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Seconds from the failure to training again in the smaller world (its first
+    ``world_ready``), and to the whole world's first ``world_ready``."""
+
+    smaller: float | None
+    whole: float | None
+
+    def show(self, where: str) -> str:
+        """The figure as the demo prints it, saying where it was measured."""
+        def secs(value: float | None) -> str:
+            return f"{value:.1f} s" if value is not None else "not seen"
+
+        return (f"recovery ({where}): pod deleted -> training at the smaller size "
+                f"{secs(self.smaller)}, -> back at full size {secs(self.whole)}")
+
+
+def recovery(lines: list[LogLine], failure_at: float, smaller: int, whole: int) -> Recovery:
+    """The :class:`Recovery` of a failure at ``failure_at`` (seconds since the epoch)
+    whose smaller world is generation ``smaller`` and whose healed one is ``whole``."""
+    def since(generation: int) -> float | None:
+        at = next((line.at for line in lines if line.at >= failure_at
+                   and int((fields(line.text, "world_ready") or {}).get("generation", -1))
+                   == generation), None)
+        return at - failure_at if at is not None else None
+
+    return Recovery(since(smaller), since(whole))
 
 
 def show_merged(lines: list[LogLine], since: float) -> None:
@@ -165,6 +236,7 @@ class DemoRun:
     runtime: dict[str, Scrape] = field(default_factory=dict)
     """The runtime metrics of every training process, by pod."""
     operator: Scrape | None = None
+    recovery: Recovery | None = None
 
 
 def show_metrics(run: DemoRun) -> None:
@@ -243,29 +315,84 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
             operator_log: Path | None = None, operator_metrics: str = "",
             png: Path | None = None,
             before_failure: Callable[[World], None] | None = None) -> DemoRun:
-    """Apply the example job, show placement, inject a failure, show the recovery.
+    """Apply the example job, its pods run by a pod host on this machine; show
+    placement, inject a failure, show the recovery (:func:`drive`).
 
     Needs a running operator; ``operator_log`` and ``operator_metrics`` (its /metrics
     URL) are read when given. ``before_failure`` is called with the first world just
     before its last member's pod is deleted. Raises :class:`DemoTimeout` when a step
     never comes.
     """
-    manifest: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    name = manifest["metadata"]["name"]
+    manifest = example()
     # The pods run on this machine: the job's checkpoint path is a folder of the demo's.
     manifest["spec"]["checkpoint"]["path"] = str(work / "checkpoints")
+    command = [sys.executable, str(ROOT / "examples" / "train_elastic.py"), "--epochs", "200",
+               "--samples", str(SAMPLES)]
+    host = PodHost(kube, namespace, manifest["metadata"]["name"], command, work / "pods",
+                   readiness_grace=60)
+    try:
+        pods = HostedPods(host)
+        apply_job(kube, namespace, manifest, f"kubectl apply -f {EXAMPLE.relative_to(ROOT)}",
+                  pods.sync)
+        return drive(cluster, kube, pods, manifest, Scenario(samples=SAMPLES),
+                     namespace=namespace, png=png or work / "timeline.png",
+                     operator_lines=(lambda: read_log(operator_log, "operator"))
+                     if operator_log else None,
+                     operator_metrics=(lambda: scrape(operator_metrics))
+                     if operator_metrics else None,
+                     before_failure=before_failure)
+    finally:
+        host.close()
+
+
+def apply_job(kube: KubeClient, namespace: str, manifest: Obj, title: str,
+              sync: Callable[[], None] | None = None, timeout: float = 180.0) -> None:
+    """Create ``manifest`` in ``namespace`` (made if missing) after the previous demo
+    job of its name is gone."""
+    name = manifest["metadata"]["name"]
     if kube.get_or_none(api_path("v1", "namespaces", name=namespace)) is None:
         kube.create(api_path("v1", "namespaces"), {"metadata": {"name": namespace}})
     job_path = api_path(API_VERSION, "trainingjobs", namespace, name)
     if kube.delete(job_path, propagation="Foreground"):
-        wait(lambda: kube.get_or_none(job_path) is None, "the previous demo job to go")
-    say(f"kubectl apply -f {EXAMPLE.relative_to(ROOT)}")
+        wait(lambda: kube.get_or_none(job_path) is None, "the previous demo job to go", sync,
+             timeout)
+    say(title)
     kube.create(api_path(API_VERSION, "trainingjobs", namespace), manifest)
 
-    command = [sys.executable, str(ROOT / "examples" / "train_elastic.py"), "--epochs", "200",
-               "--samples", str(SAMPLES)]
-    host = PodHost(kube, namespace, name, command, work / "pods", readiness_grace=60)
+
+@dataclass(frozen=True)
+class Scenario:
+    """How a demo runs the shared steps of :func:`drive`."""
+
+    samples: int
+    """Samples per data epoch of the job's script."""
+    hold_replacement: bool = True
+    """Cordon the schedulable nodes from the failure until the smaller world trains, so
+    that it always comes before the replacement (see :func:`drive`)."""
+    grace: int | None = 0
+    """The deleted pod's grace period; None: its own (``kubectl delete pod``)."""
+    timeout: float = 180.0
+    """How long each step may take."""
+    interval: float = 0.2
+    """Between two looks at the cluster or the logs."""
+    measured_on: str = ""
+    """Where the recovery figure is measured, for its label; empty: not printed."""
+
+
+def drive(cluster: Cluster, kube: KubeClient, pods: Pods, manifest: Obj, scenario: Scenario, *,
+          namespace: str, png: Path,
+          operator_lines: Callable[[], list[LogLine]] | None = None,
+          operator_metrics: Callable[[], Scrape | None] | None = None,
+          before_failure: Callable[[World], None] | None = None) -> DemoRun:
+    """The demo's steps once the job ``manifest`` is applied: show placement, wait for
+    training, delete the last member's pod, show the smaller world and the whole one
+    again, the merged logs, the metrics, the recovery figure and the timeline."""
+    name = manifest["metadata"]["name"]
+    job_path = api_path(API_VERSION, "trainingjobs", namespace, name)
     replicas = manifest["spec"]["workers"]["replicas"]
+
+    def waited(probe: Callable[[], T | None], what: str) -> T:
+        return wait(probe, what, pods.sync, scenario.timeout, scenario.interval)
 
     def next_world(after: int, size: int | None = None) -> World:
         def probe() -> World | None:
@@ -273,84 +400,79 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
             ok = w is not None and w.generation > after and (size is None or w.size == size)
             return w if ok else None
 
-        what = f"a world after generation {after}" + (f" with {size} workers" if size else "")
-        return wait(probe, what, host)
+        return waited(probe, f"a world after generation {after}"
+                      + (f" with {size} workers" if size else ""))
 
     def show(world: World) -> None:
-        summary = wait(lambda: world_summary(kube.get_or_none(job_path), world.generation),
-                       f"the job status to show generation {world.generation}", host)
+        summary = waited(lambda: world_summary(kube.get_or_none(job_path), world.generation),
+                         f"the job status to show generation {world.generation}")
         show_world(world, int(summary["crossRackEdges"]))
 
     def trained_in(generation: int, epochs_done: int) -> None:
-        def started() -> float | None:
-            for line in grep_logs(host, r" world_ready "):
-                found = fields(line.text, "world_ready")
-                if found is not None and int(found.get("generation", -1)) >= generation:
-                    return line.at
-            return None
+        ready = waited(lambda: first_ready(pods.lines(), generation),
+                       f"training in generation {generation}")
+        waited(lambda: sum(1 for line in grep(pods.lines(), PROGRESS) if line.at > ready)
+               >= epochs_done, f"{epochs_done} data epochs in world generation {generation}")
 
-        ready = wait(started, f"training in generation {generation}", host)
-        wait(lambda: sum(1 for line in grep_logs(host, PROGRESS) if line.at > ready)
-             >= epochs_done, f"{epochs_done} data epochs in world generation {generation}", host)
+    world = next_world(0, replicas)
+    say("placement: one GPU model, fewest racks, ring in rack order")
+    show(world)
+    kubectl(cluster, "-n", namespace, "get", "tj", "-o", "wide")
+    kubectl(cluster, "-n", namespace, "get", "pods", "-o", "wide")
 
-    try:
-        world = next_world(0, replicas)
-        say("placement: one GPU model, fewest racks, ring in rack order")
-        show(world)
-        kubectl(cluster, "-n", namespace, "get", "tj", "-o", "wide")
-        kubectl(cluster, "-n", namespace, "get", "pods", "-o", "wide")
-
-        say("training: waiting for a few data epochs")
-        trained_in(world.generation, 3)
-        if before_failure is not None:
-            before_failure(world)
-        victim = world.members[-1].pod
-        # With room for it, the replacement is Ready as soon as it runs, and the operator
-        # publishes a full set of ready pods at once: when its round after the loss came
-        # late, the ring went from 4 straight back to 4. Cordoned nodes take no
-        # replacement, so the smaller world always comes first.
-        cordoned = schedulable_nodes(kube)
+    say("training: waiting for a few data epochs")
+    trained_in(world.generation, 3)
+    if before_failure is not None:
+        before_failure(world)
+    victim = world.members[-1].pod
+    # With room for it, the replacement is Ready as soon as it runs, and the operator
+    # publishes a full set of ready pods at once: when its round after the loss came
+    # late, the ring went from 4 straight back to 4. Cordoned nodes take no
+    # replacement, so the smaller world always comes first.
+    cordoned = schedulable_nodes(kube) if scenario.hold_replacement else []
+    if cordoned:
         say(f"kubectl cordon {' '.join(cordoned)}: the replacement must wait")
         set_cordoned(kube, cordoned, True)
-        try:
-            say(f"failure: kubectl delete pod {victim} (rank {world.members[-1].rank})")
-            failure_at = time.time()
-            kube.delete(api_path("v1", "pods", namespace, victim), grace=0)
-            shrunk = next_world(world.generation, replicas - 1)
-            show(shrunk)
-            trained_in(shrunk.generation, 1)
-        finally:
-            set_cordoned(kube, cordoned, False)
-        say("kubectl uncordon: the operator places the replacement")
-        healed = next_world(shrunk.generation, replicas)
-        say("the replacement joined; the ring is whole again")
-        show(healed)
-        trained_in(healed.generation, 3)
-
-        say("what every process logged, merged by time")
-        logs = pod_lines(host)
-        everything = merge([logs, read_log(operator_log, "operator")]) if operator_log \
-            else logs
-        show_merged(everything, since=failure_at - 2)
-        run = DemoRun(png=png or work / "timeline.png", failure_at=failure_at,
-                      generations=[world.generation, shrunk.generation, healed.generation])
-        say("the recovery in Prometheus metrics (runtime on each pod, and the operator)")
-        for pod, hosted in sorted(host.pods.items()):
-            got = scrape(f"http://{hosted.ip}:{DEFAULT_METRICS_PORT}/metrics")
-            if got is not None:
-                run.runtime[pod] = got
-        run.operator = scrape(operator_metrics) if operator_metrics else None
-        show_metrics(run)
-
-        timeline = read_timeline(logs, SAMPLES)
-        draw(timeline, run.png, failure_at=failure_at, rejoin_generation=healed.generation,
-             title=f"TrainingJob {name}: {victim} deleted, world {world.size} -> "
-                   f"{shrunk.size} -> {healed.size}")
-        kubectl(cluster, "-n", namespace, "get", "tj", "-o", "wide")
-        kubectl(cluster, "-n", namespace, "describe", "tj", name)
-        return run
+    try:
+        say(f"failure: kubectl delete pod {victim} (rank {world.members[-1].rank})")
+        failure_at = time.time()
+        kube.delete(api_path("v1", "pods", namespace, victim), grace=scenario.grace)
+        shrunk = next_world(world.generation, replicas - 1)
+        show(shrunk)
+        trained_in(shrunk.generation, 1)
     finally:
-        host.close()
+        set_cordoned(kube, cordoned, False)
+    if cordoned:
+        say("kubectl uncordon: the operator places the replacement")
+    healed = next_world(shrunk.generation, replicas)
+    say("the replacement joined; the ring is whole again")
+    show(healed)
+    trained_in(healed.generation, 3)
+
+    say("what every process logged, merged by time")
+    logs = pods.lines()
+    everything = merge([logs, operator_lines()]) if operator_lines else logs
+    show_merged(everything, since=failure_at - 2)
+    run = DemoRun(png=png, failure_at=failure_at,
+                  generations=[world.generation, shrunk.generation, healed.generation],
+                  recovery=recovery(logs, failure_at, shrunk.generation, healed.generation))
+    say("the recovery in Prometheus metrics (runtime on each pod, and the operator)")
+    for pod, url in pods.metrics_urls().items():
+        got = scrape(url)
+        if got is not None:
+            run.runtime[pod] = got
+    run.operator = operator_metrics() if operator_metrics else None
+    show_metrics(run)
+    if scenario.measured_on and run.recovery is not None:
+        say(run.recovery.show(scenario.measured_on))
+
+    timeline = read_timeline(logs, scenario.samples)
+    draw(timeline, run.png, failure_at=failure_at, rejoin_generation=healed.generation,
+         title=f"TrainingJob {name}: {victim} deleted, world {world.size} -> "
+               f"{shrunk.size} -> {healed.size}")
+    kubectl(cluster, "-n", namespace, "get", "tj", "-o", "wide")
+    kubectl(cluster, "-n", namespace, "describe", "tj", name)
+    return run
 
 
 if __name__ == "__main__":

@@ -41,8 +41,36 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {' '.join(args)} failed: {proc.stderr[-2000:]}")
 
 
+def _openssl_out(*args: str) -> str:
+    exe = shutil.which("openssl") or "openssl"
+    proc = subprocess.run([exe, *args], capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def names_service_ip(folder: Path) -> bool:
+    """Whether the API server's certificate in ``folder`` is valid for
+    :data:`SERVICE_IP` (one made by an older checkout, before real nodes, is not)."""
+    cert = folder / "apiserver.crt"
+    return cert.is_file() and f"IP Address:{SERVICE_IP}" in _openssl_out(
+        "x509", "-in", str(cert), "-noout", "-ext", "subjectAltName")
+
+
+def _sign_serving_cert(folder: Path) -> None:
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
+             "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver", cwd=folder)
+    (folder / "san.ext").write_text(
+        f"subjectAltName=IP:127.0.0.1,IP:{SERVICE_IP},DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+    )
+    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "3650", "-extfile", "san.ext",
+             "-out", "apiserver.crt", cwd=folder)
+
+
 def ensure_pki(folder: Path) -> Pki:
-    """Create the material in ``folder`` unless it is already there; return its paths."""
+    """Create the material in ``folder`` unless it is already there; return its paths.
+    A serving certificate that does not name :data:`SERVICE_IP` is signed anew (same
+    CA, so kubeconfigs stay valid)."""
     folder.mkdir(parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=folder / "ca.crt",
@@ -57,20 +85,14 @@ def ensure_pki(folder: Path) -> Pki:
         _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
                  "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=ringwright-devcluster-ca",
                  cwd=folder)
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
-                 "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver", cwd=folder)
-        (folder / "san.ext").write_text(
-            f"subjectAltName=IP:127.0.0.1,IP:{SERVICE_IP},DNS:localhost,DNS:kubernetes,"
-            "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
-        )
-        _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "3650", "-extfile", "san.ext",
-                 "-out", "apiserver.crt", cwd=folder)
+        _sign_serving_cert(folder)
         _openssl("genrsa", "-out", "sa.key", "2048", cwd=folder)
         _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=folder)
         token = secrets.token_hex(24)
         # Static token file: token,user,uid,"group1,group2".
         pki.token_file.write_text(f'{token},ringwright-admin,ringwright-admin,"system:masters"\n')
         pki.token_file.chmod(0o600)
+    elif not names_service_ip(folder):
+        _sign_serving_cert(folder)
     token = pki.token_file.read_text().split(",", 1)[0]
     return Pki(**{**pki.__dict__, "admin_token": token})

@@ -35,7 +35,7 @@ from ringwright.objects import Obj
 
 from .build import ensure_binaries
 from .inventory import GPU_RESOURCE
-from .node import apiproxy, configs, host, image
+from .node import apiproxy, configs, host, image, image_store
 from .node.layout import (
     API_PROXY_PORT,
     REAL_NODE_LABEL,
@@ -114,6 +114,8 @@ class RealNodeSet:
 
     record: SetRecord
     registry: Registry
+    seeded: frozenset[Path] = frozenset()
+    """The archives whose images the nodes started with."""
 
     @property
     def nodes(self) -> list[NodeLayout]:
@@ -125,7 +127,10 @@ class RealNodeSet:
 
     def load_image(self, archive: Path) -> None:
         """Import the OCI archive ``archive`` into every node's containerd (no registry
-        is reachable: pods of its image use ``imagePullPolicy: Never``)."""
+        is reachable: pods of its image use ``imagePullPolicy: Never``), unless the
+        nodes started with it."""
+        if archive in self.seeded:
+            return
         ctr = Path(shutil.which("ctr") or "ctr")
         for layout in self.nodes:
             image.import_image(ctr, layout.containerd_socket, archive)
@@ -141,10 +146,11 @@ class RealNodeSet:
 
 def start_real_nodes(kube: KubeClient, cluster_dir: Path, kubeconfig: Path,
                      specs: Sequence[RealNodeSpec], *, kubelet: Path | None = None,
-                     registry: Registry | None = None, timeout: float = 180.0
-                     ) -> RealNodeSet:
+                     registry: Registry | None = None, timeout: float = 180.0,
+                     images: Sequence[Path] = ()) -> RealNodeSet:
     """Start ``specs`` as real nodes of the cluster whose state folder is
-    ``cluster_dir``; return once each is Ready with its labels and GPUs.
+    ``cluster_dir``, holding the images of the OCI archives ``images`` (besides the
+    sandbox image) from the start; return once each is Ready with its labels and GPUs.
 
     Node objects left under the same names (an earlier run's) are deleted first, so the
     kubelets register afresh with their labels and taint. On failure, everything
@@ -157,13 +163,16 @@ def start_real_nodes(kube: KubeClient, cluster_dir: Path, kubeconfig: Path,
     assert cni_dir is not None
     kubelet = kubelet or ensure_binaries(("kubelet",))["kubelet"]
     ref, archive = image.ensure_archive(_image_cache())
+    containerd, ctr = (Path(shutil.which(c) or c) for c in ("containerd", "ctr"))
+    store = image_store.ensure_store([archive, *images], _image_cache(),
+                                     containerd=containerd, ctr=ctr)
     registry = registry or Registry()
     with registry.locked():
         record = registry.claim(cluster_dir.resolve())
         record.nodes = [n.to_record() for n in layouts(
             list(specs), record.slot, cluster_dir.resolve() / "realnodes")]
         registry.save(record)
-    nodes = RealNodeSet(record, registry)
+    nodes = RealNodeSet(record, registry, frozenset(images))
     _forget_nodes(kube, nodes.names)
     try:
         service = _api_service(kube)
@@ -171,7 +180,7 @@ def start_real_nodes(kube: KubeClient, cluster_dir: Path, kubeconfig: Path,
         host.create_backbone(backbone_netns(record.slot))
         for layout in nodes.nodes:
             _start_node(layout, record, registry, cluster_dir / "logs", kubelet=kubelet,
-                        kubeconfig=kubeconfig, sandbox_image=ref, archive=archive,
+                        kubeconfig=kubeconfig, sandbox_image=ref, store=store,
                         cni_dir=cni_dir, service=service, api_server=api_server)
         host.route_between(nodes.nodes)
         _wait_ready(kube, nodes, cluster_dir / "logs", timeout)
@@ -230,16 +239,16 @@ def _api_server(kubeconfig: Path) -> tuple[str, int]:
 
 
 def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs: Path, *,
-                kubelet: Path, kubeconfig: Path, sandbox_image: str, archive: Path,
+                kubelet: Path, kubeconfig: Path, sandbox_image: str, store: Path,
                 cni_dir: Path, service: tuple[str, int], api_server: tuple[str, int]
                 ) -> None:
     """Create one node's network, cgroup and mount namespace; start its API relay and
-    containerd, import the local image, then start its kubelet."""
+    containerd on a root seeded with the images of ``store``, then start its kubelet."""
     shutil.rmtree(layout.dir, ignore_errors=True)
     for folder in (layout.containerd_root, layout.containerd_state, layout.cni_conf_dir,
                    layout.ipam_dir, layout.kubelet_root):
         folder.mkdir(parents=True)
-    runc, containerd, ctr = (Path(shutil.which(c) or c) for c in ("runc", "containerd", "ctr"))
+    runc, containerd = (Path(shutil.which(c) or c) for c in ("runc", "containerd"))
     layout.containerd_config.write_text(configs.containerd_config(
         layout, sandbox_image=sandbox_image, cni_bin_dir=cni_dir, runc=runc))
     (layout.cni_conf_dir / "10-realnode.conflist").write_text(
@@ -247,6 +256,7 @@ def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs:
     layout.kubelet_config.write_text(yaml.safe_dump(configs.kubelet_config(layout)))
     host.create_network(layout)
     host.create_cgroup(layout.cgroup)
+    image_store.seed_root(store, layout.containerd_root)
 
     def started(proc: host.Proc) -> host.Proc:
         record.processes.append(proc)
@@ -268,7 +278,6 @@ def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs:
         host.in_node(holder, [str(containerd), "--config", str(layout.containerd_config)],
                      netns=layout.netns), containerd_log))
     host.wait_for_socket(layout.containerd_socket, daemon, containerd_log, timeout=60)
-    image.import_image(ctr, layout.containerd_socket, archive)
     started(host.spawn("kubelet", layout.name,
                        host.in_node(holder, configs.kubelet_argv(layout, kubelet, kubeconfig)),
                        logs / f"realnode-{layout.name}-kubelet.log"))

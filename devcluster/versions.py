@@ -17,6 +17,9 @@ MINIO = "v0.0.0-20260212201848-7aac2a2c5b7c"
 """MinIO's newest source on the module proxy (it tags releases as RELEASE.<date>, which Go
 does not read as versions, so the module is known by this pseudo-version)."""
 
+KUEUE = "v0.17.0"
+"""Kueue, the Kubernetes job queue (the tests of the Kueue integration run it)."""
+
 GO_DIR = Path(__file__).resolve().parent / "go"
 
 
@@ -84,6 +87,9 @@ COMPONENTS: tuple[Component, ...] = (
               "github.com/prometheus/prometheus/cmd/prometheus", control_plane=False),
     # A real S3-compatible server for the tests of checkpoints in object storage.
     Component("minio", MINIO, "", f"github.com/minio/minio@{MINIO}", control_plane=False),
+    # Kueue's manager, for the tests of queueing TrainingJobs (devcluster/kueue.py).
+    Component("kueue", KUEUE, "", f"sigs.k8s.io/kueue/cmd/kueue@{KUEUE}",
+              control_plane=False),
 )
 
 CONTROL_PLANE = tuple(c.name for c in COMPONENTS if c.control_plane)

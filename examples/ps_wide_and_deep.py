@@ -152,7 +152,8 @@ def main(argv: list[str]) -> int:
         if args.final:
             torch.save(report.final, args.final)
         print(json.dumps({"steps": report.steps, "samples": report.samples,
-                          "dropped": report.dropped_pushes, "lost": report.lost_updates,
+                          "dropped": report.dropped_pushes, "trained": report.trained_samples,
+                          "droppedSamples": report.dropped_samples, "lost": report.lost_updates,
                           "left": report.left}), flush=True)
     return 0
 

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=keep_heap, args=(threading.Event(), HEAP_SETTLE_SECONDS,
                                              HEAP_SWEEP_EVERY), daemon=True, name="heap").start()
     registry = kopf.OperatorRegistry()
-    register(registry)
+    register(registry, kueue=ctx.settings.kueue)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

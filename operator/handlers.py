@@ -29,23 +29,30 @@ from ringwright.world import reports_configmap_name, world_configmap_name
 from .api.base import GROUP, VERSION
 from .apply.events import EventRecorder
 from .apply.executor import MAX_IN_FLIGHT, Applier
+from .apply.kueue import perform_queue
 from .apply.refusals import RefusalBackoff
 from .metrics import OperatorMetrics
 from .observe.cache import (
+    FLAVORS,
     INDICES,
+    KUEUE_INDICES,
     NODES,
     POD_SLOTS,
     PODS_BY_JOB,
     POLICIES,
     PRIORITIES,
+    WORKLOAD_PRIORITIES,
+    WORKLOADS,
     IndexCache,
     Written,
     newer,
 )
 from .observe.drift import SCAFFOLD_KINDS, Watched, record
 from .observe.job import observe
+from .observe.kueue import with_queue
 from .observe.ledger import CapacityLedger, node_record, pod_slots, touched_nodes
 from .observe.ownership import owned_by
+from .plan.kueue import API_VERSION as KUEUE_API_VERSION
 from .plan.manifests import JOB_LABEL
 from .plan.placement.placer import place
 from .plan.reconcile import plan
@@ -128,13 +135,15 @@ def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
         # reserves what it will create before the next one looks (no two gangs on the
         # same GPUs).
         with ctx.placement_lock:
-            observed = replace(observe(cache, job), hold_creates_until=hold)
+            observed = replace(with_queue(observe(cache, job), cache) if ctx.settings.kueue
+                               else observe(cache, job), hold_creates_until=hold)
             with ctx.metrics.planning():
                 decided = plan(observed, ctx.settings, ctx.clock(), place)
             for pod in decided.create:
                 ctx.ledger.reserve(pod)
         refusals = ctx.applier.perform(observed.job, decided, refusals,
                                        attempted=hold is None)
+        perform_queue(ctx.kube, observed.job, decided, ctx.clock())
     ctx.metrics.refused(key[0], refusals)
     if refusals:
         hold = ctx.refusal_backoff.refused(key, ctx.clock())
@@ -190,6 +199,34 @@ def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> N
             ctx.wake(namespace or "", job)
 
 
+def _watch_kueue(registry: kopf.OperatorRegistry) -> None:
+    """Index the Workloads ringwright published, every ResourceFlavor's node labels and
+    every WorkloadPriorityClass's value; a Workload's change (admitted, evicted) wakes
+    its job."""
+    group, version = KUEUE_API_VERSION.split("/")
+
+    @kopf.index(group, version, "workloads", labels={JOB_LABEL: kopf.PRESENT},
+                registry=registry, id=WORKLOADS)
+    def workloads_by_name(namespace: str | None, name: str, body: kopf.Body,
+                          **_: Any) -> dict[tuple[str, str], Obj]:
+        return {(namespace or "", name): _plain(body)}
+
+    @kopf.index(group, version, "workloadpriorityclasses", registry=registry,
+                id=WORKLOAD_PRIORITIES)
+    def workload_priorities(name: str, body: kopf.Body, **_: Any) -> dict[str, int]:
+        return {name: int(body.get("value") or 0)}
+
+    @kopf.index(group, version, "resourceflavors", registry=registry, id=FLAVORS)
+    def flavor_labels(name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, str]]:
+        return {name: dict(spec.get("nodeLabels") or {})}
+
+    @kopf.on.event(group, version, "workloads", labels={JOB_LABEL: kopf.PRESENT},
+                   registry=registry)
+    async def workload_changed(namespace: str | None, labels: Mapping[str, str], memo: Any,
+                               **_: Any) -> None:
+        memo["ctx"].wake(namespace or "", labels[JOB_LABEL])
+
+
 def _current(watched: Obj, written: Obj | None) -> Obj:
     """The watched job, or our status write when the watch lags behind it; a write to an
     earlier job of the same name (another UID) is not this job's."""
@@ -201,8 +238,9 @@ def _current(watched: Obj, written: Obj | None) -> Obj:
     return job
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Register every handler on ``registry`` (kept explicit so tests can build their own)."""
+def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
+    """Register every handler on ``registry`` (kept explicit so tests can build their own);
+    ``kueue`` adds the watches of Kueue's Workloads and ResourceFlavors."""
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -264,6 +302,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     for kind, w in SCAFFOLD_KINDS.items():
         _watch_scaffold(registry, kind, w)
+    if kueue:
+        _watch_kueue(registry)
 
     @kopf.on.event(GROUP, VERSION, "trainingjobs", registry=registry)
     async def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
@@ -277,8 +317,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
                             stopped: kopf.DaemonStopped, memo: Any, **kwargs: Any) -> None:
         ctx: OperatorContext = memo["ctx"]
         ns = namespace or ""
-        cache = IndexCache({index: kwargs[index] for index in INDICES}, ctx.ledger,
-                           ctx.written)
+        cache = IndexCache({index: kwargs[index] for index in (*INDICES, *KUEUE_INDICES)
+                            if index in kwargs}, ctx.ledger, ctx.written)
         waker = ctx.wakers.setdefault((ns, name), asyncio.Event())
         scaffolded_at: float | None = None
         try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ringwright.objects import Obj
-from ringwright.world import ReportKind
+from ringwright.world import Phase, ReportKind
 
 from .api.models import JobPhase
 from .apply.refusals import Refused
@@ -90,6 +90,12 @@ def effects(observed: Observed, plan: Plan) -> Effects:
         lost=lost, unschedulable=reason if newly else "")
 
 
+def goodput_fractions(status: Obj) -> dict[str, float]:
+    """The phase fractions of a status in its wire form (none before any stats)."""
+    found = status.get("goodput") or {}
+    return {p.value: float(found[p.value]) for p in Phase if p.value in found}
+
+
 class OperatorMetrics:
     """The operator's metrics, in a registry of their own (several may live in a test)."""
 
@@ -125,6 +131,12 @@ class OperatorMetrics:
             "ringwright_operator_writes_refused", "Writes the API server refused (quota, "
             "admission), by namespace, verb and kind; they are retried after a per-job "
             "backoff.", ["namespace", "verb", "kind"], registry=r)
+        self.goodput = Gauge(
+            "ringwright_operator_job_goodput_ratio", "Fraction of a job's member time by "
+            "phase (training is the goodput; detecting, reforming, syncing, replaying the "
+            "rest), over the job's life, from its status.goodput (``job_name``, as the "
+            "runtime's metrics name the job: ``job`` is Prometheus's own).",
+            ["namespace", "job_name", "phase"], registry=r)
         self._phases: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         for phase in JobPhase:
@@ -161,10 +173,15 @@ class OperatorMetrics:
         if done.unschedulable:
             self.placement_failures.labels(done.unschedulable).inc()
         self._set_phase((namespace, name), done.phase)
+        for phase, fraction in goodput_fractions(plan.status).items():
+            self.goodput.labels(namespace, name, phase).set(fraction)
 
     def forget(self, namespace: str, name: str) -> None:
-        """The job is gone: stop counting it in ``jobs``."""
+        """The job is gone: stop counting it in ``jobs``, drop its goodput."""
         self._set_phase((namespace, name), None)
+        for phase in Phase:
+            with contextlib.suppress(KeyError):
+                self.goodput.remove(namespace, name, phase.value)
 
     def _set_phase(self, key: tuple[str, str], phase: str | None) -> None:
         with self._lock:

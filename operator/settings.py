@@ -46,6 +46,10 @@ class OperatorSettings(BaseModel):
     network_policy: bool = Field(
         default=True, description="Give every job a NetworkPolicy that admits only its own "
         "pods to its store and collective ports (the operator's pods to readiness).")
+    kueue: bool = Field(
+        default=False, description="Queue jobs labelled kueue.x-k8s.io/queue-name through "
+        "Kueue: each gets a Workload, and pods only once Kueue admits it (docs/kueue.md). "
+        "Needs Kueue's CRDs installed.")
     operator_namespace: str = Field(
         default="", description="Namespace of the operator's pods, admitted by each job's "
         "NetworkPolicy to the readiness port. Default: the leader-election Lease's namespace "

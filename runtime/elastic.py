@@ -81,7 +81,8 @@ from .membership.source import MembershipSource
 from .metrics import MeteredBackend, RuntimeMetrics, StepMeter
 from .settings import RuntimeSettings, SettingsEnv
 from .state import State, Terminated
-from .state_sync import shared_commit
+from .state_sync import needs_state, shared_commit
+from .timekeeping import StatsSender, TimeKeeper
 
 _log = runtime_logger("elastic")
 
@@ -180,6 +181,10 @@ class ElasticRuntime:
         self._started = False
         self._interrupter = _Interrupter()
         self._checkpointer: Checkpointer | None = None
+        self.timekeeper = TimeKeeper(clock=clock)
+        """Where this member's time goes (phases, step times), sent beside its reports."""
+        self._stats = StatsSender(self.timekeeper, self.reporter.stats,
+                                  self.settings.stats_interval_s, clock=clock)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
@@ -259,12 +264,13 @@ class ElasticRuntime:
                      if self._backend_factory is not None
                      else default_backend(kind, device, settings,
                                           on_heartbeat_lag=self.metrics.heartbeat_lag.set))
-            self._backend = MeteredBackend(inner, self.metrics)
+            self._backend = MeteredBackend(inner, self.metrics,
+                                           on_gradient_wait=self.timekeeper.waited)
             self._leave_stuck_inits(inner, state)
         manager = GroupManager(self.source, self._backend, self.pod, self.settings,
                                self.reporter, self.watchdog, local_rank=self.local_rank,
                                clock=self._clock)
-        state.bind(StepMeter(manager, state, self.metrics))
+        state.bind(StepMeter(manager, state, self.metrics, on_progress=self._stepped))
         if isinstance(state.checkpointer, Checkpointer):
             state.checkpointer.add_listener(self.metrics.checkpoint_written)
         self._start_health(manager)
@@ -294,6 +300,7 @@ class ElasticRuntime:
                     manager.failed(err)
                     before = state.step
                     state.restore()
+                    self.timekeeper.failed(before, state.step)
                     self.metrics.rolled_back(ReportKind.COLLECTIVE_FAILED.value,
                                              before - state.step)
                     log_event(_log, logging.WARNING, "rolled_back", generation=manager.generation,
@@ -382,6 +389,7 @@ class ElasticRuntime:
         """Join the next world and bring every member to one state."""
         backend = manager.backend
         while True:
+            self.timekeeper.forming()
             world = manager.join(after)
             after = world.generation
             self._checkpoint_from(world, state, manager)
@@ -396,11 +404,16 @@ class ElasticRuntime:
                     restored = manager.rank == 0 and state.restore_checkpoint()
                     src = 0
                 skip = shared_commit(infos)
+                # On a join only the newcomers lack the commit: the others keep theirs.
+                receivers = needs_state(infos, src)
                 if not skip:
                     # Marks the start of a possibly long transfer (tests wait for it).
                     log_event(_log, logging.INFO, "sync_started", generation=world.generation,
-                              rank=manager.rank, source_rank=src)
-                state.sync(src, skip=skip)
+                              rank=manager.rank, source_rank=src,
+                              receivers="all" if receivers is None
+                              else ",".join(map(str, receivers)))
+                self.timekeeper.syncing()
+                state.sync(src, skip=skip, receivers=receivers)
             except RuntimeError as raised:
                 err = backend.failure_of(raised)
                 if err is None:
@@ -412,12 +425,26 @@ class ElasticRuntime:
                     state.restore()
                 continue
             state.follow_world(world, manager.rank)
+            self.timekeeper.world_ready(world.generation, state.step)
             self.metrics.world_ready(world, manager.rank, state.lr.factor(state.step))
             log_event(_log, logging.INFO, "world_ready", generation=world.generation,
                       size=world.size, rank=manager.rank, source_rank=src,
                       source_pod=infos[src].pod, from_checkpoint=restored, step=state.step,
                       synced_bytes=state.sync_bytes, lr=state.lr.scaled_lrs()[0])
             return world
+
+    def _stepped(self, state: State) -> None:
+        """After every step and commit: time it, and now and then send the stats (one
+        process per pod sends them: its local rank 0)."""
+        self.timekeeper.stepped(state.step)
+        if self.local_rank != 0:
+            return
+        guard = state.checkpoints
+        writes = guard is not None and state.synced_rank == 0
+        self._stats.maybe_send(
+            checkpointIntervalSteps=state.checkpoint_interval_steps(),
+            checkpointWriteSeconds=guard.last_write_s if writes and guard else None,
+            mtbfSeconds=state.mtbf_seconds() if state.auto_interval is not None else None)
 
     def _checkpoint_from(self, world: World, state: State, manager: GroupManager) -> None:
         """Give the state a checkpointer built from ``spec.checkpoint`` unless the script

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
@@ -152,8 +152,10 @@ def samples_seen(state: State) -> int:
 class StepMeter:
     """The state's binding to its group, passing through, timing each step it sees."""
 
-    def __init__(self, inner: StateBinding, state: State, metrics: RuntimeMetrics) -> None:
+    def __init__(self, inner: StateBinding, state: State, metrics: RuntimeMetrics,
+                 on_progress: Callable[[State], None] | None = None) -> None:
         self._inner, self._state, self._metrics = inner, state, metrics
+        self._on_progress = on_progress
 
     @property
     def backend(self) -> CollectiveBackend:
@@ -179,6 +181,8 @@ class StepMeter:
         self._inner.progress()
         state = self._state
         self._metrics.step_done(state.step, samples_seen(state), state.lr.factor(state.step))
+        if self._on_progress is not None:
+            self._on_progress(state)
 
     def busy(self) -> contextlib.AbstractContextManager[None]:
         """As the group manager's (pauses the stall watchdog)."""
@@ -188,9 +192,12 @@ class StepMeter:
 class MeteredBackend:
     """A collective backend that times every collective of the one it wraps."""
 
-    def __init__(self, inner: CollectiveBackend, metrics: RuntimeMetrics) -> None:
+    def __init__(self, inner: CollectiveBackend, metrics: RuntimeMetrics,
+                 on_gradient_wait: Callable[[float], None] | None = None) -> None:
         self._inner = inner
         self._seconds = metrics.collective_seconds
+        self._on_wait = on_gradient_wait
+        """Told the seconds of every gradient all-reduce (the wait for slower peers)."""
 
     @property
     def name(self) -> str:
@@ -241,18 +248,29 @@ class MeteredBackend:
 
     def allreduce_gradients(self, params: Iterable[torch.Tensor], *, average: bool) -> None:
         """Timed ``allreduce_gradients``."""
-        with self._seconds.labels("allreduce_gradients").time():
+        with self._seconds.labels("allreduce_gradients").time(), self._waiting():
             self._inner.allreduce_gradients(params, average=average)
 
     def allreduce_(self, flat: torch.Tensor, name: str) -> None:
         """Timed ``allreduce_`` (one bucket)."""
-        with self._seconds.labels("allreduce_bucket").time():
+        with self._seconds.labels("allreduce_bucket").time(), self._waiting():
             self._inner.allreduce_(flat, name)
 
     def allreduce_max(self, value: int) -> int:
         """Timed ``allreduce_max``."""
         with self._seconds.labels("allreduce_max").time():
             return self._inner.allreduce_max(value)
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        if self._on_wait is None:
+            yield
+            return
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self._on_wait(time.monotonic() - start)
 
     def barrier(self) -> None:
         """Timed ``barrier``."""

@@ -22,6 +22,7 @@ class SettingsEnv:
     FENCE_TIMEOUT = "RINGWRIGHT_FENCE_TIMEOUT_SECONDS"
     STALL_TIMEOUT = Env.STALL_TIMEOUT
     READINESS_PORT = Env.READINESS_PORT
+    STATS_INTERVAL = "RINGWRIGHT_STATS_INTERVAL_SECONDS"
 
 
 class RuntimeSettings(BaseModel):
@@ -91,6 +92,10 @@ class RuntimeSettings(BaseModel):
     """Attempt length when connecting to this generation's store; between attempts the
     runtime checks whether a newer world has replaced the one it is joining."""
 
+    stats_interval_s: Annotated[float, Field(gt=0)] = 30.0
+    """How often a pod sends its measurements (step times, time per phase, checkpoint
+    interval) beside its reports; each one wakes the operator's round for the job."""
+
     @model_validator(mode="after")
     def _detection_before_timeout(self) -> RuntimeSettings:
         if self.failure_detect_s >= self.collective_timeout_s:
@@ -122,6 +127,7 @@ class RuntimeSettings(BaseModel):
             "metrics_address": Env.POD_IP,
             "health_file": Env.HEALTH_FILE,
             "termination_grace_s": Env.TERMINATION_GRACE,
+            "stats_interval_s": SettingsEnv.STATS_INTERVAL,
         }
         values: dict[str, Any] = {
             field: environ[var] for field, var in names.items() if environ.get(var, "") != ""

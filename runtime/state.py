@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -28,14 +28,14 @@ import torch
 from ringwright.world import World
 
 from .checkpoint.guard import Checkpointer, CheckpointGuard
-from .checkpoint.policy import CheckpointPolicy
+from .checkpoint.policy import AutoInterval, CheckpointPolicy, RestartHistory
 from .collectives.backend import CollectiveBackend
 from .collectives.buckets import BucketSettings, GradientBuckets
 from .kvlog import log_event, runtime_logger
 from .lr_scaling import LRScaler
 from .rng import RNGMode, RNGState, derived_seed
 from .sampler import ElasticSampler
-from .state_sync import broadcast_payload
+from .state_sync import broadcast_payload, split_tensors
 
 __all__ = ["PAYLOAD_FORMAT", "Checkpointer", "State", "StateBinding", "Stateful",
            "StopSignal", "Terminated"]
@@ -152,6 +152,7 @@ class State:
         seed: int = 0,
         buckets: BucketSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         extra: Mapping[str, Any] | None = None,
         **objects: Stateful,
     ) -> None:
@@ -181,6 +182,12 @@ class State:
         self.stop: StopSignal | None = None
         """Set by the elastic runtime: checked after every step."""
         self._clock = clock
+        self._wall = wall_clock
+        self.history = RestartHistory(wall_clock())
+        """When the job first started and how often it restarted whole since: kept with
+        the state (so in checkpoints), counted up by :meth:`restore_checkpoint`."""
+        self.auto_interval: AutoInterval | None = None
+        """Under ``intervalSteps: Auto``: the measured step time and write cost."""
         self._rng = RNGState()
         self._checkpoints: CheckpointGuard | None = None
         if checkpointer is not None:
@@ -290,6 +297,8 @@ class State:
         self.sampler.advance()
         self.step += 1
         self.lr.step = self.step
+        if self.auto_interval is not None:
+            self.auto_interval.stepped()
         self.binding.progress()
         self.stop_if_signalled(committed=False)
 
@@ -315,19 +324,33 @@ class State:
 
     # Called by the elastic runtime around a world change.
 
-    def sync(self, src: int, *, skip: bool = False) -> None:
+    def sync(self, src: int, *, skip: bool = False,
+             receivers: Sequence[int] | None = None) -> None:
         """Adopt rank ``src``'s state: the tensors by tensor broadcast, the small rest as
         one pickled skeleton. ``skip`` when every member already holds the same commit:
-        nothing moves."""
+        nothing moves. ``receivers``: the ranks that lack it (None: all but ``src``);
+        the others hold it as their live state and last commit, and keep both."""
         if skip:
             self.sync_bytes = 0
             return
         rank = self.binding.rank
-        mine = self._payload() if rank == src else None
-        received, self.sync_bytes = broadcast_payload(self.binding.backend, mine, src, rank)
-        if rank != src:
-            self._load(received, copy=False)
-        self._commit_stale = True
+        holds = rank == src or (receivers is not None and rank not in receivers)
+        mine = self._payload() if holds else None
+        received, self.sync_bytes = broadcast_payload(self.binding.backend, mine, src, rank,
+                                                      receivers)
+        if not holds:
+            if all(t.device.type == "cpu" for t in split_tensors(received)[1]):
+                # The received host tensors are the commit, as a fresh snapshot would
+                # be: the live state gets copies (into the model's own tensors, mostly),
+                # and no second copy of the whole state is taken before training.
+                self._load(received, copy=True)
+                self._committed = received
+                self._commit_stale = False
+            else:
+                self._load(received, copy=False)
+                self._commit_stale = True
+        elif receivers is None:
+            self._commit_stale = True
 
     def follow_world(self, world: World, rank: int) -> None:
         """Re-partition the data and rescale the LR for ``world``, then commit locally."""
@@ -335,6 +358,7 @@ class State:
         self.lr.set_world(world.lr, world.size, self.step)
         self.synced_generation, self.synced_rank = world.generation, rank
         self.synced_members = world.pods
+        self._follow_auto_interval(world)
         self._reseed_per_rank()
         if self._committed is None or self._commit_stale:
             self._committed = self.to_payload()
@@ -352,6 +376,7 @@ class State:
         if found is None:
             return False
         self.load_payload(found.payload)
+        self.history = self.history.restarted()
         self._commit_stale = True
         self._last_checkpoint = (self.step, self._clock())
         return True
@@ -425,6 +450,7 @@ class State:
             "lr": self.lr.state_dict(),
             "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
             "extra": self.extra,
+            "history": self.history.to_dict(),
         }
         if self.rng_mode is RNGMode.SHARED:
             payload["rng"] = self._rng.state_dict()
@@ -450,6 +476,7 @@ class State:
         if self.rng_mode is RNGMode.SHARED and "rng" in payload:
             self._rng.load_state_dict(payload["rng"])
         self.extra = _to_host(payload["extra"])
+        self.history = RestartHistory.from_dict(payload.get("history"), self._wall())
         self.step = int(payload["step"])
         self.lr.step = self.step
 
@@ -458,6 +485,39 @@ class State:
             world = self._binding.world
             self._rng.seed(derived_seed(self.seed, self.step, self.synced_rank, world.size))
 
+    def mtbf_seconds(self) -> float:
+        """The observed mean time between whole-job restarts, now (see
+        :meth:`~ringwright.runtime.checkpoint.policy.RestartHistory.mtbf`)."""
+        return self.history.mtbf(self._wall())
+
+    def checkpoint_interval_steps(self) -> int:
+        """The step interval checkpoints follow now: the chosen one under
+        ``intervalSteps: Auto``, else the job's (or the script's policy's)."""
+        if self.checkpoint_policy is not None:
+            return self.checkpoint_policy.interval_steps
+        if self.auto_interval is not None:
+            return self.auto_interval.steps(self.mtbf_seconds())
+        return self.binding.world.checkpoint.interval_steps
+
+    def _follow_auto_interval(self, world: World) -> None:
+        """Start (or stop) measuring for ``intervalSteps: Auto`` as ``world`` asks; a
+        world change is a pause, not a step."""
+        settings = world.checkpoint
+        if not settings.interval_auto:
+            self.auto_interval = None
+            return
+        if self.auto_interval is None or (
+                (self.auto_interval.min_steps, self.auto_interval.max_steps)
+                != (settings.auto_min_steps, settings.auto_max_steps)):
+            measured = self.auto_interval
+            self.auto_interval = AutoInterval(min_steps=settings.auto_min_steps,
+                                              max_steps=settings.auto_max_steps,
+                                              clock=self._clock)
+            if measured is not None:
+                self.auto_interval.step_s, self.auto_interval.cost_s = \
+                    measured.step_s, measured.cost_s
+        self.auto_interval.paused()
+
     def _maybe_checkpoint(self) -> None:
         guard = self._checkpoints
         if guard is None or self.synced_rank != 0:
@@ -465,6 +525,12 @@ class State:
         last_step, last_time = self._last_checkpoint
         policy = self.checkpoint_policy or CheckpointPolicy.from_settings(
             self.binding.world.checkpoint)
+        auto = self.auto_interval
+        if self.checkpoint_policy is None and auto is not None:
+            guard.poll()
+            if guard.last_write_s is not None:
+                auto.written(guard.last_write_s)
+            policy = CheckpointPolicy(self.checkpoint_interval_steps(), policy.interval_seconds)
         if policy.due(step=self.step, now=self._clock(), last_step=last_step,
                       last_time=last_time) and guard.may_write():
             self.save_checkpoint()

@@ -10,7 +10,9 @@ per dtype, without ever being pickled.
 :func:`shared_commit` decides, from what every member of a new world says about
 itself, whether they all already hold the same commit, in which case nothing needs to
 move at all (a planned scale-down, or survivors of a failure that all rolled back to
-the same commit).
+the same commit); :func:`needs_state`, which members lack the source's commit: on a
+join the members that hold it take part in the broadcast with their own tensors and
+neither load the state nor copy it again.
 """
 
 from __future__ import annotations
@@ -92,26 +94,49 @@ def join_tensors(skeleton: Any, tensors: Sequence[torch.Tensor]) -> Any:
 
 
 def broadcast_payload(backend: CollectiveBackend, payload: dict[str, Any] | None, src: int,
-                      rank: int) -> tuple[dict[str, Any], int]:
-    """``src``'s payload on every rank, and the bytes that moved.
+                      rank: int, receivers: Sequence[int] | None = None
+                      ) -> tuple[dict[str, Any], int]:
+    """``src``'s payload on every rank, and the bytes that moved here.
 
-    ``payload`` is only read on ``src``; its tensors are sent from where they are (the
-    sender's live tensors are overwritten with their own values). Receivers get fresh
-    tensors that nothing else references.
+    ``receivers``: the ranks that lack it (None: every rank but ``src``). ``payload`` is
+    read on ``src`` and on the other ranks that are no receivers, which hold the same
+    state and get their own payload back; its tensors take part in the broadcast where
+    they are (overwritten with the values they hold). Receivers get fresh tensors that
+    nothing else references.
     """
-    if rank == src:
+    holds = rank == src or (receivers is not None and rank not in receivers)
+    if holds:
         if payload is None:
-            raise ValueError("the source of a state broadcast must hold a payload")
+            raise ValueError("a member that holds the state to sync must give its payload")
         skeleton, tensors = split_tensors(payload)
     else:
         skeleton, tensors = None, []
-    skeleton = backend.broadcast_object(skeleton, src)
-    if rank != src:
+    skeleton = backend.broadcast_object(skeleton if rank == src else None, src)
+    if not holds:
         tensors = empty_tensors(skeleton, backend.device)
+    # A collective even when few receive: it fails at once when the group is aborted
+    # (a dead source), where gloo leaves a point-to-point receive waiting.
     backend.broadcast_tensors(tensors, src)
-    moved = sum(t.numel() * t.element_size() for t in tensors)
-    moved += len(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL))
+    moved = len(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL))
+    if rank == src or not holds:
+        moved += sum(t.numel() * t.element_size() for t in tensors)
+    if holds and payload is not None:
+        return payload, moved
     return join_tensors(skeleton, tensors), moved
+
+
+def needs_state(infos: Sequence[MemberInfo], src: int) -> list[int] | None:
+    """The ranks that lack rank ``src``'s commit and must receive it; None when all the
+    others do (a fresh start), for one broadcast to all.
+
+    A member holds the source's commit on the terms of :func:`shared_commit`: synced in
+    the same world, at the same committed step.
+    """
+    source = infos[src]
+    lacking = [i for i, info in enumerate(infos) if i != src and not (
+        source.state_generation >= 0 and info.state_generation == source.state_generation
+        and info.step == source.step)]
+    return None if len(lacking) == len(infos) - 1 else lacking
 
 
 def shared_commit(infos: Sequence[MemberInfo]) -> bool:

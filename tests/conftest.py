@@ -41,7 +41,7 @@ from ringwright.kube import KubeClient
 from tests.jobs import OperatorProcess, fresh_namespace
 from tests.s3 import S3Bucket, new_bucket
 from tests.seeds import SEED_VAR, run_seed, seed_generators, seed_of_test
-from tests.xdist_groups import assign_groups, plain_nodeid
+from tests.xdist_groups import assign_groups, lane_seconds, plain_nodeid
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -119,10 +119,16 @@ def _fail_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
-    """The run's seed (``-q`` hides the header), and every skip, by reason, in a banner:
+    """The run's seed (``-q`` hides the header), the seconds spent per xdist lane, and
+    every skip, by reason, in a banner:
     a run that skipped tests did not test everything, and a line in the short summary
     is easy to miss."""
     terminalreporter.write_line(pytest_report_header(terminalreporter.config))
+    lanes = lane_seconds(r for reports in terminalreporter.stats.values() for r in reports)
+    if len(lanes) > 1:
+        by_time = sorted(lanes.items(), key=lambda kv: -kv[1])
+        terminalreporter.write_line("test seconds by lane (a group runs on one worker): "
+                                    + ", ".join(f"{name} {s:.0f}" for name, s in by_time))
     reasons: dict[str, list[str]] = collections.defaultdict(list)
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = report.longrepr

@@ -92,6 +92,19 @@ class OperatorProcess:
             return f.read().decode(errors="replace").splitlines()
 
 
+@contextlib.contextmanager
+def instead_of(shared: OperatorProcess, own: OperatorProcess) -> Iterator[OperatorProcess]:
+    """Run ``own`` in place of the session's operator ``shared`` (both would take the same
+    Lease), and put ``shared`` back after."""
+    shared.stop()
+    own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+        shared.start()
+
+
 def training_job(name: str, replicas: int = 4, minimum: int = 2, **spec: Any) -> dict[str, Any]:
     """A small TrainingJob manifest (the container never runs: KWOK plays the kubelet)."""
     return {

@@ -16,6 +16,9 @@ A test may add its own ``@pytest.mark.xdist_group(name)`` too.
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterable
+
 import pytest
 from _pytest.nodeid import NodeId
 
@@ -73,3 +76,24 @@ def assign_groups(items: list[pytest.Item], loadgroup: bool) -> None:
             # Fail loudly should pytest's ids change again: silently ungrouped cluster
             # tests would start one control plane per worker.
             raise RuntimeError(f"cannot tag {item.nodeid} with its xdist group {suffix}")
+
+
+UNGROUPED = "ungrouped"
+"""The lane name of tests in no group: xdist spreads them over every worker."""
+
+
+def lane_seconds(reports: Iterable[object]) -> dict[str, float]:
+    """Seconds spent per xdist group (setup, call and teardown summed), from the run's
+    test reports: under ``--dist loadgroup`` a group runs on one worker, one test after
+    the other, so the longest group bounds the run's wall time from below."""
+    lanes: dict[str, float] = collections.defaultdict(float)
+    for report in reports:
+        nodeid = getattr(report, "nodeid", "")
+        duration = getattr(report, "duration", None)
+        if not nodeid or not isinstance(duration, float) or not getattr(report, "when", ""):
+            continue
+        # The group is the node id's "@name" suffix (ids of parametrized tests may
+        # hold "@" inside their brackets, never after them).
+        tail = nodeid.rsplit("]", 1)[-1]
+        lanes[tail.rsplit("@", 1)[1] if "@" in tail else UNGROUPED] += duration
+    return dict(lanes)

@@ -238,6 +238,15 @@ def trainingjob_crd() -> dict[str, Any]:
                 "Recovery", ".status.lastRecovery.seconds", "number",
                 "Seconds from the last pod loss to the next world generation.", wide=True,
             ),
+            _column(
+                "Goodput", ".status.goodput.training", "number",
+                "Fraction of the members' time spent training (not detecting, re-forming, "
+                "syncing or replaying).", wide=True,
+            ),
+            _column(
+                "Ckpt-Every", ".status.checkpointInterval.steps", "integer",
+                "Steps between checkpoints now (chosen under intervalSteps Auto).", wide=True,
+            ),
         ],
     )
 

@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 from pydantic.config import JsonDict
 
-from ringwright.world import Backend, HierarchicalAllReduce, LRRule, Mode, generation_from_legacy
+from ringwright.world import (
+    AUTO_MAX_STEPS,
+    AUTO_MIN_STEPS,
+    Backend,
+    HierarchicalAllReduce,
+    LRRule,
+    Mode,
+    generation_from_legacy,
+)
 
 from ..plan.manifests import RESERVED_PREFIX
 from .base import (
@@ -306,10 +314,16 @@ class CheckpointSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=validations(
             cel(
-                "self.path != '' || (self.intervalSteps == 0 && self.intervalSeconds == 0)",
+                "self.path != '' || (type(self.intervalSteps) == int && self.intervalSteps == 0"
+                " && self.intervalSeconds == 0)",
                 "spec.checkpoint.intervalSteps and spec.checkpoint.intervalSeconds "
                 "need spec.checkpoint.path",
                 ".path",
+            ),
+            cel(
+                "self.autoMinSteps <= self.autoMaxSteps",
+                "spec.checkpoint.autoMinSteps must not exceed spec.checkpoint.autoMaxSteps",
+                ".autoMinSteps",
             ),
             cel(
                 "self.path.startsWith('s3://') || (self.credentialsSecret == '' "
@@ -347,9 +361,27 @@ class CheckpointSpec(ApiModel):
         description="For an s3:// path: the bucket's region, set as AWS_REGION. "
         "Empty: us-east-1, or what the pod's environment says.",
     )
-    interval_steps: int = Field(
-        default=0, ge=0, description="Checkpoint every this many steps; 0: not by steps."
+    interval_steps: Annotated[int, Field(ge=0)] | Literal["Auto"] = Field(
+        default=0,
+        description="Checkpoint every this many steps; 0: not by steps. Auto: every "
+        "sqrt(2 x MTBF x cost) seconds of steps (Young/Daly), from the measured time a "
+        "checkpoint write takes (cost) and the observed time between whole-job restarts "
+        "(MTBF; until the first restart, the time run so far), within autoMinSteps and "
+        "autoMaxSteps; status.checkpointInterval shows the choice.",
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            **validations(cel("type(self) == int ? self >= 0 : self == 'Auto'",
+                              "spec.checkpoint.intervalSteps must be Auto or a number >= 0")),
+        },
     )
+    auto_min_steps: int = Field(
+        default=AUTO_MIN_STEPS, ge=1, le=10_000_000,
+        description="intervalSteps Auto: fewest steps between checkpoints (the first "
+        "checkpoint comes after this many, to measure the write cost).")
+    auto_max_steps: int = Field(
+        default=AUTO_MAX_STEPS, ge=1, le=10_000_000,
+        description="intervalSteps Auto: most steps between checkpoints, however rare "
+        "restarts are.")
     interval_seconds: int = Field(
         default=0, ge=0, description="Checkpoint every this many seconds; 0: not by time."
     )
@@ -485,6 +517,12 @@ _SPEC_RULES = (
         "self.ps.backupWorkers < self.workers.replicas",
         "spec.ps.backupWorkers must be below spec.workers.replicas: a sync round needs a push",
         ".ps.backupWorkers",
+    ),
+    cel(
+        "self.mode != 'ParameterServer' || type(self.checkpoint.intervalSteps) == int",
+        "spec.checkpoint.intervalSteps: Auto is for AllReduce jobs; parameter servers "
+        "checkpoint every intervalSteps versions, so give a number",
+        ".checkpoint.intervalSteps",
     ),
     cel(
         "!has(self.gpuModel) || self.gpusPerWorker > 0",
@@ -675,6 +713,65 @@ class RecoveryStatus(ApiModel):
     )
 
 
+class CheckpointIntervalStatus(ApiModel):
+    """The step interval checkpoints follow now, as the writing member reports it."""
+
+    steps: int = Field(ge=0, description="Steps between checkpoints; 0: not by steps.")
+    auto: bool = Field(default=False, description="Chosen by spec.checkpoint.intervalSteps "
+                       "Auto (Young/Daly).")
+    write_seconds: float | None = Field(
+        default=None, ge=0, description="How long the last checkpoint write took (the cost).")
+    mtbf_seconds: float | None = Field(
+        default=None, ge=0, description="The observed time between whole-job restarts used "
+        "(until the first restart: the time run so far).")
+
+
+class MemberTime(ApiModel):
+    """The per-phase seconds one member process reported last (to count only growth)."""
+
+    since: float = Field(description="When the process started (seconds since the epoch).")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Seconds by phase.")
+
+
+class GoodputStatus(ApiModel):
+    """Where the members' time went over the job's life: fractions of their summed time."""
+
+    training: float = Field(default=0.0, ge=0, le=1, description="Steps that moved training "
+                            "forward (the goodput).")
+    detecting: float = Field(default=0.0, ge=0, le=1, description="Blocked on a failed peer "
+                             "until the failure was known.")
+    reforming: float = Field(default=0.0, ge=0, le=1, description="Waiting for and forming "
+                             "the next world (start-up included).")
+    syncing: float = Field(default=0.0, ge=0, le=1, description="Bringing members to one "
+                           "state.")
+    replaying: float = Field(default=0.0, ge=0, le=1, description="Steps run again after a "
+                             "rollback.")
+    seconds: dict[str, float] = Field(
+        default_factory=dict, description="Member-seconds by phase, summed over the job's "
+        "life.")
+    members: dict[str, MemberTime] = Field(
+        default_factory=dict, max_length=MAX_WORKERS,
+        description="The last figures of each member process, by pod name.")
+
+
+class SlowMember(ApiModel):
+    """A member found slower than its peers, not yet for long enough to act."""
+
+    pod: str = Field(description="The member's pod.")
+    node: str = Field(default="", description="The node it runs on.")
+    since: float = Field(description="When it was first seen slow (seconds since the epoch).")
+    ratio: float = Field(ge=0, description="Its step time over its peers' median, last seen.")
+
+
+class AvoidedNode(ApiModel):
+    """A node the job's new pods stay off, until a time."""
+
+    node: str = Field(description="The node's name.")
+    until: str = Field(json_schema_extra={"format": "date-time"},
+                       description="When the node may be used again (RFC 3339).")
+    reason: str = Field(default="", max_length=1024, description="Why it is avoided.")
+
+
 class TrainingJobStatus(ApiModel):
     """What the operator observed; written by the operator only."""
 
@@ -739,6 +836,18 @@ class TrainingJobStatus(ApiModel):
         max_length=MAX_WORKERS,
         description="Container restarts (by pod name/uid) already counted in restarts.",
     )
+    checkpoint_interval: CheckpointIntervalStatus | None = Field(
+        default=None, description="The step interval checkpoints follow now.")
+    goodput: GoodputStatus | None = Field(
+        default=None, description="Where the members' time went: training, detecting, "
+        "re-forming, syncing, replaying.")
+    slow_members: list[SlowMember] = Field(
+        default_factory=list, max_length=MAX_WORKERS,
+        description="Members slower than their peers, waiting out the SchedulingPolicy's "
+        "stragglers.windowSeconds.")
+    avoided_nodes: list[AvoidedNode] = Field(
+        default_factory=list, max_length=MAX_WORKERS,
+        description="Nodes this job's new pods stay off (stragglers ran there).")
 
 
 class TrainingJob(ApiModel):

@@ -137,6 +137,28 @@ class NodeLoss(ApiModel):
     )
 
 
+class Stragglers(ApiModel):
+    """When a member slow for good is replaced (the node it ran on is avoided for a while)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="false: slow members are never flagged, avoided or replaced.")
+    factor: float = Field(
+        default=1.5, ge=1.1, le=100.0,
+        description="A member is slow when the median time of its steps, less the time "
+        "it waited for peers in the gradient all-reduce, exceeds its peers' median by this "
+        "factor.")
+    window_seconds: int = Field(
+        default=300, ge=10, le=86400,
+        description="A member must stay slow this long before anything is done: a one-off "
+        "pause (a GC, a page-cache flush, a 30 s hiccup) costs nothing.")
+    avoid_seconds: int = Field(
+        default=3600, ge=0, le=604800,
+        description="How long the job's new pods stay off the node a straggler ran on "
+        "(a record in the job's status.avoidedNodes, not a taint: a slow GPU or NIC is "
+        "this job's finding, and other tenants' pods keep the node).")
+
+
 class PolicyLimits(ApiModel):
     """Upper bounds for every job placed by this policy."""
 
@@ -185,6 +207,9 @@ class SchedulingPolicySpec(ApiModel):
     node_loss: NodeLoss = Field(
         default_factory=NodeLoss,
         description="Replacing members on NotReady nodes and members that stay Unready.")
+    stragglers: Stragglers = Field(
+        default_factory=Stragglers,
+        description="Replacing members that stay slower than their peers.")
     gang_timeout_seconds: int = Field(
         default=300, ge=10, le=86400,
         description="A job whose new pods stay unbound this long withdraws them and is "

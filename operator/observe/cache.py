@@ -29,6 +29,11 @@ NODES = "nodes_by_name"
 JOB_CONFIGMAPS = "job_configmaps"
 POLICIES = "scheduling_policies"
 PRIORITIES = "priority_classes"
+WORKLOADS = "workloads_by_job"
+FLAVORS = "resource_flavors"
+WORKLOAD_PRIORITIES = "workload_priority_classes"
+KUEUE_INDICES = (WORKLOADS, FLAVORS, WORKLOAD_PRIORITIES)
+"""Kept only when the Kueue integration is on (its CRDs exist then)."""
 INDICES = tuple(dict.fromkeys((PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES,
                                PRIORITIES, *sorted(w.index for w in SCAFFOLD_KINDS.values()))))
 
@@ -195,3 +200,24 @@ class IndexCache:
         """The indexed object or our newer write of it."""
         seen: Obj | None = self._one(watched(kind).index, (namespace, name))
         return newer(seen, self._written.get(kind, namespace, name))
+
+    def workload(self, namespace: str, name: str) -> Obj | None:
+        """The Kueue Workload ``name`` (None when there is none, or Kueue is not watched)."""
+        if WORKLOADS not in self._ix:
+            return None
+        found: Obj | None = self._one(WORKLOADS, (namespace, name))
+        return found
+
+    def flavor_labels(self, name: str) -> dict[str, str]:
+        """The node labels of ResourceFlavor ``name``."""
+        if FLAVORS not in self._ix:
+            return {}
+        labels: dict[str, str] | None = self._one(FLAVORS, name)
+        return dict(labels or {})
+
+    def workload_priority(self, name: str) -> int | None:
+        """The value of WorkloadPriorityClass ``name`` (None when there is none)."""
+        if WORKLOAD_PRIORITIES not in self._ix:
+            return None
+        value: int | None = self._one(WORKLOAD_PRIORITIES, name)
+        return value

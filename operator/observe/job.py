@@ -9,11 +9,14 @@ from pydantic import ValidationError
 from ringwright.kube import api_path
 from ringwright.objects import Obj
 from ringwright.world import (
+    STATS_SUFFIX,
     WORLD_KEY,
     ContractError,
+    MemberStats,
     Report,
     World,
     parse_report,
+    parse_stats,
     parse_world,
     reports_configmap_name,
     world_configmap_name,
@@ -23,7 +26,7 @@ from ..api.base import API_VERSION
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
 from ..plan.generations import annotated_generation
-from ..plan.isolation import honest_reports
+from ..plan.isolation import honest_reports, honest_stats
 from ..plan.reconcile import Observed
 from .cache import Cache
 from .ownership import left_behind, owned, owned_by
@@ -60,13 +63,14 @@ def observe(cache: Cache, job: Obj) -> Observed:
     # A world left by an earlier job of the same name is not this job's (its generations do
     # not count), but it is written over at the version read.
     own_world = world_cm if owned_by(world_cm, uid) else None
+    own_reports = owned_by(reports_cm, uid)
     nodes = {str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}
     down = {n: since for n in nodes if (since := cache.node_down_since(n)) is not None}
     return Observed(
         job=job, pods=pods, left_behind=left_behind(labelled, uid), node_down_since=down,
         world=_world(own_world, namespace, name),
-        reports=(honest_reports(_reports(reports_cm), pods)
-                 if owned_by(reports_cm, uid) else {}),
+        reports=honest_reports(_reports(reports_cm), pods) if own_reports else {},
+        stats=honest_stats(_stats(reports_cm), pods) if own_reports else {},
         policy=policy, inventory=inventory, policy_error=policy_error,
         world_annotation_generation=annotated_generation(own_world),
         world_version=str(((world_cm or {}).get("metadata") or {}).get("resourceVersion", "")))
@@ -93,8 +97,23 @@ def _world(cm: Obj | None, namespace: str, name: str) -> World | None:
 def _reports(cm: Obj | None) -> dict[str, Report]:
     out: dict[str, Report] = {}
     for pod, text in ((cm or {}).get("data") or {}).items():
+        if pod.endswith(STATS_SUFFIX):
+            continue
         try:
             out[pod] = parse_report(text, where=f"report of {pod}")
         except ContractError as err:
             log.warning("ignoring report: %s", err)
+    return out
+
+
+def _stats(cm: Obj | None) -> dict[str, MemberStats]:
+    out: dict[str, MemberStats] = {}
+    for key, text in ((cm or {}).get("data") or {}).items():
+        if not key.endswith(STATS_SUFFIX):
+            continue
+        pod = key.removesuffix(STATS_SUFFIX)
+        try:
+            out[pod] = parse_stats(text, where=f"stats of {pod}")
+        except ContractError as err:
+            log.warning("ignoring stats: %s", err)
     return out

@@ -226,4 +226,5 @@ class CapacityLedger:
             preemptible=preemptible,
             taints=tuple(Taint(t["key"], t.get("value") or "", t.get("effect") or "")
                          for t in record["taints"]),
+            labels=tuple(sorted(node_labels.items())),
         )

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from ringwright.objects import Obj
-from ringwright.report_seal import written_by
-from ringwright.world import DEFAULT_METRICS_PORT, Env, Report
+from ringwright.report_seal import stats_written_by, written_by
+from ringwright.world import DEFAULT_METRICS_PORT, Env, MemberStats, Report
 
 from ..api.templates_policy import secure
 from .manifests import (
@@ -172,12 +173,29 @@ def honest_reports(reports: Mapping[str, Report], pods: Sequence[Obj]) -> dict[s
     created without a key (by an operator before report keys) is taken at its word.
     Reports under names of no pod of the job are kept: the planner ignores non-members.
     """
+    return _sealed(reports, pods, written_by, "a report")
+
+
+def honest_stats(stats: Mapping[str, MemberStats], pods: Sequence[Obj]
+                 ) -> dict[str, MemberStats]:
+    """The stats written by the pod whose name they sit under, as :func:`honest_reports`
+    (a member that could pass off slow stats under a peer's name could have it evicted);
+    stats under names of no pod of the job are kept, for the goodput of pods now gone."""
+    return _sealed(stats, pods, stats_written_by, "stats")
+
+
+Sealed = TypeVar("Sealed", Report, MemberStats)
+
+
+def _sealed(items: Mapping[str, Sealed], pods: Sequence[Obj],
+            sealed_by: Callable[[str, Sealed, str], bool], what: str) -> dict[str, Sealed]:
+    """``items`` without those under a pod's name that the pod's key did not seal."""
     keys = {p["metadata"]["name"]: report_key(p) for p in pods}
-    out: dict[str, Report] = {}
-    for name, report in reports.items():
+    out: dict[str, Sealed] = {}
+    for name, item in items.items():
         key = keys.get(name)
-        if key is not None and not written_by(name, report, key):
-            log.warning("ignoring a report under %s's name that %s did not write", name, name)
+        if key is not None and not sealed_by(name, item, key):
+            log.warning("ignoring %s under %s's name that %s did not write", what, name, name)
             continue
-        out[name] = report
+        out[name] = item
     return out

@@ -10,7 +10,10 @@ what it decides; the draft records their outcomes in this order.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..settings import OperatorSettings
+from .kueue import Admission, admission, effective_job, queue_name, requeue_evicted, workload
 from .phases import TERMINAL
 from .round.conditions import checkpoints, crash_loops, policy_found, templates
 from .round.counts import counts
@@ -24,7 +27,9 @@ from .round.lifecycle import (
     resumption,
     suspension,
 )
+from .round.measures import measurements, stragglers
 from .round.placement import backoff, gang_timeout, resize
+from .round.queue import queue
 from .round.state import Round
 from .round.world import world
 from .types import Event, Observed, Placement, Placer, Plan
@@ -48,6 +53,27 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
     if r.spec.run_policy.suspend:
         d.take(suspension(r, d.status))
         return _close(r, d)
+    # With the integration off the label is Kueue's business only (as for a cluster
+    # without Kueue): the job runs as any other.
+    queued = queue_name(observed.job) if settings.kueue else None
+    if queued is not None:
+        # Kueue decides whether and how much may run; its flavor and count make the
+        # effective spec every later step places from.
+        given = admission(observed.workload)
+        if observed.workload is None and observed.policy is not None:
+            published = workload(observed.job, queued, observed.policy,
+                                 observed.workload_priority)
+            if isinstance(published, Admission):
+                given = published  # it cannot be published yet: say why
+            else:
+                d.plan.workload = published
+        if d.take(queue(r, d.status, given)).stop:
+            if not r.pods and observed.workload is not None:
+                d.plan.workload_requeue = requeue_evicted(observed.workload, now)
+            return _close(r, d)
+        effective = replace(observed, job=effective_job(observed.job, given,
+                                                        observed.flavor_labels))
+        r = Round.of(effective, settings, now, placer)
     d.take(resumption(d.status))
     if d.take(completed(r, d.status)).stop:
         return _close(r, d)
@@ -55,7 +81,10 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
         return _close(r, d)
     d.take(crash_loops(r, d.status))
     d.take(checkpoints(r, d.status))
+    d.take(measurements(r, d.status))
     if not d.finishing:
+        if observed.policy is not None:
+            d.take(stragglers(r, observed.policy, d.status, frozenset(d.plan.delete)))
         if observed.policy is None or not d.take(gang_timeout(r, observed.policy)).stop:
             d.take(resize(r, d.status, doomed=frozenset(d.plan.delete)))
         d.take(world(r, d.status, doomed=frozenset(d.plan.delete + d.plan.mark_leaving)))
@@ -66,5 +95,7 @@ def _close(r: Round, d: Draft) -> Plan:
     """End the round: a finished job's clean-up, then the counts every status carries."""
     if d.phase in TERMINAL:
         d.take(clean_up(r, d.status))
+        if r.obs.workload is not None and not admission(r.obs.workload).finished:
+            d.plan.workload_finished = f"TrainingJob {d.phase}"
     d.take(counts(r, d.plan))
     return d.done()

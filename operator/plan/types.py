@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ringwright.objects import Obj
-from ringwright.world import Report, World
+from ringwright.world import MemberStats, Report, World
 
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
@@ -61,6 +61,14 @@ class Observed:
     """The world ConfigMap's resourceVersion as read; empty when there is none."""
     node_down_since: Mapping[str, float] = field(default_factory=dict)
     """The job's pods' nodes that are NotReady, and since when."""
+    workload: Obj | None = None
+    """The job's Kueue Workload (only for a job labelled with a queue name)."""
+    flavor_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Node labels of the ResourceFlavors the Workload was admitted with, by flavor."""
+    workload_priority: int | None = None
+    """Value of the WorkloadPriorityClass the job's label names (None: none, or missing)."""
+    stats: Mapping[str, MemberStats] = field(default_factory=dict)
+    """The members' latest measurements, by pod (sealed by that pod)."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,13 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     delete_job: bool = False
+    workload: Obj | None = None
+    """The Kueue Workload to create when the job has none yet."""
+    workload_finished: str = ""
+    """Why the job ended: the Workload is marked Finished, which releases its quota."""
+    workload_requeue: Obj | None = None
+    """A merge patch of the Workload's status that hands an evicted Workload back to the
+    queue once the job's pods are gone (what Kueue's job integrations do)."""
 
     def soon(self, seconds: float) -> None:
         """Ask to be run again within ``seconds``."""

@@ -83,6 +83,10 @@ class CheckpointGuard:
         self._backoff = backoff
         self._retry_at = 0.0
         self._pending: int | None = None
+        self._pending_since = 0.0
+        self.last_write_s: float | None = None
+        """How long the last good write took, from its start until it was seen done (at
+        the next look: a commit or a flush); None before the first."""
 
     def may_write(self) -> bool:
         """Whether an attempt is allowed now (not while backing off after a failure)."""
@@ -106,7 +110,7 @@ class CheckpointGuard:
         except (CheckpointError, OSError) as err:
             self._failed(step, err)
             return False
-        self._pending = step
+        self._pending, self._pending_since = step, self._clock()
         return True
 
     def poll(self) -> None:
@@ -125,6 +129,8 @@ class CheckpointGuard:
             self._failed(step, err)
             return False
         self._pending = None
+        if step is not None:
+            self.last_write_s = self._clock() - self._pending_since
         if step is not None and self.failures:
             log_event(_log, logging.INFO, "checkpoint_recovered", step=step,
                       failed_attempts=self.failures)

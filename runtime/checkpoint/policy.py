@@ -29,6 +29,7 @@ periodic checkpoint stays valid if SIGKILL comes first.
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -36,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
+
+from ringwright.world import AUTO_MAX_STEPS, AUTO_MIN_STEPS
 
 if TYPE_CHECKING:
     from ringwright.world import CheckpointSettings
@@ -85,6 +88,118 @@ class CheckpointPolicy:
         if self.interval_steps and step - last_step >= self.interval_steps:
             return True
         return bool(self.interval_seconds) and now - last_time >= self.interval_seconds
+
+
+STEP_TIME_WEIGHT = 0.1
+"""Weight of the newest step in the moving average of the step time."""
+
+
+def young_daly_seconds(mtbf_s: float, cost_s: float) -> float:
+    """The Young/Daly optimum time between checkpoints, ``sqrt(2 * MTBF * cost)``.
+
+    Checkpointing every ``T`` seconds costs ``cost_s / T`` of the time, and a failure
+    throws away ``T / 2`` on average, once per ``mtbf_s``; their sum is least at
+    ``T = sqrt(2 * mtbf_s * cost_s)`` (first order, for ``cost_s`` well below ``mtbf_s``).
+    """
+    if mtbf_s < 0 or cost_s < 0:
+        raise ValueError(f"MTBF and cost must be >= 0, got {mtbf_s}, {cost_s}")
+    return math.sqrt(2.0 * mtbf_s * cost_s)
+
+
+def auto_interval_steps(*, mtbf_s: float, cost_s: float, step_s: float, min_steps: int,
+                        max_steps: int) -> int:
+    """The Young/Daly interval in steps of ``step_s`` seconds, within
+    ``[min_steps, max_steps]`` (``min_steps`` when the step time is not known yet)."""
+    if not 1 <= min_steps <= max_steps:
+        raise ValueError(f"need 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
+    if step_s <= 0:
+        return min_steps
+    steps = young_daly_seconds(mtbf_s, cost_s) / step_s
+    return max(min_steps, min(max_steps, round(steps)))
+
+
+@dataclass(frozen=True)
+class RestartHistory:
+    """How often the whole job restarted (from a checkpoint): kept in the checkpoint, so
+    it survives what it counts.
+
+    ``started_at`` is the wall-clock time (seconds since the Unix epoch) of the job's
+    first start; ``restarts`` the whole-job restarts since.
+    """
+
+    started_at: float
+    restarts: int = 0
+
+    def mtbf(self, now: float) -> float:
+        """The observed mean time between whole-job restarts at wall time ``now``.
+
+        With no restart yet, the time run so far: a lower bound that grows while the job
+        stays up, so the interval lengthens as the job proves steady.
+        """
+        return max(now - self.started_at, 0.0) / max(self.restarts, 1)
+
+    def restarted(self) -> RestartHistory:
+        """The history after one more whole-job restart."""
+        return RestartHistory(self.started_at, self.restarts + 1)
+
+    def to_dict(self) -> dict[str, float | int]:
+        """As stored with the state (plain JSON values)."""
+        return {"startedAt": self.started_at, "restarts": self.restarts}
+
+    @classmethod
+    def from_dict(cls, doc: object, now: float) -> RestartHistory:
+        """Read back :meth:`to_dict`; a state without one (older, or fresh) starts ``now``."""
+        if not isinstance(doc, dict):
+            return cls(now)
+        return cls(float(doc.get("startedAt", now)), int(doc.get("restarts", 0)))
+
+
+class AutoInterval:
+    """``intervalSteps: Auto``: the Young/Daly interval from what this member measured.
+
+    Fed the step times (:meth:`stepped`) and the write cost of each checkpoint
+    (:meth:`written`), it answers the interval in steps for an MTBF (:meth:`steps`).
+    Until a first checkpoint was written its cost is unknown and the interval is
+    ``min_steps``: the first checkpoint comes early and measures it. ``clock`` is a
+    monotonic clock (step times).
+    """
+
+    def __init__(self, *, min_steps: int = AUTO_MIN_STEPS, max_steps: int = AUTO_MAX_STEPS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not 1 <= min_steps <= max_steps:
+            raise ValueError(f"need 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
+        self.min_steps, self.max_steps = min_steps, max_steps
+        self._clock = clock
+        self.step_s = 0.0
+        """Moving average of the seconds per step (0: not measured yet)."""
+        self.cost_s: float | None = None
+        """The last checkpoint's write cost in seconds (None: none written yet)."""
+        self._last_step_at: float | None = None
+
+    def stepped(self) -> None:
+        """A step ended now."""
+        now = self._clock()
+        if self._last_step_at is not None:
+            took = now - self._last_step_at
+            self.step_s = took if not self.step_s else (
+                STEP_TIME_WEIGHT * took + (1 - STEP_TIME_WEIGHT) * self.step_s)
+        self._last_step_at = now
+
+    def paused(self) -> None:
+        """Steps stopped for something else (a world forming): the gap is no step time."""
+        self._last_step_at = None
+
+    def written(self, cost_s: float) -> None:
+        """A checkpoint was written, at a cost of ``cost_s`` seconds."""
+        self.cost_s = max(cost_s, 0.0)
+
+    def steps(self, mtbf_s: float) -> int:
+        """The interval in steps for a mean time between whole-job restarts of ``mtbf_s``."""
+        if self.cost_s is None:
+            return self.min_steps
+        return auto_interval_steps(mtbf_s=mtbf_s, cost_s=self.cost_s,
+                                   step_s=self.step_s, min_steps=self.min_steps,
+                                   max_steps=self.max_steps)
 
 
 class TerminationSignal:

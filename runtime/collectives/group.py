@@ -164,7 +164,8 @@ class GroupManager:
         """Form the group of the newest world after ``after_generation`` that includes this pod.
 
         Before this process first joined, worlds without it are waited out (the
-        operator has not added it yet). Afterwards, a newer world without it means it
+        operator has not added it yet), each answered with a ``joining`` report: the
+        operator adds it once it is ready. Afterwards, a newer world without it means it
         was dropped: :class:`LeftWorld` is raised, or :class:`Fenced` after a failure
         (also when no world comes within ``fence_timeout_s``).
         """
@@ -185,6 +186,10 @@ class GroupManager:
                     raise LeftWorld(self.pod, world)
                 log_event(_log, logging.INFO, "waiting_for_membership", pod=self.pod,
                           generation=world.generation, size=world.size)
+                # Ready to take part: whoever publishes worlds adds this pod only now,
+                # so its peers never wait for a process that is still starting.
+                self._reporter.report(ReportKind.JOINING, world.generation,
+                                      "started and waiting for a world that includes it")
                 continue
             started = self._clock()
             self._suspects = {}

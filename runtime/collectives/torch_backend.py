@@ -24,7 +24,8 @@ from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore
+import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import PrefixStore, Store
 
 from ringwright.world import World
 
@@ -36,6 +37,9 @@ from .backend import CollectiveError, PeerFailureListener, as_collective_failure
 from .flat import by_dtype, flatten, gradients, unflatten_into
 from .hierarchical import RackGroups, rack_plan
 from .sockets import GroupSockets
+
+DIRECT_BYTES = 1 << 20
+"""A tensor this large is broadcast on its own, without a flat buffer."""
 
 _log = runtime_logger("torch_backend")
 
@@ -114,7 +118,7 @@ class TorchDistributedBackend:
         with collective(f"creating the {self.name} group of generation {world.generation}"):
             if self._device.type == "cuda":
                 torch.cuda.set_device(self._device)
-            dist.init_process_group(
+            init_default_group(
                 backend=self.name,
                 store=PrefixStore("group/", store),
                 rank=rank,
@@ -185,12 +189,26 @@ class TorchDistributedBackend:
         self._stores.close()
 
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int) -> None:
-        """Broadcast in one flat buffer per dtype, then copy back into ``tensors``."""
+        """Every tensor of :data:`DIRECT_BYTES` or more in place, the smaller ones in one
+        flat buffer per dtype, then copied back into ``tensors``. Large tensors skip the
+        flat buffer: copying them in and out of it costs more than the transfer on
+        loopback."""
+        # Decided by size alone: the same on every rank, whatever each tensor's layout.
+        direct = [t for t in tensors if t.numel() * t.element_size() >= DIRECT_BYTES]
+        small = [t for t in tensors if t.numel() * t.element_size() < DIRECT_BYTES]
         with collective("broadcast"):
-            for group in by_dtype(tensors):
+            for group in by_dtype(small):
                 flat = flatten(group, self._device)
                 dist.broadcast(flat, src)
                 unflatten_into(flat, group)
+            for t in direct:
+                if t.device == self._device and t.is_contiguous():
+                    dist.broadcast(t, src)
+                    continue
+                buffer = t.detach().to(self._device).contiguous()
+                dist.broadcast(buffer, src)
+                with torch.no_grad():
+                    t.copy_(buffer)
 
     def broadcast_object(self, obj: T, src: int) -> T:
         """Pickle ``src``'s object to every rank."""
@@ -257,6 +275,28 @@ def abort_group(group: Abortable | None) -> str:
     except RuntimeError as err:
         return f"abort failed: {err}"
     return "communicators aborted"
+
+
+def init_default_group(backend: str, store: Store, rank: int, world_size: int,
+                       timeout: timedelta, device_id: torch.device | None) -> None:
+    """``dist.init_process_group`` with these arguments, leaving torch's count of groups
+    where it found it (0) when it fails.
+
+    torch names each group by that process-wide count, and the name prefixes the group's
+    keys in the store. A failed init (a peer that never came, a timeout) has counted its
+    group already and leaves no default group that ``destroy_process_group`` could undo:
+    the next generation's group would then be "1" here and "0" on every peer, whose
+    keys never meet, and every later generation would time out the same way.
+    """
+    try:
+        dist.init_process_group(backend=backend, store=store, rank=rank,
+                                world_size=world_size, timeout=timeout, device_id=device_id)
+    except BaseException:
+        if dist.is_initialized():
+            dist.destroy_process_group()  # which resets the count too
+        else:
+            c10d._world.group_count = 0
+        raise
 
 
 def _default_group() -> dist.ProcessGroup:

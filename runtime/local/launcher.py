@@ -4,18 +4,21 @@
 and publishes the job's world to a file that the workers follow with the file
 membership source. Like the operator it bumps the generation when a worker dies (after a
 short settle window, so a burst of deaths yields one generation, or at once when every member
-that stays has stopped and waits for it), adds newcomers on a
-scale-up once they are ready (their health file exists: imports done, waiting to
-join), so the running members never wait for a process that is still starting, and
-on a scale-down first publishes the smaller world and lets the leavers exit on their
-own.
+that stays has stopped and waits for it), adds newcomers once they are ready to take
+part (each reported ``joining``: started, imports done, waiting for a world that
+includes it; :mod:`ringwright.joining`), so the running members keep training while a
+newcomer's process starts and switch at a commit, and on a scale-down first publishes
+the smaller world and lets the leavers exit on their own.
 
-It reads the members' reports (files under ``reports/``) and applies the operator's
-rules (:mod:`ringwright.eviction`): a member that its peers found dead, corroborated,
-or that reports itself stalled, is dropped from the world and killed after a grace
-period (a cut-off member fences itself first); a member that restarted without state
-gets a new generation. With ``restart=True`` a crashed process is started again under the
-same name and address, as the kubelet restarts a container in its pod.
+It learns of faults only as the operator does: from the members' reports (files under
+``reports/``) and their exits (a container's exit code, which the API shows), never from
+the state of a process it could inspect on this machine. It applies the operator's
+rules (:mod:`ringwright.eviction`): a member that its peers found dead (enough of them:
+a frozen member answers nobody) or that reports itself stalled is dropped from the world
+and killed after a grace period (a cut-off member fences itself first). With
+``restart=True`` a crashed process is started again under the same name and address, as
+the kubelet restarts a container in its pod: it is dropped from the world like any dead
+member and added back as a newcomer once it has reported ``joining``.
 
 Run a script elastically on this machine::
 
@@ -44,7 +47,10 @@ from types import FrameType
 from typing import IO
 
 from ringwright.eviction import all_waiting, judge, needs_new_generation
+from ringwright.joining import ready_to_join
+from ringwright.stragglers import StragglerRule, faster_without, slowness, watch
 from ringwright.world import (
+    STATS_SUFFIX,
     CheckpointSettings,
     ContractError,
     Env,
@@ -52,17 +58,19 @@ from ringwright.world import (
     LRRule,
     LRScaling,
     Member,
+    MemberStats,
     Report,
     ReportKind,
     StoreAddress,
     TopologySettings,
     World,
     parse_report,
+    parse_stats,
 )
 
 from ..kvlog import log_event, runtime_logger
 from ..membership.file_source import write_world_file
-from .pods import LocalPod, Loopback, PodNetwork, process_stopped
+from .pods import LocalPod, Loopback, PodNetwork
 
 _log = runtime_logger("local_launcher")
 
@@ -103,8 +111,13 @@ class LocalJob:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         procs_per_pod: int = 1,
+        stragglers: StragglerRule | None = None,
     ) -> None:
         self.command = list(command)
+        self.stragglers = stragglers
+        """Replace (or drop) members slow for good, by the operator's rule; None: never."""
+        self._spares = stragglers.spares if stragglers else 0
+        self._slow_since: dict[str, float] = {}
         self.procs_per_pod = procs_per_pod
         """Local ranks per pod: with more than one, each pod runs the pod entry point
         (:mod:`ringwright.runtime.launch`), which starts the command once per rank."""
@@ -128,8 +141,6 @@ class LocalJob:
         self.evict_grace_s = evict_grace_s
         self._clock = clock
         self._wall = wall_clock
-        self._restarted: set[str] = set()
-        """Members restarted since the world was last published: they hold no state."""
         self._lock = threading.RLock()
         self._pods: dict[str, LocalPod] = {}
         self._members: list[str] = []
@@ -179,6 +190,17 @@ class LocalJob:
                 continue  # being replaced, or not a report: read it next round
         return out
 
+    def stats(self) -> dict[str, MemberStats]:
+        """Every member's newest measurements (``<pod>.stats`` beside its report)."""
+        out: dict[str, MemberStats] = {}
+        for path in sorted(self.reports_dir.glob(f"*{STATS_SUFFIX}")):
+            try:
+                out[path.name.removesuffix(STATS_SUFFIX)] = parse_stats(path.read_text(),
+                                                                        where=str(path))
+            except (OSError, ContractError):
+                continue  # being replaced: read it next round
+        return out
+
     def start(self, workers: int) -> World:
         """Start ``workers`` processes, publish the first world, begin watching them."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +214,8 @@ class LocalJob:
 
     def scale(self, workers: int) -> None:
         """A planned resize. Leavers (the last members) are dropped from the world at
-        once; newcomers are started now and appended to the world once all are ready."""
+        once; newcomers are started now and appended to the world once all have
+        reported that they are ready to join."""
         with self._lock:
             while len(self._members) + len(self._joining) < workers:
                 self._joining.append(self._spawn().name)
@@ -307,7 +330,6 @@ class LocalJob:
                       checkpoint=self.checkpoint, topology=self.topology)
         write_world_file(self.world_file, world)
         self._world = world
-        self._restarted.clear()
         log_event(_log, logging.INFO, "world_published", generation=world.generation,
                   size=world.size, members=",".join(self._members), why=why)
         return world
@@ -318,13 +340,21 @@ class LocalJob:
                 self._check()
 
     def _check(self) -> None:
+        reports = self.reports()  # read once a round
         for name in [p for p in self._joining if self._pods[p].process.poll() is not None]:
             # Died while starting: it never joined, so there is nothing to republish.
-            self._joining.remove(name)
-            log_event(_log, logging.WARNING, "pod_failed_starting", pod=name,
-                      exit_code=self._pods[name].process.returncode)
-        if self._joining and all(self.health_path(p).exists() for p in self._joining):
+            code = self._pods[name].process.returncode
+            log_event(_log, logging.WARNING, "pod_failed_starting", pod=name, exit_code=code)
+            if self.restart and code != 0:
+                self._restart(name, code)
+            else:
+                self._joining.remove(name)
+        if self._joining and self._pending_since is None and \
+                len(ready_to_join(self._world, reports, self._joining)) == len(self._joining):
+            # Every newcomer waits for the next world: the members stop for no start-up.
             self._members += self._joining
+            for name in self._joining:
+                self._failed.pop(name, None)
             joined, self._joining = ",".join(self._joining), []
             self._publish(f"ready {joined}")
         for name in list(self._members):
@@ -339,14 +369,14 @@ class LocalJob:
                     self._pods[late].process.terminate()
                 self._joining = []
                 continue
-            if self.restart:
-                self._restart(name, code)
-                continue
             self._failed[name] = code
             self._pending_since = self._pending_since or self._clock()
             log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
-        reports = self.reports()  # read once a round
+            if self.restart:
+                self._restart(name, code)
+                self._joining.append(name)
         self._follow_reports(reports)
+        self._follow_stragglers()
         if self._pending_since is not None and (
                 self._clock() - self._pending_since >= self.settle_s
                 or self._awaited(reports)):
@@ -368,10 +398,10 @@ class LocalJob:
         return world is not None and all_waiting(world, reports, stay)
 
     def _restart(self, name: str, code: int) -> None:
+        """Start ``name``'s process again, as the kubelet restarts a crashed container."""
         old = self._pods[name]
         pod = self._spawn(old.index)
         pod.restarts = old.restarts + 1
-        self._restarted.add(name)
         log_event(_log, logging.WARNING, "pod_restarted", pod=name, exit_code=code,
                   restarts=pod.restarts)
 
@@ -380,13 +410,14 @@ class LocalJob:
         world = self._world
         if world is None or self._pending_since is not None:
             return
-        stopped = {m for m in self._members if process_stopped(self._pods[m].process.pid)}
-        doomed = {e.pod: e.reason for e in judge(world, reports, stopped)}
+        # The members' word alone: an exited member is already gone (see _check), and
+        # whether a process is frozen is nothing an operator could see.
+        doomed = {e.pod: e.reason for e in judge(world, reports)}
         doomed.update({pod: "it reports its training loop stalled"
                        for pod, r in reports.items()
                        if r.kind is ReportKind.STALLED and r.generation == world.generation
                        and pod in self._members})
-        dropped = [m for m in self._members if m in doomed and m not in self._restarted]
+        dropped = [m for m in self._members if m in doomed]
         for name in dropped:
             self._pods[name].evicted_at = self._clock()
             self._failed[name] = -1
@@ -395,10 +426,37 @@ class LocalJob:
             self._pending_since = self._clock()
             return
         why = needs_new_generation(world, reports, self._wall(), self.verdict_wait_s)
-        if why is None and doomed.keys() & self._restarted:
-            why = f"{','.join(sorted(doomed.keys() & self._restarted))} restarted"
         if why is not None:
             self._publish(why)
+
+
+    def _follow_stragglers(self) -> None:
+        """Replace a member slow for good with a new process while spares last, else drop
+        it when the ring is faster without it (the operator's rule, without nodes)."""
+        rule, world = self.stragglers, self._world
+        if rule is None or world is None or self._pending_since is not None or self._joining:
+            return
+        ratios = slowness(self.stats(), world)
+        seen = watch(ratios, self._slow_since, factor=rule.factor, window_s=rule.window_s,
+                     now=self._wall())
+        self._slow_since = seen.since
+        if not seen.stragglers:
+            return
+        slow = seen.stragglers[0]
+        replace = self._spares > 0
+        if not replace and not faster_without(ratios[slow], len(self._members)):
+            return
+        if replace:
+            self._spares -= 1
+            self._joining.append(self._spawn().name)
+        # It is slow, not dead: like a scale-down leaver it sees the next world at its
+        # next commit and exits.
+        self._members.remove(slow)
+        self._pods[slow].leaving = True
+        self._slow_since = {}
+        log_event(_log, logging.WARNING, "straggler", pod=slow, ratio=round(ratios[slow], 2),
+                  action="replaced" if replace else "dropped")
+        self._publish(f"straggler {slow}")
 
 
 def lr_scaling(rule: str | None, base_world_size: int | None, warmup_steps: int) -> LRScaling:
@@ -431,7 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=0)
     parser.add_argument("--checkpoint-path", default="",
                         help="the job's spec.checkpoint.path: checkpoints with no script code")
-    parser.add_argument("--checkpoint-interval-steps", type=int, default=0)
+    parser.add_argument("--checkpoint-interval-steps", default="0",
+                        help="a number of steps (0: not by steps), or Auto (Young/Daly)")
     parser.add_argument("--checkpoint-keep", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--procs-per-pod", type=int, default=1,
@@ -449,8 +508,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         lr = lr_scaling(args.lr_rule, args.base_world_size, args.warmup_steps)
     except ValueError as err:
         parser.error(str(err))
-    checkpoint = CheckpointSettings(path=args.checkpoint_path, keep=args.checkpoint_keep,
-                                    intervalSteps=args.checkpoint_interval_steps)
+    auto = args.checkpoint_interval_steps == "Auto"
+    if not auto and not args.checkpoint_interval_steps.isdigit():
+        parser.error("--checkpoint-interval-steps takes a number >= 0 or Auto, got "
+                     f"{args.checkpoint_interval_steps!r}")
+    checkpoint = CheckpointSettings(
+        path=args.checkpoint_path, keep=args.checkpoint_keep, intervalAuto=auto,
+        intervalSteps=0 if auto else int(args.checkpoint_interval_steps))
     with LocalJob(command, args.workdir, job=args.job, lr=lr, checkpoint=checkpoint,
                   capture_logs=False, restart=args.restart,
                   procs_per_pod=args.procs_per_pod) as job:

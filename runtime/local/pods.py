@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 FIRST_HOST = 10
@@ -48,12 +47,3 @@ class Loopback:
         """127.0.0.(FIRST_HOST + index), no prefix."""
         return f"127.0.0.{FIRST_HOST + index}", [], {}
 
-
-def process_stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped (SIGSTOP) or traced: alive, but unable to answer."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state follows the parenthesised command name, which may hold spaces.
-    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 from ringwright.kube import ApiError, KubeClient, api_path
-from ringwright.report_seal import seal
-from ringwright.world import Report, ReportKind
+from ringwright.report_seal import seal, seal_stats
+from ringwright.world import MemberStats, Report, ReportKind, stats_key
 
 from ..kvlog import log_event, runtime_logger
 
@@ -31,6 +31,10 @@ class Reporter(Protocol):
     def report(self, kind: ReportKind, generation: int, detail: str = "",
                suspects: Sequence[str] = ()) -> None:
         """Queue a report (``suspects``: pods found dead); returns at once."""
+        ...
+
+    def stats(self, stats: MemberStats) -> None:
+        """Send this pod's latest measurements (beside its report); returns at once."""
         ...
 
     def close(self) -> None:
@@ -49,6 +53,9 @@ class LogReporter:
         """Log the report."""
         log_event(_log, logging.INFO, "report", pod=self._pod, kind=kind.value,
                   generation=generation, suspects=",".join(suspects), detail=detail)
+
+    def stats(self, stats: MemberStats) -> None:
+        """Nobody reads them here: the metrics carry the same figures."""
 
     def close(self) -> None:
         """Nothing buffered."""
@@ -71,15 +78,22 @@ class FileReporter:
                   generation=generation, suspects=",".join(suspects), detail=detail)
         text = Report(kind=kind, generation=generation, at=self._wall(), detail=detail[:1000],
                       suspects=tuple(suspects)).to_json()
+        self._write(self._path, text, kind.value)
+
+    def stats(self, stats: MemberStats) -> None:
+        """Write ``<dir>/<pod>.stats`` now (not ``*.json``: reports are read from those)."""
+        self._write(self._path.with_name(stats_key(self._pod)), stats.to_json(), "stats")
+
+    def _write(self, path: Path, text: str, kind: str) -> None:
         with self._lock:
             try:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}")
                 tmp.write_text(text)
-                os.replace(tmp, self._path)
+                os.replace(tmp, path)
             except OSError as err:
                 log_event(_log, logging.WARNING, "report_not_delivered", pod=self._pod,
-                          kind=kind.value, error=err)
+                          kind=kind, error=err)
 
     def close(self) -> None:
         """Nothing buffered."""
@@ -108,7 +122,7 @@ class KubeReporter:
         self._path = api_path("v1", "configmaps", namespace=namespace, name=configmap)
         self._pod = pod
         self._wall = wall_clock
-        self._queue: queue.Queue[Report | None] = queue.Queue()
+        self._queue: queue.Queue[Report | MemberStats | None] = queue.Queue()
         self._thread = threading.Thread(target=self._send_all, name="ringwright-reporter",
                                         daemon=True)
         self._thread.start()
@@ -121,6 +135,10 @@ class KubeReporter:
         self._queue.put(Report(kind=kind, generation=generation, at=self._wall(),
                                detail=detail[:1000], suspects=tuple(suspects)))
 
+    def stats(self, stats: MemberStats) -> None:
+        """Queue ``stats`` for delivery under ``<pod>.stats``."""
+        self._queue.put(stats)
+
     def close(self, timeout: float = 5.0) -> None:
         """Flush queued reports for up to ``timeout`` seconds, then stop."""
         self._queue.put(None)
@@ -129,14 +147,19 @@ class KubeReporter:
     def _send_all(self) -> None:
         client: KubeClient | None = None
         try:
-            while (report := self._queue.get()) is not None:
+            while (item := self._queue.get()) is not None:
+                if isinstance(item, MemberStats):
+                    key, kind = stats_key(self._pod), "stats"
+                    text = seal_stats(self._pod, item, self._key).to_json()
+                else:
+                    key, kind = self._pod, item.kind.value
+                    text = seal(self._pod, item, self._key).to_json()
                 try:
                     client = client or self._factory()
-                    sealed = seal(self._pod, report, self._key)
-                    client.merge_patch(self._path, {"data": {self._pod: sealed.to_json()}})
+                    client.merge_patch(self._path, {"data": {key: text}})
                 except (ApiError, OSError, ValueError) as err:
                     log_event(_log, logging.WARNING, "report_not_delivered", pod=self._pod,
-                              kind=report.kind.value, error=err)
+                              kind=kind, error=err)
                     if client is not None:
                         client.close()
                     client = None

@@ -216,7 +216,8 @@ def _summary(ps: ParameterServer) -> dict[str, object]:
     data = status["data"]
     if data is not None:
         out.update(trained=pairs(data["trained"]), dropped=pairs(data["dropped"]),
-                   requeued=pairs(data["requeued"]))
+                   requeued=pairs(data["requeued"]),
+                   requeued_stale=pairs(data["requeuedStale"]))
     return out
 
 

@@ -19,7 +19,7 @@ from ..settings import RuntimeSettings
 
 _log = runtime_logger("ps.server")
 
-UNCOUNTED = frozenset({"Status"})
+UNCOUNTED = frozenset({"Status", "Data"})
 """Calls that neither wait nor show progress: a wedged server may still answer them."""
 
 

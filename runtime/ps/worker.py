@@ -78,12 +78,20 @@ class StepInfo:
     staleness: int
     failovers: int = 0
     """Failovers this worker performed or followed so far."""
+    start: int = 0
+    stop: int = 0
+    """The step's samples: indices ``[start, stop)`` of its epoch."""
 
 
 @dataclass
 class WorkerReport:
     steps: int = 0
     samples: int = 0
+    """Samples of every step, trained or dropped."""
+    trained_samples: int = 0
+    """Samples whose gradients the servers applied."""
+    dropped_samples: int = 0
+    """Samples whose gradients were dropped as stale."""
     dropped_pushes: int = 0
     lost_updates: int = 0
     left: bool = False
@@ -208,7 +216,7 @@ class Worker(Generic[B]):
                 waits, self._round = self._round, {}
                 next_batch = self.job.fetch(torch.arange(*following))
                 pending = client.start_pull(self._ids(next_batch), min_versions=waits)
-            self._account(int(lease["epoch"]), stop - start, loss.item(), result.dropped,
+            self._account(int(lease["epoch"]), start, stop, loss.item(), result.dropped,
                           max(result.staleness.values(), default=0), len(client.failovers))
             current, batch = following, next_batch
             if following is not None and (not result.data_accepted or self._left(client)):
@@ -228,16 +236,20 @@ class Worker(Generic[B]):
             return {}
         return dict(self.job.ids(batch))
 
-    def _account(self, epoch: int, samples: int, loss: float, dropped: bool,
+    def _account(self, epoch: int, start: int, stop: int, loss: float, dropped: bool,
                  staleness: int, failovers: int) -> None:
         self.beat()
         self.report.steps += 1
-        self.report.samples += samples
+        self.report.samples += stop - start
+        if dropped:
+            self.report.dropped_samples += stop - start
+        else:
+            self.report.trained_samples += stop - start
         self.report.dropped_pushes += int(dropped)
         self.metrics.worker_step(dropped=dropped)
         if self.job.on_step is not None:
-            self.job.on_step(StepInfo(self.report.steps, epoch, samples, loss, dropped,
-                                      staleness, failovers))
+            self.job.on_step(StepInfo(self.report.steps, epoch, stop - start, loss, dropped,
+                                      staleness, failovers, start, stop))
 
     def _left(self, client: PSClient) -> bool:
         world = self.source.latest()

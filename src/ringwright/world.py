@@ -191,11 +191,30 @@ class LRScaling(_Wire):
     warmup_steps: Annotated[int, Field(ge=0, alias="warmupSteps")] = 0
 
 
+AUTO_MIN_STEPS = 10
+"""Fewest steps between two checkpoints under ``intervalSteps: Auto`` unless the job sets
+``autoMinSteps``: below this a checkpoint's own cost outweighs what it protects."""
+AUTO_MAX_STEPS = 100_000
+"""Most steps between two checkpoints under ``intervalSteps: Auto`` unless the job sets
+``autoMaxSteps``: a job that never failed still checkpoints now and then."""
+
+
 class CheckpointSettings(_Wire):
+    """``spec.checkpoint`` as the runtime follows it.
+
+    ``interval_auto`` (``intervalSteps: Auto``) is new in this version and comes with
+    ``interval_steps`` 0: a runtime one version older reads it as no step interval.
+    """
+
     path: str = ""
     interval_steps: Annotated[int, Field(ge=0, alias="intervalSteps")] = 0
     interval_seconds: Annotated[float, Field(ge=0, alias="intervalSeconds")] = 0.0
     keep: Annotated[int, Field(ge=1)] = 3
+    interval_auto: bool = Field(default=False, alias="intervalAuto")
+    """Choose the step interval from the measured write cost and the observed time
+    between whole-job restarts (Young/Daly), within the two bounds below."""
+    auto_min_steps: Annotated[int, Field(ge=1, alias="autoMinSteps")] = AUTO_MIN_STEPS
+    auto_max_steps: Annotated[int, Field(ge=1, alias="autoMaxSteps")] = AUTO_MAX_STEPS
 
 
 class TopologySettings(_Wire):
@@ -308,6 +327,13 @@ class ReportKind(StrEnum):
     """Writing or reading checkpoints failed (detail: where and the OS error)."""
     CHECKPOINT_OK = "checkpoint-ok"
     """Checkpoints are written again after a failure."""
+    JOINING = "joining"
+    """A process not in the world ``generation`` (a newcomer, or a process restarted
+    without state) is ready to take part: started, its imports done, listening, and
+    waiting for a world that includes it. New in this version: a newcomer is added to
+    a world only on this report, so the members already training never stand still
+    while its process starts (an older runtime never sends it: see
+    :mod:`ringwright.joining`)."""
 
 
 class Report(_Wire):
@@ -337,6 +363,70 @@ class Report(_Wire):
         return _dumps(doc)
 
 
+STATS_SUFFIX = ".stats"
+"""A pod's measurements sit beside its report, under ``<pod>.stats`` (a ConfigMap key in
+the cluster, a file name in local runs): apart, so that the periodic measurements never
+replace a report the operator has yet to act on."""
+
+
+def stats_key(pod: str) -> str:
+    """Where ``pod``'s :class:`MemberStats` go."""
+    return f"{pod}{STATS_SUFFIX}"
+
+
+class Phase(StrEnum):
+    """What a member's time went to, for the job's goodput."""
+
+    TRAINING = "training"
+    """Steps that moved training forward."""
+    DETECTING = "detecting"
+    """Blocked on a peer that had failed, until the failure was known."""
+    REFORMING = "reforming"
+    """Waiting for the next world and forming its group (the first one included)."""
+    SYNCING = "syncing"
+    """Bringing every member to one state (tensor broadcast)."""
+    REPLAYING = "replaying"
+    """Steps run again after a rollback to the last commit."""
+
+
+class MemberStats(_Wire):
+    """What one pod measured, sent every few seconds beside its reports (new in this
+    version; an operator one version older ignores the key).
+
+    The step times are medians over the last steps of ``generation`` (robust to a
+    one-off pause): ``step_seconds`` of whole steps; ``compute_seconds`` of the part not
+    spent waiting for peers in the gradient all-reduce, which is what tells a slow member
+    from the peers that wait for it.
+    """
+
+    generation: Annotated[int, Field(ge=0)]
+    at: float
+    """Seconds since the Unix epoch, by the pod's clock."""
+    since: float = 0.0
+    """When the reporting process started (seconds since the Unix epoch): tells a new
+    process under the same pod name from the one before."""
+    step: Annotated[int, Field(ge=0)] = 0
+    steps_timed: Annotated[int, Field(ge=0, alias="stepsTimed")] = 0
+    """Steps of ``generation`` behind the medians."""
+    step_seconds: Annotated[float, Field(ge=0, alias="stepSeconds")] = 0.0
+    compute_seconds: Annotated[float, Field(ge=0, alias="computeSeconds")] = 0.0
+    checkpoint_interval_steps: Annotated[int, Field(ge=0, alias="checkpointIntervalSteps")] = 0
+    """The step interval checkpoints follow now (the chosen one under Auto); 0: none."""
+    checkpoint_write_seconds: Annotated[float | None, Field(
+        ge=0, alias="checkpointWriteSeconds")] = None
+    """The last checkpoint write's duration, where this member writes them."""
+    mtbf_seconds: Annotated[float | None, Field(ge=0, alias="mtbfSeconds")] = None
+    """The observed time between whole-job restarts the Auto interval used."""
+    seconds: dict[Phase, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    """Seconds spent in each :class:`Phase` since this process started."""
+    mac: str = ""
+    """Proof that the pod the stats sit under wrote them (:mod:`ringwright.report_seal`)."""
+
+    def to_json(self) -> str:
+        """Serialize with the wire names."""
+        return _dumps(self.model_dump(mode="json", by_alias=True))
+
+
 class ContractError(ValueError):
     """A world or report document that this side of the contract cannot use."""
 
@@ -362,6 +452,14 @@ def parse_report(text: str, *, where: str = "report") -> Report:
         return Report.model_validate_json(text)
     except ValidationError as err:
         raise ContractError(f"{where}: not a valid ringwright report: {err}") from err
+
+
+def parse_stats(text: str, *, where: str = "stats") -> MemberStats:
+    """Parse one pod's :class:`MemberStats`."""
+    try:
+        return MemberStats.model_validate_json(text)
+    except ValidationError as err:
+        raise ContractError(f"{where}: not valid ringwright member stats: {err}") from err
 
 
 def _dumps(doc: object) -> str:

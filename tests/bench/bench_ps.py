@@ -2,10 +2,11 @@
 
 * throughput of async vs sync training of the wide-and-deep example (2 PS, 4 workers,
   one worker 3x slower than the others), with the staleness and drop histograms;
-* dense push + pull of a 100 MB model through the PS transport, as a fraction of raw
-  loopback TCP bandwidth (one process sends 100 MB to another and reads it back);
-* latency of a sparse pull of 4,096 rows x 64 dims, against a raw TCP round trip of
-  the same bytes;
+* dense push + pull of a 100 MB model through the PS data plane (ZeroMQ frames that
+  are the tensors' memory), as a fraction of raw loopback TCP bandwidth (one process
+  sends 100 MB to another and reads it back), measured turn about in one run;
+* latency of a sparse pull of 4,096 rows x 64 dims (median, goal <= 2 ms), against a
+  raw TCP round trip of the same bytes;
 * PS failover: from SIGKILL of a PS to the first update after it, against the normal
   step interval.
 
@@ -46,7 +47,9 @@ from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa
 MB = 1_000_000
 SERVER = """
 import sys, time
+import os, torch
 from ringwright.runtime.ps.memory import retain_freed_memory
+torch.set_num_threads(len(os.sched_getaffinity(0)))  # as a PS pod: its CPUs (process.py)
 from ringwright.runtime.ps.serving.server import ParameterServer
 from ringwright.runtime.ps.wire.transport import serve
 retain_freed_memory()  # as a PS pod does
@@ -160,7 +163,7 @@ def bench_dense(repeats: int) -> dict[str, float]:
     ps_s, tcp_s = statistics.median(times), statistics.median(tcp)
     print(f"dense 100 MB pull+push: {ps_s:.3f} s = {200 / ps_s:.0f} MB/s; raw TCP 100 MB "
           f"there and back: {tcp_s:.3f} s = {200 / tcp_s:.0f} MB/s; "
-          f"PS / TCP bandwidth = {tcp_s / ps_s:.2f} (goal >= 0.50)")
+          f"PS / TCP bandwidth = {tcp_s / ps_s:.2f} (goal >= 0.70)")
     return {"dense_s": ps_s, "tcp_s": tcp_s, "fraction": tcp_s / ps_s}
 
 
@@ -182,7 +185,7 @@ def bench_sparse(repeats: int) -> dict[str, float]:
         client.close()
     tcp = tcp_round_trip(want * 8, want * dim * 4, repeats)
     ps_ms, tcp_ms = statistics.median(times) * 1e3, statistics.median(tcp) * 1e3
-    print(f"sparse pull {want} x {dim}: median {ps_ms:.2f} ms (p90 "
+    print(f"sparse pull {want} x {dim}: median {ps_ms:.2f} ms (goal <= 2 ms; p90 "
           f"{sorted(times)[int(0.9 * len(times))] * 1e3:.2f} ms); raw TCP round trip of the "
           f"same bytes {tcp_ms:.2f} ms; ratio {ps_ms / tcp_ms:.1f}x")
     return {"sparse_ms": ps_ms, "tcp_ms": tcp_ms}
@@ -285,6 +288,12 @@ def main() -> int:
     args = parser.parse_args()
     only = set(args.only.split(","))
     retain_freed_memory()  # as a worker pod does
+    # One torch thread in the worker, as the test harness runs workers
+    # (OMP_NUM_THREADS=1): on a small shared machine OpenMP's spinning threads take the
+    # CPU the transport needs (a sparse pull measured 17 ms with two threads, 2.4 ms
+    # with one, at a load average of 11 on 2 cores). The server takes its CPUs, as a
+    # PS pod does.
+    torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}")
     results: dict[str, Any] = {}

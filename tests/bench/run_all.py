@@ -4,7 +4,7 @@ Each benchmark measures its own baseline in the same run and prints ratios; this
 sequences them and says which failed. Pass names to run a subset:
 
     python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator] [network]
-                                  [ps] [sampler] [dataloader] [local_ranks]
+                                  [ps] [sampler] [dataloader] [local_ranks] [straggler]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ BENCHES = {
     "sampler": "bench_sampler.py",
     "dataloader": "bench_dataloader.py",
     "local_ranks": "bench_local_ranks.py",
+    "straggler": "bench_straggler.py",
 }
 
 

@@ -24,12 +24,13 @@ import pytest
 import yaml
 
 from ringwright.devcluster.control_plane import Cluster, free_port
+from ringwright.devcluster.helm import CHART, Helm
 from ringwright.kube import ApiError, KubeClient, api_path, load_kubeconfig, with_token
 from ringwright.objects import Obj
 from ringwright.world import WORLD_KEY, parse_world, world_configmap_name
 from tests.jobs import tj_path, training_job
 from tests.unit.test_chart_notes import Target, check_notes
-from tests.unit.test_chart_render import CHART, IN_CI, find_helm
+from tests.unit.test_chart_render import IN_CI
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -58,17 +59,13 @@ class Release:
 
 
 def _helm(cluster: Cluster, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    helm = find_helm()
+    helm = Helm.find(cluster.kubeconfig, tmp)
     if helm is None:
         message = "no helm binary: run `python -m ringwright.devcluster build`"
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-           "HELM_CONFIG_HOME": str(tmp / "helm-config"), "HELM_CACHE_HOME": str(tmp / "helm-cache"),
-           "HELM_DATA_HOME": str(tmp / "helm-data")}
-    return subprocess.run([str(helm), *args], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
+    return helm.run(*args)
 
 
 @contextlib.contextmanager

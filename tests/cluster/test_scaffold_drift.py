@@ -16,7 +16,7 @@ from ringwright.kube import KubeClient, api_path
 from ringwright.objects import Obj
 from ringwright.operator.plan.manifests import JOB_LABEL
 from tests.cluster.test_operator import wait_world
-from tests.jobs import OperatorProcess, tj_path, training_job
+from tests.jobs import OperatorProcess, instead_of, tj_path, training_job
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -24,20 +24,15 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture()
 def hourly_scaffold(operator: OperatorProcess, cluster: Cluster, namespace: str,
-                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                    ) -> Iterator[OperatorProcess]:
+                    tmp_path: Path) -> Iterator[OperatorProcess]:
     """An operator of the test's own whose full scaffold re-apply is an hour away. It
     watches the test's namespace only: its rounds are then this job's, not those of
     earlier tests' jobs still going away with their namespaces."""
-    operator.stop()
-    monkeypatch.setenv("RINGWRIGHT_SCAFFOLD_RESYNC_SECONDS", "3600")
-    own = OperatorProcess(cluster, tmp_path / "operator.log", args=["--namespace", namespace])
-    own.start()
-    try:
+    own = OperatorProcess(cluster, tmp_path / "operator.log", args=["--namespace", namespace],
+                          settings={**operator.settings,
+                                    "RINGWRIGHT_SCAFFOLD_RESYNC_SECONDS": "3600"})
+    with instead_of(operator, own):
         yield own
-    finally:
-        own.stop()
-        operator.start()
 
 
 def rounds(op: OperatorProcess) -> float:

@@ -24,7 +24,8 @@ import yaml
 
 from ringwright.devcluster.build import ensure_binaries
 from ringwright.devcluster.control_plane import Cluster
-from ringwright.devcluster.demo import EXAMPLE, OPERATOR_SETTINGS, run_job
+from ringwright.devcluster.demo import OPERATOR_SETTINGS, run_job
+from ringwright.devcluster.example import EXAMPLE
 from ringwright.devcluster.prometheus import Prometheus, config
 from ringwright.kube import KubeClient
 from ringwright.operator.metrics import LossCause

@@ -42,11 +42,15 @@ def can_run_real_nodes() -> None:
 
 
 @pytest.fixture(scope="module")
-def real_nodes(cluster: Cluster, can_run_real_nodes: None) -> Iterator[RealNodeSet]:
+def real_nodes(cluster: Cluster, can_run_real_nodes: None,
+               request: pytest.FixtureRequest) -> Iterator[RealNodeSet]:
     """:data:`SPECS` as real nodes of the cluster for one test module, removed after it
-    (Node objects too), so the cluster's other tests never see them."""
+    (Node objects too), so the cluster's other tests never see them. They start with
+    the images of the targets the module names in ``NODE_IMAGES`` (seeded from a store
+    imported once, where loading them later would import them into every node)."""
+    images = [_built(target) for target in getattr(request.module, "NODE_IMAGES", ())]
     with cluster.client() as kube:
-        nodes = start_real_nodes(kube, cluster.dir, cluster.kubeconfig, SPECS)
+        nodes = start_real_nodes(kube, cluster.dir, cluster.kubeconfig, SPECS, images=images)
         try:
             yield nodes
         finally:
@@ -66,6 +70,14 @@ def training_image(real_nodes: RealNodeSet) -> str:
     """The ``training`` image, loaded into the real nodes' containerd; its name."""
     real_nodes.load_image(_built("training"))
     return image_name("training")
+
+
+@pytest.fixture(scope="module")
+def horovod_image(real_nodes: RealNodeSet) -> str:
+    """The ``training-horovod`` image (Horovod built from source inside), loaded into the
+    real nodes' containerd; its name."""
+    real_nodes.load_image(_built("training-horovod"))
+    return image_name("training-horovod")
 
 
 def _built(target: str) -> Path:

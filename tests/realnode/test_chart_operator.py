@@ -6,7 +6,6 @@ Deleting the leader's pod hands the Lease to the other replica."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,33 +15,31 @@ import pytest
 import yaml
 
 from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.helm import CHART, Helm
 from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
 from ringwright.kube import KubeClient, api_path
 from ringwright.objects import Obj
 from tests.conftest import IN_CI
-from tests.unit.test_chart_render import CHART, find_helm
 from tests.waiting import wait_for
 from tests.xdist_groups import CLUSTER_GROUP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(CLUSTER_GROUP)]
 
+NODE_IMAGES = ("operator",)
+"""The image the nodes start with (tests/realnode/conftest.py)."""
 LEASE = "ringwright-operator"
 """The operator's default Lease name (the chart sets none)."""
 OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"
 
 
 def _helm(cluster: Cluster, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    helm = find_helm()
+    helm = Helm.find(cluster.kubeconfig, tmp)
     if helm is None:
         message = "no helm binary: run `make binaries`"
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-           "HELM_CONFIG_HOME": str(tmp / "helm-config"),
-           "HELM_CACHE_HOME": str(tmp / "helm-cache"), "HELM_DATA_HOME": str(tmp / "helm-data")}
-    return subprocess.run([str(helm), *args], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
+    return helm.run(*args)
 
 
 def real_node_values(namespace: str) -> Obj:

@@ -22,6 +22,7 @@ a deleted worker's replacement can rejoin (seen: the job Succeeded at a world of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -31,10 +32,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ringwright.devcluster.inventory import KWOK_NODE_ANNOTATION
-from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
+from ringwright.devcluster.example import LONG_EPOCHS, example, training_container, with_epochs
+from ringwright.devcluster.realnode import RealNodeSet
+from ringwright.devcluster.realnode_only import real_nodes_only as plain_real_nodes
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import storage_for
 from ringwright.world import World, parse_world, world_configmap_name
 from tests.jobs import OperatorProcess, get_status, tj_path
 from tests.waiting import wait_for
@@ -43,39 +47,17 @@ from tests.xdist_groups import CLUSTER_GROUP
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(CLUSTER_GROUP),
               pytest.mark.timeout(1800)]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainingjob-demo.yaml"
+NODE_IMAGES = ("training", "training-horovod")
+"""The image the nodes start with (tests/realnode/conftest.py)."""
 JOB = "resnet"
 """The example's job name."""
-LONG_EPOCHS = 100_000
-"""The overlay's epochs: training outlasts the test (its namespace goes with it)."""
 
 
 @pytest.fixture()
 def real_nodes_only(kube: KubeClient, real_nodes: RealNodeSet) -> Iterator[None]:
     """KWOK nodes cordoned and the real nodes' taint removed; both put back after."""
-    kwok = [n["metadata"]["name"] for n in kube.list(api_path("v1", "nodes"))
-            if KWOK_NODE_ANNOTATION in (n["metadata"].get("annotations") or {})]
-
-    def taints(node: str, keep_real: bool) -> list[Obj]:
-        current = kube.get(api_path("v1", "nodes", name=node))["spec"].get("taints") or []
-        rest = [t for t in current if t["key"] != REAL_NODE_LABEL]
-        real = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
-        return [*rest, real] if keep_real else rest
-
-    for node in kwok:
-        kube.merge_patch(api_path("v1", "nodes", name=node), {"spec": {"unschedulable": True}})
-    for node in real_nodes.names:
-        kube.merge_patch(api_path("v1", "nodes", name=node),
-                         {"spec": {"taints": taints(node, keep_real=False)}})
-    try:
+    with plain_real_nodes(kube, real_nodes.names):
         yield
-    finally:
-        for node in real_nodes.names:
-            kube.merge_patch(api_path("v1", "nodes", name=node),
-                             {"spec": {"taints": taints(node, keep_real=True)}})
-        for node in kwok:
-            kube.merge_patch(api_path("v1", "nodes", name=node),
-                             {"spec": {"unschedulable": None}})
 
 
 def _world(kube: KubeClient, ns: str) -> World | None:
@@ -144,6 +126,24 @@ def _exit_code_until_gone(kube: KubeClient, ns: str, name: str, version: str) ->
     return code
 
 
+@contextlib.contextmanager
+def diagnosed(kube: KubeClient, ns: str) -> Iterator[None]:
+    """On a failed assertion or wait, add what a user would look at: the job's status,
+    its events and the tails of its pods' logs (the pods go with the namespace)."""
+    try:
+        yield
+    except AssertionError as err:
+        jobs = kube.list(tj_path(ns))
+        events = sorted(kube.list(api_path("v1", "events", ns)),
+                        key=lambda e: e.get("lastTimestamp") or "")
+        raise AssertionError(
+            f"{err}\n--- status\n" + "\n".join(yaml.safe_dump(j.get("status")) for j in jobs)
+            + "--- events\n" + "\n".join(
+                f"{e.get('lastTimestamp')} {e['involvedObject'].get('name')} {e.get('reason')}: "
+                f"{e.get('message')}" for e in events[-40:])
+            + "\n" + _logs(kube, ns)) from None
+
+
 def _pod(kube: KubeClient, ns: str, name: str) -> Obj:
     return kube.get(api_path("v1", "pods", ns, name))
 
@@ -160,74 +160,67 @@ def _logs(kube: KubeClient, ns: str) -> str:
     return "\n".join(out)
 
 
-@pytest.mark.flaky(reruns=1, reason=(
-    "once in a full run no epoch ended within 300 s after step 64 (after the container "
-    "kill); cause not yet found: the job's log lines are the only progress this test "
-    "can read on real nodes"))
 def test_the_example_trains_in_real_containers_and_survives_pod_and_container_loss(
     kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
     training_image: str, real_nodes_only: None,
 ) -> None:
-    manifest = yaml.safe_load(EXAMPLE.read_text())
-    (container,) = manifest["spec"]["workers"]["template"]["spec"]["containers"]
-    assert container["image"] == training_image
-    assert "args" not in container
-    container["args"] = ["--epochs", str(LONG_EPOCHS)]
-    kube.create(tj_path(namespace), manifest)
+    with diagnosed(kube, namespace):
+        manifest = example()
+        container = training_container(manifest)
+        assert container["image"] == training_image
+        assert "args" not in container
+        kube.create(tj_path(namespace), with_epochs(manifest, LONG_EPOCHS))
 
-    first = wait_for(lambda: _world_where(kube, namespace, 4, 0),
-                     "a world of the example's 4 workers", timeout=900)
-    nodes = {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in first.members}
-    assert nodes <= set(real_nodes.names)
-    try:
+        first = wait_for(lambda: _world_where(kube, namespace, 4, 0),
+                         "a world of the example's 4 workers", timeout=900)
+        nodes = {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in first.members}
+        assert nodes <= set(real_nodes.names)
         _trained_past(kube, namespace, 0, timeout=600)
-    except AssertionError:
-        raise AssertionError(_logs(kube, namespace)) from None
 
-    # `kubectl delete pod` of a worker: the kubelet's SIGTERM, within the grace period,
-    # ends the runtime with 143; a world of 3 goes on, then the replacement joins.
-    step = _trained_step(kube, namespace)
-    victim = first.members[-1].pod
-    version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
-    kube.delete(api_path("v1", "pods", namespace, victim))
-    assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
-    smaller = wait_for(lambda: _world_where(kube, namespace, 3, first.generation),
-                       "a world of 3 without the deleted pod", timeout=300)
-    assert victim not in {m.pod for m in smaller.members}
-    healed = wait_for(lambda: _world_where(kube, namespace, 4, smaller.generation),
-                      "a world of 4 again", timeout=600)
-    _trained_past(kube, namespace, step)
+        # `kubectl delete pod` of a worker: the kubelet's SIGTERM, within the grace period,
+        # ends the runtime with 143; a world of 3 goes on, then the replacement joins.
+        step = _trained_step(kube, namespace)
+        victim = first.members[-1].pod
+        version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
+        kube.delete(api_path("v1", "pods", namespace, victim))
+        assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
+        smaller = wait_for(lambda: _world_where(kube, namespace, 3, first.generation),
+                           "a world of 3 without the deleted pod", timeout=300)
+        assert victim not in {m.pod for m in smaller.members}
+        healed = wait_for(lambda: _world_where(kube, namespace, 4, smaller.generation),
+                          "a world of 4 again", timeout=600)
+        _trained_past(kube, namespace, step)
 
-    # A training process killed inside its container: the kubelet restarts the
-    # container in the same pod, which rejoins.
-    step = _trained_step(kube, namespace)
-    target = healed.members[0].pod
-    before = _pod(kube, namespace, target)
-    container_id = before["status"]["containerStatuses"][0]["containerID"].split("//")[-1]
-    pids = _container_pids(container_id)
-    assert pids, f"no process of container {container_id} found"
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: _pod(kube, namespace, target)["status"]["containerStatuses"][0]
-             .get("restartCount", 0) >= 1, "the kubelet to restart the container", timeout=300)
-    after = _pod(kube, namespace, target)
-    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+        # A training process killed inside its container: the kubelet restarts the
+        # container in the same pod, which rejoins.
+        step = _trained_step(kube, namespace)
+        target = healed.members[0].pod
+        before = _pod(kube, namespace, target)
+        container_id = before["status"]["containerStatuses"][0]["containerID"].split("//")[-1]
+        pids = _container_pids(container_id)
+        assert pids, f"no process of container {container_id} found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: _pod(kube, namespace, target)["status"]["containerStatuses"][0]
+                 .get("restartCount", 0) >= 1, "the kubelet to restart the container", timeout=300)
+        after = _pod(kube, namespace, target)
+        assert after["metadata"]["uid"] == before["metadata"]["uid"]
 
-    def rejoined() -> World | None:
-        world = _world_where(kube, namespace, 4, healed.generation)
-        return world if world and target in {m.pod for m in world.members} else None
+        def rejoined() -> World | None:
+            world = _world_where(kube, namespace, 4, healed.generation)
+            return world if world and target in {m.pod for m in world.members} else None
 
-    back = wait_for(rejoined, "a world of 4 with the restarted container", timeout=600)
-    _trained_past(kube, namespace, step)
+        back = wait_for(rejoined, "a world of 4 with the restarted container", timeout=600)
+        _trained_past(kube, namespace, step)
 
-    # `kubectl scale trainingjob resnet --replicas=5`: a fifth worker joins.
-    step = _trained_step(kube, namespace)
-    kube.merge_patch(tj_path(namespace, JOB, "scale"), {"spec": {"replicas": 5}})
-    grown = wait_for(lambda: _world_where(kube, namespace, 5, back.generation),
-                     "a world of 5 after kubectl scale", timeout=600)
-    assert {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in grown.members} \
-        <= set(real_nodes.names)
-    _trained_past(kube, namespace, step)
+        # `kubectl scale trainingjob resnet --replicas=5`: a fifth worker joins.
+        step = _trained_step(kube, namespace)
+        kube.merge_patch(tj_path(namespace, JOB, "scale"), {"spec": {"replicas": 5}})
+        grown = wait_for(lambda: _world_where(kube, namespace, 5, back.generation),
+                         "a world of 5 after kubectl scale", timeout=600)
+        assert {_pod(kube, namespace, m.pod)["spec"]["nodeName"] for m in grown.members} \
+            <= set(real_nodes.names)
+        _trained_past(kube, namespace, step)
 
 
 SLOW_START = 120
@@ -252,13 +245,14 @@ def strict_policy(kube: KubeClient, namespace: str) -> Iterator[str]:
         kube.delete(path)
 
 
-def _job(name: str, image: str, policy: str, command: list[str], **workers: object) -> Obj:
+def _job(name: str, image: str, policy: str, command: list[str], backend: str = "torch",
+         **workers: object) -> Obj:
     """A CPU job of the training image for the real nodes."""
     return {
         "apiVersion": "ringwright.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
-            "backend": "torch", "gpusPerWorker": 0, "schedulingPolicyName": policy,
+            "backend": backend, "gpusPerWorker": 0, "schedulingPolicyName": policy,
             "workers": {"min": 2, "replicas": 2, "max": 2, **workers, "template": {"spec": {
                 "containers": [{"name": "train", "image": image, "command": command}]}}},
             "runPolicy": {"backoffLimit": 2},
@@ -318,3 +312,117 @@ def test_a_real_crash_loop_is_still_a_failure(
         lambda: s if (s := get_status(kube, namespace, "crashing")).get("phase") == "Failed"
         else None, "the crash-looping job to fail", timeout=600)
     assert status.get("restarts", 0) >= 1, status
+
+
+def hostpath_policy(kube: KubeClient, namespace: str, folder: Path) -> str:
+    """A SchedulingPolicy that lets templates mount ``folder`` (hostPath volumes are
+    refused by default); its name. The namespace's teardown does not remove it: the
+    caller's finalizer does."""
+    name = f"{namespace}-hostpath"
+    kube.create(api_path("ringwright.dev/v1alpha1", "schedulingpolicies"), {
+        "apiVersion": "ringwright.dev/v1alpha1", "kind": "SchedulingPolicy",
+        "metadata": {"name": name},
+        "spec": {"templates": {"allowedHostPaths": [str(folder)]}}})
+    return name
+
+
+WORLD_READY = re.compile(r" world_ready generation=(\d+) .*\bfrom_checkpoint=(\w+) step=(\d+)")
+"""The runtime's line when a member starts training in a world."""
+
+
+def test_a_suspended_job_flushes_its_checkpoint_to_a_shared_volume_and_resumes_from_it(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    training_image: str, real_nodes_only: None, tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """`spec.runPolicy.suspend: true`: the kubelet's SIGTERM makes every worker write its
+    final checkpoint (exit 143) to a volume both nodes see (a hostPath of one folder of
+    this host, as an RWX claim is on a real cluster); `suspend: false` recreates the pods,
+    which restore from it. Periodic checkpoints are off, so the only checkpoint is the
+    one SIGTERM flushed."""
+    shared = tmp_path / "checkpoints"
+    shared.mkdir()
+    shared.chmod(0o777)  # the image runs as uid 10001; a hostPath gets no fsGroup
+    policy = hostpath_policy(kube, namespace, shared)
+    request.addfinalizer(lambda: kube.delete(
+        api_path("ringwright.dev/v1alpha1", "schedulingpolicies", name=policy)))
+    job = _job("suspended", training_image, policy,
+               ["python", "/app/examples/train_elastic.py", "--epochs", str(LONG_EPOCHS)])
+    template = job["spec"]["workers"]["template"]["spec"]
+    template["containers"][0]["volumeMounts"] = [{"name": "ckpt", "mountPath": "/ckpt"}]
+    template["volumes"] = [{"name": "ckpt",
+                            "hostPath": {"path": str(shared), "type": "Directory"}}]
+    job["spec"]["checkpoint"] = {"path": "/ckpt"}
+    kube.create(tj_path(namespace), job)
+
+    def world_of(size: int, after: int) -> World | None:
+        world = _job_world(kube, namespace, "suspended")
+        return world if world and world.size == size and world.generation > after else None
+
+    first = wait_for(lambda: world_of(2, -1), "a world of 2", timeout=900)
+    _trained_past(kube, namespace, 0, timeout=600)
+    assert Checkpointer(storage_for(str(shared))).steps() == [], "no periodic checkpoints"
+
+    versions = {m.pod: _pod(kube, namespace, m.pod)["metadata"]["resourceVersion"]
+                for m in first.members}
+    kube.merge_patch(tj_path(namespace, "suspended"),
+                     {"spec": {"runPolicy": {"suspend": True}}})
+    codes = {pod: _exit_code_until_gone(kube, namespace, pod, version)
+             for pod, version in versions.items()}
+    assert codes == dict.fromkeys(versions, SIGTERM_EXIT), codes
+    flushed = Checkpointer(storage_for(str(shared))).steps()
+    assert flushed and flushed[-1] > 0, f"no checkpoint flushed on SIGTERM: {flushed}"
+    assert get_status(kube, namespace, "suspended").get("phase") == "Suspended"
+
+    kube.merge_patch(tj_path(namespace, "suspended"),
+                     {"spec": {"runPolicy": {"suspend": False}}})
+    resumed = wait_for(lambda: world_of(2, first.generation), "a world of 2 after resuming",
+                       timeout=900)
+
+    def restored() -> list[tuple[bool, int]] | None:
+        starts = []
+        for m in resumed.members:
+            try:
+                text = kube.get_text(api_path("v1", "pods", namespace, m.pod,
+                                              subresource="log"))
+            except (ApiError, OSError):
+                return None
+            starts += [(found.group(2) == "True", int(found.group(3)))
+                       for found in WORLD_READY.finditer(text)
+                       if int(found.group(1)) == resumed.generation]
+        return starts if len(starts) == len(resumed.members) else None
+
+    starts = wait_for(restored, "both resumed workers to start training", timeout=600)
+    # One member reads the checkpoint and the others get its state by broadcast: all
+    # start at the flushed step.
+    assert {step for _, step in starts} == {flushed[-1]}, (starts, _logs(kube, namespace))
+    assert sorted(from_disk for from_disk, _ in starts) == [False, True], starts
+
+
+def test_the_horovod_images_job_survives_a_deleted_pod(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    horovod_image: str, real_nodes_only: None,
+) -> None:
+    """The example script in the ``training-horovod`` image with ``backend: horovod``: three
+    workers train, one pod is deleted (exit 143 on SIGTERM), the other two go on in a world
+    of 2 and the replacement joins a world of 3 again."""
+    job = _job("hvd", horovod_image, "default",
+               ["python", "/app/examples/train_elastic.py", "--epochs", str(LONG_EPOCHS)],
+               backend="horovod", replicas=3, max=3)
+
+    def world_of(size: int, after: int) -> World | None:
+        world = _job_world(kube, namespace, "hvd")
+        return world if world and world.size == size and world.generation > after else None
+
+    with diagnosed(kube, namespace):
+        kube.create(tj_path(namespace), job)
+        first = wait_for(lambda: world_of(3, -1), "a world of 3", timeout=900)
+        step = _trained_past(kube, namespace, 0, timeout=600)
+        victim = first.members[-1].pod
+        version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
+        kube.delete(api_path("v1", "pods", namespace, victim))
+        assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
+        smaller = wait_for(lambda: world_of(2, first.generation), "a world of 2", timeout=300)
+        assert victim not in smaller.pods
+        wait_for(lambda: world_of(3, smaller.generation), "a world of 3 again", timeout=600)
+        _trained_past(kube, namespace, step)

@@ -18,6 +18,9 @@ from tests.xdist_groups import CLUSTER_GROUP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(CLUSTER_GROUP)]
 
+NODE_IMAGES = ("operator",)
+"""The image the nodes start with (tests/realnode/conftest.py)."""
+
 LIST_PODS = """
 from ringwright.kube import KubeClient, api_path, in_cluster_config
 config = in_cluster_config()

@@ -143,12 +143,23 @@ def assert_params_identical(traces: Traces) -> None:
 def assert_resumed_from_commit(traces: Traces, before: int, after: int) -> None:
     """Training in world ``after`` starts at the last step committed in world ``before``
     by the members that carried on into ``after``."""
+    _assert_started_at_last(traces, after, {before}, f"in {before}")
+
+
+def assert_resumed_from_last_commit(traces: Traces, after: int) -> None:
+    """Training in world ``after`` starts at the last step its members committed in any
+    earlier world (worlds that came and went without a commit change nothing)."""
+    _assert_started_at_last(traces, after, set(range(after)), f"before {after}")
+
+
+def _assert_started_at_last(traces: Traces, after: int, generations: set[int],
+                            where: str) -> None:
     starts = traces.starts(after)
     assert starts, f"nobody trained in world generation {after}"
-    committed = traces.commits(before, set(starts))
-    assert committed, f"no commit in world generation {before} by {sorted(starts)}"
+    committed = [step for g in generations for step in traces.commits(g, set(starts))]
+    assert committed, f"no commit {where} by {sorted(starts)}"
     start_steps = {r["step"] for r in starts.values()}
     assert start_steps == {max(committed)}, (
-        f"world {after} started at steps {start_steps}; last commit in {before} was "
+        f"world {after} started at steps {start_steps}; last commit {where} was "
         f"{max(committed)}"
     )

@@ -14,9 +14,13 @@ CHECKPOINT_DIR for checkpoints (a final one on SIGTERM, restored on a fresh star
 BUCKET_BYTES to all-reduce gradients in buckets of that size during backward.
 With GATE_FILE and GATE_STEP set, a worker that completes step GATE_STEP waits while
 GATE_FILE exists, so a test can make a change happen at a known point of training
-without racing it. PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that
-rank that completes that step first sleep once per job (a slow evaluation, a straggler:
-late, not dead); PAUSE_FILE (default: in TRACE_DIR) records that it happened.
+without racing it; a gate file that holds a number moves the hold to that step (a test
+that kills a member mid-training holds a later step, so the job cannot end first).
+PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that rank that completes
+that step first sleep once per job (a slow evaluation, a straggler: late, not dead);
+PAUSE_FILE (default: in TRACE_DIR) records that it happened.
+SLOW_POD=<pod> and SLOW_FACTOR make that pod's STEP_SLEEP (its stand-in for compute)
+SLOW_FACTOR times longer, for good: a throttled GPU.
 USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
 training function, as user code may.
 LOADER_WORKERS=N draws each step's samples through a torch ``DataLoader`` with N worker
@@ -30,6 +34,10 @@ broadcast carries it, so a test can act while one is under way.
 FREEZE_IN_HVD_INIT=<pod>: that pod stops itself (SIGSTOP) on entering ``hvd.init()``
 for the first time, after the runtime's join barrier: a peer frozen inside Horovod's
 own rendezvous, at a point no test could otherwise hit on purpose.
+A slow start (a newcomer pulling its image, importing, starting CUDA): START_DELAY_S
+makes every process sleep that long before it sets up its training; a process that
+starts while START_GATE_FILE exists records ``launched`` and waits until the file is
+gone, so a test can hold a newcomer in its start-up for as long as it needs.
 """
 
 from __future__ import annotations
@@ -141,6 +149,26 @@ def freeze_in_horovod_init() -> None:
     hvd.init = frozen_init
 
 
+def held_step(gate: Path, default: int) -> int | None:
+    """The step the gate holds workers at: none without the file, else the step the
+    file names, or ``default`` when it is empty."""
+    try:
+        text = gate.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else default
+
+
+def slow_start(trace: Trace) -> None:
+    """The start-up delays of the module's docstring (START_DELAY_S, START_GATE_FILE)."""
+    time.sleep(float(os.environ.get("START_DELAY_S", "0")))
+    gate = Path(os.environ.get("START_GATE_FILE", "/nonexistent"))
+    if gate.exists():
+        trace.write(ev="launched", pid=os.getpid())
+        while gate.exists():
+            time.sleep(0.02)
+
+
 def main() -> int:
     pod = os.environ[Env.POD_NAME]
     if os.environ.get("FREEZE_IN_HVD_INIT") == pod:
@@ -150,6 +178,8 @@ def main() -> int:
     batch = int(os.environ.get("BATCH", "4"))
     commit_every = int(os.environ.get("COMMIT_EVERY", "4"))
     step_sleep = float(os.environ.get("STEP_SLEEP", "0.03"))
+    if os.environ.get("SLOW_POD") == pod:
+        step_sleep *= float(os.environ.get("SLOW_FACTOR", "1"))
     gate = Path(os.environ.get("GATE_FILE", "/nonexistent"))
     gate_step = int(os.environ.get("GATE_STEP", "-1"))
     pause_rank = int(os.environ.get("PAUSE_RANK", "-1"))
@@ -163,6 +193,7 @@ def main() -> int:
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}{'.' + local if local else ''}.jsonl")
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {pod} %(name)s %(message)s")
+    slow_start(trace)
 
     data = torch.Generator().manual_seed(1234)
     xs = torch.randn(samples, FEATURES, generator=data)
@@ -257,7 +288,7 @@ def main() -> int:
             if (state.step == pause_step and state.binding.rank == pause_rank
                     and pause_once(pause_file, pause_s)):
                 trace.write(ev="pause", step=state.step, seconds=pause_s)
-            while state.step == gate_step and gate.exists():
+            while state.step == held_step(gate, gate_step):
                 time.sleep(0.02)
             if state.step % commit_every == 0 or state.sampler.epoch != data_epoch:
                 try:

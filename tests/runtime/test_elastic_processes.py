@@ -119,10 +119,12 @@ def finish(job: LocalJob) -> dict[str, int]:
 
 @BOTH_BACKENDS
 def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod
     job.kill(victim, signal.SIGKILL)
+    gate.unlink()
     codes = finish(job)
 
     assert codes[victim] == -signal.SIGKILL
@@ -135,6 +137,22 @@ def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
 def hold_at_gate(job: LocalJob) -> Path:
     gate = job.workdir / "gate"
     gate.touch()
+    return gate
+
+
+LATE_GATE_STEP = 12
+"""Where :func:`hold_late` holds: past the step a kill test waits for (6), before the end
+of the shortest job here (16 steps)."""
+
+
+def hold_late(job: LocalJob, step: int = LATE_GATE_STEP) -> Path:
+    """Hold every member at ``step`` while the returned file exists. A test that kills a
+    member once training reaches step 6 then finds it still training however late it acts
+    (a loaded machine can stall the test for longer than the whole job takes); remove the
+    file right after the kill."""
+    gate = job.workdir / "gate"
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.write_text(str(step))
     return gate
 
 
@@ -190,11 +208,13 @@ COORDINATOR_DEATH = ("Horovod's gloo transport may abort a survivor (SIGABRT, gl
     pytest.mark.horovod, pytest.mark.flaky(reruns=2, reason=COORDINATOR_DEATH)])],
     indirect=True)
 def test_kill_rank_zero_the_store_host(job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(4)
     wait_for_step(job, 6)
     store_host = job.world.members[0]
     assert job.world.store.address == store_host.ip
     job.kill(store_host.pod, signal.SIGKILL)
+    gate.unlink()
     finish(job)
 
     assert job.world.size == 3
@@ -226,3 +246,60 @@ def test_two_kills_in_a_row_while_rebuilding(job: LocalJob) -> None:
     assert t.starts(1) == {}, "world 1 trained: the second kill did not hit it while forming"
     assert t.generations() == [0, 2]
     assert_resumed_from_commit(t, before=0, after=2)
+
+
+JOIN_GATE_STEP = 20
+"""The survivors hold after this step (at a commit) until the test lets them go on."""
+
+
+@pytest.mark.parametrize("how", ["replaced", "restarted"])
+def test_members_train_on_while_a_newcomer_starts_then_switch_at_a_commit(
+        tmp_path: Path, how: str) -> None:
+    """A newcomer held in its start-up (as by a slow import or image pull) is added only
+    once it said it is ready to take part: until then the survivors keep training at
+    three; then they switch at a commit, without a rollback, and every sample counts once.
+    ``replaced``: a new pod takes the killed one's place (the operator's replacement);
+    ``restarted``: the killed process is started again in its pod (the kubelet's)."""
+    start_gate = tmp_path / "start-gate"
+    env = {**worker_env(tmp_path, "torch"), "GATE_STEP": str(JOIN_GATE_STEP),
+           "START_GATE_FILE": str(start_gate)}
+    gate = tmp_path / "gate"
+    gate.touch()
+    with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env,
+                  restart=how == "restarted") as job:
+        job.start(4)
+        wait_for_step(job, GATE_STEP)
+        start_gate.touch()  # processes started from now on hold in their start-up
+        victim = job.world.members[2].pod
+        job.kill(victim, signal.SIGKILL)
+        if how == "replaced":
+            wait_until(job, "the world of three", lambda: job.world.size == 3)
+            job.scale(4)
+        newcomer = victim if how == "restarted" else f"{job.job.name}-worker-4"
+        wait_until(job, "the newcomer's process to start", lambda: any(
+            pod == newcomer for pod, _ in traces(job).events("launched")))
+
+        def at_three(t: Traces) -> set[str]:
+            return {pod for pod, r in t.events("stepped")
+                    if r["size"] == 3 and r["step"] == JOIN_GATE_STEP}
+
+        wait_until(job, f"the survivors to train up to step {JOIN_GATE_STEP} at three",
+                   lambda: len(at_three(traces(job))) == 3)
+        # All that time the newcomer was starting, and nobody waited for it.
+        assert job.world.size == 3 and job.world.member(newcomer) is None
+        start_gate.unlink()
+        wait_until(job, "the newcomer to be added", lambda: job.world.size == 4)
+        gate.unlink()
+        finish(job)
+
+    t = audit(job)
+    last = job.world.generation
+    assert job.world.member(newcomer) is not None and newcomer in t.starts(last)
+    trained_at_three = {r["step"] for _, r in t.events("stepped")
+                        if r["generation"] == last - 1}
+    assert len(trained_at_three) >= JOIN_GATE_STEP - GATE_STEP - 4, sorted(trained_at_three)
+    # The join was planned: the world of four began at the survivors' last commit in
+    # the world of three, and the only rollback is the kill's.
+    assert_resumed_from_commit(t, before=last - 1, after=last)
+    assert t.starts(last)[newcomer]["step"] == JOIN_GATE_STEP
+    assert [r.generation for r in t.rollbacks()] == [last - 1]

@@ -32,6 +32,7 @@ from tests.runtime.test_elastic_processes import (
     WORKER,
     audit,
     finish,
+    hold_late,
     log_tails,
     traces,
     wait_for_step,
@@ -63,6 +64,7 @@ def make_job(tmp_path: Path) -> Iterator[JobFactory]:
             "STEP_SLEEP": "0.03",
             "TORCH_CPP_LOG_LEVEL": "ERROR",
             "OMP_NUM_THREADS": "1",
+            "GATE_FILE": str(workdir / "gate"),
             SettingsEnv.FAILURE_DETECT: "3",
             # Far beyond any wait in these tests: only the heartbeats may find the dead.
             SettingsEnv.COLLECTIVE_TIMEOUT: "600",
@@ -194,9 +196,11 @@ def test_bucketed_gradients_under_horovod_train_and_recover_from_a_kill(
     communication thread: training completes, a member killed mid-step costs a rollback
     to the commit as with the flat path, and every rank ends with the same parameters."""
     job = make_job(backend="horovod", BUCKET_BYTES="256")  # several buckets per step
+    gate = hold_late(job)
     job.start(3)
     wait_for_step(job, 6)
     job.kill(job.world.members[1].pod, signal.SIGKILL)
+    gate.unlink()
     finish(job)
     assert job.world.size == 2
     t = audit(job)
@@ -209,42 +213,55 @@ def final_hashes(t: Traces) -> set[str]:
 
 def test_a_user_level_all_reduce_while_a_member_is_killed(make_job: JobFactory) -> None:
     job = make_job(USER_ALLREDUCE="1")
+    gate = hold_late(job)
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[1].pod
     job.kill(victim, signal.SIGKILL)
+    gate.unlink()
     finish(job)
     assert job.world.size == 3
     t = audit(job)
     assert_resumed_from_commit(t, before=0, after=1)
 
 
-def test_a_process_restarted_in_its_pod_without_state(make_job: JobFactory) -> None:
-    """Its old rank's claim in the current generation is refused; it reports that it holds no
-    state, and the same members re-form with it. (Slow heartbeats here, so that the
-    restarted process, not a verdict on its predecessor, triggers the new generation.)"""
+def test_a_process_restarted_in_its_pod_rejoins_as_a_newcomer(make_job: JobFactory) -> None:
+    """Dropped like any dead member, it is added back once it reports that it is ready to
+    join: the others train on at three meanwhile, then take it in at a commit. (Slow
+    heartbeats here: the survivors must learn of the death from their failed collective,
+    not from a verdict on the dead process.)"""
     # 30 s: far beyond a restart under load, and the leave marks at the end, which wait up
     # to a third of it for the store of a rank 0 that finished first, stay short.
     job = make_job(restart=True, verdict_wait_s=600, **{SettingsEnv.FAILURE_DETECT: "30"})
+    # The others train on while it starts: held at step 20 (a commit) until it is back,
+    # they would otherwise finish without it (the hold also keeps the job from ending
+    # before the kill lands).
+    gate = hold_late(job, step=20)
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod
     first_pid = job.pod(victim).process.pid
     job.kill(victim, signal.SIGKILL)
+    wait_until(job, "the restarted process to be back", lambda: job.world.size == 4
+               and job.world.generation >= 2)
+    gate.unlink()
     codes = finish(job)
     assert codes[victim] == 0 and job.pod(victim).process.pid != first_pid
     assert job.world.size == 4 and job.world.member(victim) is not None
-    assert "already claimed in this generation" in job.log_path(victim).read_text()
+    assert "kind=joining" in job.log_path(victim).read_text()
     # Every survivor's collective failed at once, also where the killed member was not a
     # ring neighbour: the first to fail aborted its group for the others. No survivor
     # waited for the (30 s) heartbeat verdict.
     assert not any("peers_dead" in job.log_path(p).read_text() for p in codes), \
         log_tails(job)
     t = audit(job)
-    # The restarted process trained again, with the state it received by broadcast.
+    # The restarted process trained again, with the state it received from a survivor,
+    # which trained at three until it was ready.
     pids = {r["pid"] for pod, r in t.events("start") if pod == victim}
     assert len(pids) == 2
-    assert_resumed_from_commit(t, before=0, after=job.world.generation)
+    last = job.world.generation
+    assert {r["size"] for r in t.starts(last - 1).values()} == {3}
+    assert_resumed_from_commit(t, before=last - 1, after=last)
 
 
 def test_rank_zero_dies_during_the_state_broadcast_of_a_new_generation(
@@ -285,9 +302,13 @@ def test_a_member_dead_inside_horovods_rendezvous_costs_a_restart_not_a_timeout(
     job = make_job(backend="horovod", restart=True, evict_grace_s=1.0,
                    FREEZE_IN_HVD_INIT=victim, CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
                    STEP_SLEEP="0.5")
+    # Held before the commit of step 8 until the newcomer is in the world: the others
+    # cannot finish the job before it starts, however slowly it imports torch.
+    gate = hold_late(job, step=8)
     job.start(3)
-    wait_for_step(job, 6)
+    wait_for_step(job, 8)
     job.scale(4)
+    gate.unlink()
     finish(job)
     assert job.world.size == 3 and job.world.member(victim) is None
     survivors = [m.pod for m in job.world.members]

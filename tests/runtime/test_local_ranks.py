@@ -33,6 +33,7 @@ from tests.runtime.test_elastic_processes import (
     audit,
     finish,
     hold_at_gate,
+    hold_late,
     wait_for_step,
     wait_until,
     worker_env,
@@ -86,12 +87,14 @@ SURVIVOR_ABORT = ("in one full run under load (4 xdist workers, 2 cores) the sur
     pytest.mark.horovod, pytest.mark.flaky(reruns=2, reason=SURVIVOR_ABORT)])], indirect=True)
 def test_a_dead_local_rank_takes_its_pod_out_and_the_other_pod_goes_on(
         job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(2)
     assert job.world.size == 2 * LOCAL
     wait_for_step(job, 6)
     victim = job.world.members[LOCAL].pod
     wait_until(job, "the victim's local ranks", lambda: len(local_ranks_of(job, victim)) == 3)
     os.kill(local_ranks_of(job, victim)[1], signal.SIGKILL)
+    gate.unlink()
     codes = finish(job)
 
     # The entry point stopped the pod's other ranks and exited as its rank did.
@@ -104,10 +107,12 @@ def test_a_dead_local_rank_takes_its_pod_out_and_the_other_pod_goes_on(
 
 
 def test_a_killed_pod_loses_all_its_ranks_at_once(job: LocalJob) -> None:
+    gate = hold_late(job)
     job.start(2)
     wait_for_step(job, 6)
     victim = job.world.members[0].pod  # also hosts the store (rank 0)
     job.kill(victim, signal.SIGKILL)
+    gate.unlink()
     finish(job)
 
     assert job.world.size == LOCAL and job.world.generation == 1
@@ -160,9 +165,14 @@ def audit_one_epoch(job: LocalJob) -> Traces:
 def test_a_pod_restarted_in_place_rejoins_with_all_its_ranks(tmp_path: Path) -> None:
     # restartPolicy OnFailure: the kubelet restarts the container that the entry point
     # ended after its rank died; the pod's three ranks rejoin without state.
+    # The survivors train on while the pod restarts: held at step 16 (a commit) until it
+    # is back, they would otherwise finish without it.
+    gate = tmp_path / "gate"
+    gate.touch()
     env = {"TRACE_DIR": str(tmp_path / "trace"), "EPOCHS": str(EPOCHS),
            "SAMPLES": str(SAMPLES), "BATCH": "4", "COMMIT_EVERY": "4", "STEP_SLEEP": "0.03",
-           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+           "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+           "GATE_FILE": str(gate), "GATE_STEP": "16"}
     with LocalJob([sys.executable, str(WORKER)], tmp_path, env=env, procs_per_pod=LOCAL,
                   restart=True) as job:
         job.start(2)
@@ -171,6 +181,9 @@ def test_a_pod_restarted_in_place_rejoins_with_all_its_ranks(tmp_path: Path) -> 
         wait_until(job, "the victim's local ranks",
                    lambda: len(local_ranks_of(job, victim)) == LOCAL)
         os.kill(local_ranks_of(job, victim)[2], signal.SIGKILL)
+        wait_until(job, "the restarted pod to be back", lambda: job.world.size == 2 * LOCAL
+                   and job.world.generation >= 2)
+        gate.unlink()
         finish(job)
 
         assert job.pod(victim).restarts == 1
@@ -179,7 +192,7 @@ def test_a_pod_restarted_in_place_rejoins_with_all_its_ranks(tmp_path: Path) -> 
         last = job.world.generation
         assert {r["size"] for r in t.starts(last).values()} == {2 * LOCAL}
         assert len(t.starts(last)) == 2 * LOCAL
-        assert_resumed_from_commit(t, before=0, after=last)
+        assert_resumed_from_commit(t, before=last - 1, after=last)
 
 
 def test_a_planned_scale_down_lets_the_leaving_pods_ranks_exit_zero(job: LocalJob) -> None:

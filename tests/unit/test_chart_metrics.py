@@ -11,12 +11,13 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ringwright.devcluster.helm import CHART
 from ringwright.objects import Obj
 from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.plan.manifests import JOB_LABEL, METRICS_PORT_NAME, ROLE_LABEL
 from ringwright.runtime.metrics import RuntimeMetrics
 from ringwright.runtime.ps.metrics import PSMetrics
-from tests.unit.test_chart_render import CHART, RELEASE_NS, by_kind, container, helm, one, render
+from tests.unit.test_chart_render import RELEASE_NS, by_kind, container, helm, one, render
 
 __all__ = ["helm"]  # the fixture, shared with the chart render tests
 
@@ -97,4 +98,5 @@ def test_dashboard_queries_name_only_exported_metrics(helm: Path, tmp_path: Path
     assert used <= _exported(), f"not exported: {sorted(used - _exported())}"
     titles = {p["title"] for p in dashboard["panels"]}
     assert {"Jobs by phase", "World size", "Recoveries", "Step time",
-            "Checkpoint stall and write", "Heartbeat lag", "PS pushes and pulls"} <= titles
+            "Checkpoint stall and write", "Heartbeat lag", "PS pushes and pulls",
+            "Goodput", "Badput by phase"} <= titles

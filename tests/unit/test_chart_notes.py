@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ringwright.devcluster.helm import CHART
 from ringwright.devcluster.versions import KUBERNETES
 from ringwright.objects import Obj
 from tests.unit.test_chart_render import (
-    CHART,
     CHART_CRDS,
     RELEASE,
     RELEASE_NS,

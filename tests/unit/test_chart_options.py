@@ -15,12 +15,12 @@ import pytest
 import yaml
 from pydantic.alias_generators import to_camel
 
+from ringwright.devcluster.helm import CHART
 from ringwright.devcluster.versions import KUBERNETES
 from ringwright.objects import Obj
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicy
 from ringwright.operator.settings import OperatorSettings
 from tests.unit.test_chart_render import (
-    CHART,
     FULLNAME,
     RELEASE,
     RELEASE_NS,
@@ -122,12 +122,33 @@ def verbose_and_extras(objs: list[Obj]) -> None:
 SETTINGS: Obj = {"settleSeconds": 2.5, "drainSeconds": 45, "belowMinGraceSeconds": 600,
                  "psExitGraceSeconds": 15, "backoffBaseSeconds": 2, "backoffCapSeconds": 120,
                  "resyncSeconds": 20, "scaffoldResyncSeconds": 900, "storePort": 29500,
-                 "networkPolicy": False, "operatorNamespace": "ops"}
+                 "networkPolicy": False, "operatorNamespace": "ops", "kueue": True}
+
+
+def kueue_rules(objs: list[Obj]) -> dict[str, set[str]]:
+    """Verbs per kueue.x-k8s.io resource the chart's (Cluster)Roles grant."""
+    out: dict[str, set[str]] = {}
+    for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
+        for rule in role.get("rules") or ():
+            if "kueue.x-k8s.io" in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out.setdefault(resource, set()).update(rule["verbs"])
+    return out
 
 
 def settings(objs: list[Obj]) -> None:
     parsed = OperatorSettings.from_env(env(objs))
     assert {to_camel(k): v for k, v in parsed.model_dump().items()} == SETTINGS
+    # The Kueue integration on: the operator may create and watch Workloads, mark them
+    # Finished, and read ResourceFlavors.
+    assert kueue_rules(objs) == {"workloads": {"list", "watch", "create"},
+                                 "workloads/status": {"patch"},
+                                 "resourceflavors": {"list", "watch"},
+                                 "workloadpriorityclasses": {"list", "watch"}}
+
+
+def test_kueue_permissions_only_with_the_integration_on(helm: Path, tmp_path: Path) -> None:
+    assert kueue_rules(render(helm, tmp_path, {})) == {}
 
 
 def resources(objs: list[Obj]) -> None:
@@ -254,11 +275,13 @@ def policy_fields(objs: list[Obj]) -> None:
         "rackPacking": "Preferred",
         "gangTimeoutSeconds": 600,
         "nodeLoss": {"tolerationSeconds": 120, "unreadySeconds": 180},
+        "stragglers": STRAGGLERS,
         "limits": {"maxWorkersPerJob": 256, "maxPsPerJob": 16, "maxRacksPerJob": 4},
         "templates": TEMPLATES,
     }
 
 
+STRAGGLERS: Obj = {"enabled": False, "factor": 2.5, "windowSeconds": 600, "avoidSeconds": 60}
 TEMPLATES: Obj = {"allowHostNetwork": True, "allowHostPID": True, "allowHostIPC": True,
                   "allowPrivileged": True, "allowRunAsRoot": True,
                   "allowedCapabilities": ["NET_ADMIN", "IPC_LOCK"],
@@ -360,6 +383,7 @@ CASES: list[Case] = [
         "rackPacking": "Preferred",
         "gangTimeoutSeconds": 600,
         "nodeLoss": {"tolerationSeconds": 120, "unreadySeconds": 180},
+        "stragglers": STRAGGLERS,
         "limits": {"maxWorkersPerJob": 256, "maxPsPerJob": 16, "maxRacksPerJob": 4},
         "templates": TEMPLATES}}, policy_fields),
     Case("global", {"global": {"imageRegistry": "ignored.example"}}, global_ignored),

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import tomllib
 from collections.abc import Iterator
@@ -22,8 +21,8 @@ import pytest
 import yaml
 from pydantic.alias_generators import to_camel
 
-from ringwright.devcluster.build import OVERRIDE_VARS, cached_path
-from ringwright.devcluster.versions import COMPONENTS, KUBERNETES
+from ringwright.devcluster.helm import CHART, find_helm
+from ringwright.devcluster.versions import KUBERNETES
 from ringwright.objects import Obj
 from ringwright.operator.__main__ import main as operator_main
 from ringwright.operator.api.schedulingpolicy import (
@@ -34,7 +33,6 @@ from ringwright.operator.api.schedulingpolicy import (
 from ringwright.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "ringwright"
 REPO_CRDS = REPO / "crds"
 CHART_CRDS = CHART / "crds"
 CRD_FILES = ("schedulingpolicies.ringwright.dev.yaml", "trainingjobs.ringwright.dev.yaml")
@@ -45,19 +43,6 @@ FULLNAME = "rw-ringwright"
 
 
 # ------------------------------------------------------------------ helm
-
-
-def find_helm() -> Path | None:
-    """The pinned helm (override folder, then build cache), else one on PATH."""
-    for var in OVERRIDE_VARS:
-        folder = os.environ.get(var)
-        if folder and (Path(folder) / "helm").is_file():
-            return Path(folder) / "helm"
-    pinned = cached_path(next(c for c in COMPONENTS if c.name == "helm"))
-    if pinned.is_file():
-        return pinned
-    found = shutil.which("helm")
-    return Path(found) if found else None
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ import pytest
 import yaml
 from pydantic.alias_generators import to_camel
 
+from ringwright.devcluster.helm import CHART
 from ringwright.objects import Obj
 from ringwright.operator.settings import OperatorSettings
-from tests.unit.test_chart_render import CHART, helm, one, render
+from tests.unit.test_chart_render import helm, one, render
 
 __all__ = ["helm"]  # the fixture, shared with the chart render tests
 

@@ -9,7 +9,7 @@ def test_the_cluster_starts_without_test_tools() -> None:
     assert set(CONTROL_PLANE) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler",
                                   "etcd", "kwok", "helm"}
     assert {c.name for c in COMPONENTS} == {*CONTROL_PLANE, "prometheus", "kubelet",
-                                                "minio"}
+                                                "minio", "kueue"}
 
 
 def test_prometheus_is_pinned_in_its_go_module() -> None:

@@ -12,8 +12,9 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
-from tests.xdist_groups import PROCESS_LANES
+from tests.xdist_groups import PROCESS_LANES, UNGROUPED, lane_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,3 +87,17 @@ def test_cluster_tests_share_one_worker_and_process_tests_keep_to_their_lanes(
     assert 1 < len(workers["runtime"]) <= PROCESS_LANES, workers
     # Dealt in turn: each lane holds half of the process tests.
     assert sorted(len(names) for names in lanes.values()) == [3, 3], lanes
+
+
+def test_lane_seconds_sum_every_phase_by_the_group_suffix() -> None:
+    def report(nodeid: str, when: str, duration: float) -> SimpleNamespace:
+        return SimpleNamespace(nodeid=nodeid, when=when, duration=duration)
+
+    reports = [report("tests/e2e/test_demo.py::test_demo@cluster", "setup", 30.0),
+               report("tests/e2e/test_demo.py::test_demo@cluster", "call", 40.0),
+               report("tests/runtime/t.py::test_x[a@b]@processes-1", "call", 5.0),
+               report("tests/runtime/t.py::test_x[a@b]@processes-1", "teardown", 0.5),
+               report("tests/unit/t.py::test_y[a@b]", "call", 1.0),
+               report("tests/unit/t.py::test_z", "call", 2.0),
+               SimpleNamespace(nodeid="tests/unit/t.py", duration=9.0)]  # a collect report
+    assert lane_seconds(reports) == {"cluster": 70.0, "processes-1": 5.5, UNGROUPED: 3.0}

@@ -120,4 +120,15 @@ this, so `helm template`, `helm lint` and `helm install` all refuse bad values.
   - apiGroups: [""]
     resources: [events]
     verbs: [create, patch]
+  {{- if eq (toString (.Values.operator.settings.kueue | default false)) "true" }}
+  # Kueue (settings.kueue): each queued job's Workload, created once and watched;
+  # its status patched when the job ends (Finished, which frees the quota) and when
+  # an evicted job's pods are gone (back to the queue).
+  - apiGroups: [kueue.x-k8s.io]
+    resources: [workloads]
+    verbs: [list, watch, create]
+  - apiGroups: [kueue.x-k8s.io]
+    resources: [workloads/status]
+    verbs: [patch]
+  {{- end }}
 {{- end }}

@@ -4,11 +4,16 @@ Required node affinity pins the job's GPU model and (with Required packing) its 
 set; preferred terms point each pod at the node, NVLink domain and rack the planner
 chose, so the scheduler's NodeAffinity score steers it there while still letting it
 bind elsewhere inside the required set when the picture changed since planning.
+
+The template's own affinity is kept: its required node affinity is ANDed with the
+plan's (the planner only chose nodes it allows), its preferred terms and its pod
+(anti-)affinity stay as written.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from ...api.models import RackPacking, TrainingJobSpec
@@ -43,8 +48,9 @@ def _rack_terms(key: str, racks: tuple[str, ...]) -> list[list[dict[str, Any]]]:
     return terms
 
 
-def node_affinity(plan: PlacementPlan, pod: PodPlacement) -> dict[str, Any]:
-    """The ``nodeAffinity`` of one new pod."""
+def node_affinity(plan: PlacementPlan, pod: PodPlacement,
+                  template: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``nodeAffinity`` of one new pod; ``template`` is its template's own."""
     labels = plan.labels
     base: list[dict[str, Any]] = []
     if pod.role == Role.WORKER and plan.gpu_model:
@@ -78,23 +84,43 @@ def node_affinity(plan: PlacementPlan, pod: PodPlacement) -> dict[str, Any]:
             {"weight": RACK_SET_WEIGHT, "preference": {"matchExpressions": term}}
             for term in rack_terms
         )
+    own = template or {}
+    preferred.extend(copy.deepcopy(own.get("preferredDuringSchedulingIgnoredDuringExecution")
+                                   or []))
     affinity: dict[str, Any] = {"preferredDuringSchedulingIgnoredDuringExecution": preferred}
-    if any(required_terms):
-        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-            "nodeSelectorTerms": [{"matchExpressions": term} for term in required_terms]
-        }
+    terms = [{"matchExpressions": term} for term in required_terms]
+    users = (own.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get(
+        "nodeSelectorTerms") or []
+    if users:
+        # Terms are ORed, expressions inside one ANDed: (plan AND user) for every pair.
+        terms = [_and(plan_term, user) for plan_term in terms for user in users]
+    if any(t.get("matchExpressions") or t.get("matchFields") for t in terms):
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
     return affinity
 
 
+def _and(plan_term: Mapping[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    term: dict[str, Any] = {"matchExpressions": [*plan_term["matchExpressions"],
+                                                 *copy.deepcopy(user.get("matchExpressions")
+                                                                or [])]}
+    if user.get("matchFields"):
+        term["matchFields"] = copy.deepcopy(user["matchFields"])
+    return term
+
+
 def placement_fragment(
-    plan: PlacementPlan, pod: PodPlacement, resources: dict[str, Any]
+    plan: PlacementPlan, pod: PodPlacement, resources: dict[str, Any],
+    template_affinity: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Pod-spec fields for one new pod: affinity, priority class, training-container resources,
-    and ``plannedNode`` (not a pod-spec field: it becomes the planned-node annotation)."""
+    """Pod-spec fields for one new pod: affinity (the template's, with the plan's node
+    affinity joined in), priority class, training-container resources, and
+    ``plannedNode`` (not a pod-spec field: it becomes the planned-node annotation)."""
     classes = plan.priority_classes
+    own = dict(template_affinity or {})
     return {
         "plannedNode": pod.node,
-        "affinity": {"nodeAffinity": node_affinity(plan, pod)},
+        "affinity": {**copy.deepcopy(own),
+                     "nodeAffinity": node_affinity(plan, pod, own.get("nodeAffinity"))},
         "priorityClassName": classes.worker if pod.role == Role.WORKER else classes.ps,
         "resources": copy.deepcopy(resources),
     }
@@ -113,7 +139,8 @@ def pod_fragments(
         resources = worker_container_resources(
             first.get("resources"), spec.gpus_per_worker, policy.gpu_resource
         )
-        return [placement_fragment(plan, p, resources) for p in plan.workers]
+        own = spec.workers.template.spec.to_wire().get("affinity")
+        return [placement_fragment(plan, p, resources, own) for p in plan.workers]
     if spec.ps is None:
         return []
     first = spec.ps.template.spec.containers[0]
@@ -122,5 +149,6 @@ def pod_fragments(
     pinned = ps_pod_spec(spec.ps.template.spec.to_wire(), policy.ps_pinning)
     per_container = {c["name"]: c.get("resources") or {} for key in ("initContainers",
                      "containers") for c in pinned.get(key) or ()}
-    return [{**placement_fragment(plan, p, resources),
+    own = pinned.get("affinity")
+    return [{**placement_fragment(plan, p, resources, own),
              "containerResources": copy.deepcopy(per_container)} for p in plan.ps]

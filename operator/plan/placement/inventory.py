@@ -18,11 +18,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...api.conditions import parse_time
 from ...api.schedulingpolicy import NodeLabelKeys
 from .resources import Resources, from_resource_list, pod_requests
+
+if TYPE_CHECKING:
+    from .constraints import NodeConstraints
 
 DEFAULT_POD_SLOTS = 110
 """The kubelet's default ``maxPods``, for nodes whose allocatable omits ``pods``."""
@@ -52,6 +55,8 @@ class NodeInfo:
     preemptible: Resources = field(default_factory=Resources)
     """Room held by pods of lower priority than a ps pod, which a ps pod may preempt."""
     taints: tuple[Taint, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    """Every label of the node, sorted: what templates' node constraints match."""
 
 
 GroupKey = tuple[str, str]
@@ -70,7 +75,7 @@ class GroupRoom:
     """What one group holds for pods of one shape and tolerations."""
 
     admitted: int
-    """Nodes whose taints the pods tolerate."""
+    """Nodes whose taints the pods tolerate and whose labels their constraints allow."""
     fits: tuple[tuple[NodeInfo, int], ...]
     """(node, pods that fit) for every admitted node with room, in group order."""
     slots: int
@@ -86,19 +91,21 @@ class NodeGroup:
 
     def __init__(self, nodes: Iterable[NodeInfo]) -> None:
         self.nodes = tuple(sorted(nodes, key=lambda n: n.name))
-        self._rooms: dict[tuple[Resources, str], GroupRoom] = {}
+        self._rooms: dict[tuple[Resources, str, NodeConstraints | None], GroupRoom] = {}
         self._lock = threading.Lock()
 
     def room(self, each: Resources, tolerations: Tolerations,
-             key: str | None = None) -> GroupRoom:
+             key: str | None = None, constraints: NodeConstraints | None = None) -> GroupRoom:
         """How many pods needing ``each`` (with ``tolerations``, whose
-        :func:`tolerations_key` is ``key``) fit on each node; remembered per shape."""
-        memo = (each, tolerations_key(tolerations) if key is None else key)
+        :func:`tolerations_key` is ``key``, and node ``constraints``) fit on each node;
+        remembered per shape."""
+        memo = (each, tolerations_key(tolerations) if key is None else key, constraints)
         with self._lock:
             known = self._rooms.get(memo)
         if known is not None:
             return known
-        admitted = [n for n in self.nodes if admits(n, tolerations)]
+        admitted = [n for n in self.nodes if admits(n, tolerations)
+                    and (constraints is None or constraints.allows(n))]
         fits = tuple((n, s) for n in admitted if (s := n.free.count_fitting(each)) > 0)
         room = GroupRoom(len(admitted), fits, sum(s for _, s in fits))
         with self._lock:
@@ -190,6 +197,12 @@ def admits(node: NodeInfo, tolerations: Sequence[Mapping[str, Any]]) -> bool:
     )
 
 
+def blocking_taints(node: NodeInfo, tolerations: Sequence[Mapping[str, Any]]) -> list[Taint]:
+    """The taints of ``node`` that keep a pod with ``tolerations`` off it."""
+    return [t for t in node.taints
+            if t.effect in _BLOCKING_EFFECTS and not tolerates(tolerations, t)]
+
+
 def inventory_from_objects(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
@@ -238,6 +251,7 @@ def inventory_from_objects(
                     Taint(t["key"], t.get("value") or "", t.get("effect") or "")
                     for t in (node.get("spec") or {}).get("taints") or ()
                 ),
+                labels=tuple(sorted(node_labels.items())),
             )
         )
     infos.sort(key=lambda n: n.name)

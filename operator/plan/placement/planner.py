@@ -31,6 +31,13 @@ from ...api.schedulingpolicy import (
     PriorityClasses,
     SchedulingPolicySpec,
 )
+from .constraints import (
+    NO_CONSTRAINTS,
+    ConstraintError,
+    NodeConstraints,
+    narrowing,
+    node_constraints,
+)
 from .inventory import (
     GroupRoom,
     Inventory,
@@ -61,10 +68,15 @@ class PlacementRequest:
     gpu_model: str | None = None
     """The model the job asked for; None lets the planner choose."""
     worker_tolerations: tuple[Mapping[str, Any], ...] = ()
+    worker_constraints: NodeConstraints = NO_CONSTRAINTS
+    """The worker template's nodeSelector (with a Kueue flavor's node labels, see
+    :mod:`ringwright.operator.plan.kueue`) and required node affinity: only nodes they
+    allow are considered."""
     ps: int = 0
     """New ps pods wanted."""
     ps_pod: Resources = field(default_factory=lambda: Resources(pods=1))
     ps_tolerations: tuple[Mapping[str, Any], ...] = ()
+    ps_constraints: NodeConstraints = NO_CONSTRAINTS
     current_worker_nodes: tuple[str, ...] = ()
     """Nodes of the job's bound worker pods: their model, racks and nodes come first."""
     current_ps_nodes: tuple[str, ...] = ()
@@ -160,10 +172,16 @@ def placement_request(
     )
     ps_pod = Resources(pods=1)
     ps_tolerations: tuple[Mapping[str, Any], ...] = ()
-    if spec.ps is not None:
-        ps_spec = ps_pod_spec(spec.ps.template.spec.to_wire(), policy.ps_pinning)
-        ps_pod = pod_requests(ps_spec, policy.gpu_resource)
-        ps_tolerations = tuple(ps_spec.get("tolerations") or ())
+    ps_constraints = NO_CONSTRAINTS
+    try:
+        worker_constraints = node_constraints(worker_spec, "spec.workers.template.spec")
+        if spec.ps is not None:
+            ps_spec = ps_pod_spec(spec.ps.template.spec.to_wire(), policy.ps_pinning)
+            ps_pod = pod_requests(ps_spec, policy.gpu_resource)
+            ps_tolerations = tuple(ps_spec.get("tolerations") or ())
+            ps_constraints = node_constraints(ps_spec, "spec.ps.template.spec")
+    except ConstraintError as err:
+        return Unschedulable("InvalidNodeConstraint", f"{err}; fix the template")
     bounds = [b for b in (spec.topology.max_racks, limits.max_racks_per_job) if b is not None]
     packing = RackPacking.PREFERRED
     if RackPacking.REQUIRED in (spec.topology.rack_packing, policy.rack_packing):
@@ -174,9 +192,11 @@ def placement_request(
         worker_pod=pod_requests(worker_spec, policy.gpu_resource),
         gpu_model=spec.gpu_model,
         worker_tolerations=tuple(worker_spec.get("tolerations") or ()),
+        worker_constraints=worker_constraints,
         ps=max(0, ps_wanted - len(current_ps)),
         ps_pod=ps_pod,
         ps_tolerations=ps_tolerations,
+        ps_constraints=ps_constraints,
         current_worker_nodes=tuple(n for n in current_workers if n),
         current_ps_nodes=tuple(n for n in current_ps if n),
         max_racks=min(bounds) if bounds else None,
@@ -201,12 +221,21 @@ def plan_placement(
     current = [n for n in map(inventory.node, request.current_worker_nodes) if n is not None]
     # One remembered answer per (model, rack) group: no walk over every node per round.
     tolerated = tolerations_key(request.worker_tolerations)
-    rooms = {key: group.room(request.worker_pod, request.worker_tolerations, tolerated)
+    constraints = None if request.worker_constraints.empty else request.worker_constraints
+    rooms = {key: group.room(request.worker_pod, request.worker_tolerations, tolerated,
+                             constraints)
              for key, group in inventory.groups.items()}
     present = sorted({model for (model, _), room in rooms.items() if model and room.admitted})
     models = _candidate_models(request, present, policy, current)
     if isinstance(models, Unschedulable):
+        if models.reason == "NoGPUNodes":
+            return _constrained(request, inventory, policy) or models
         return models
+    if not any(room.admitted for (m, _), room in rooms.items() if m in models or models == [""]):
+        # Nothing here can ever hold a worker: say which constraint, not "no room".
+        refused = _constrained(request, inventory, policy, models)
+        if refused is not None:
+            return refused
     outcomes = [
         _place_workers(
             request,
@@ -222,7 +251,7 @@ def plan_placement(
         key=lambda io: (-io[1].placed, len(io[1].racks), io[0], io[1].room - io[1].placed),
     )[1]
     if best.placed < request.min_new_workers:
-        return _no_room(request, outcomes)
+        return _no_room(request, outcomes, rooms)
 
     workers = tuple(
         PodPlacement(Role.WORKER, node.name, node.rack, node.nvlink_domain)
@@ -232,6 +261,12 @@ def plan_placement(
     taken = {node.name: request.worker_pod.times(take) for node, take in best.picks}
     ps = _place_ps(request, inventory, best.racks, taken)
     if len(ps) < request.ps:
+        ps_nodes = [n for n in inventory.nodes if admits(n, request.ps_tolerations)
+                    and request.ps_constraints.allows(n)]
+        if not ps_nodes:
+            why = narrowing(request.ps_constraints, request.ps_tolerations, inventory.nodes)
+            return Unschedulable(
+                UNSATISFIABLE, why.message("ps pods", "schedulable nodes") + HINT)
         return Unschedulable(
             "InsufficientCapacity",
             f"needs {request.ps} ps pods ({request.ps_pod.describe()} each); the cluster has "
@@ -350,7 +385,8 @@ def _place_ps(
         room = {}
         for rack in racks:
             for node in inventory.in_rack(rack):
-                if not admits(node, request.ps_tolerations):
+                if not admits(node, request.ps_tolerations) or not (
+                        request.ps_constraints.allows(node)):
                     continue
                 free = node.free
                 if node.name in taken:
@@ -378,7 +414,34 @@ def _ring_key(node: NodeInfo) -> tuple[str, str, str]:
     return (node.rack, node.nvlink_domain, node.name)
 
 
-def _no_room(request: PlacementRequest, outcomes: Sequence[_Outcome]) -> Unschedulable:
+UNSATISFIABLE = "NodeConstraintsUnsatisfiable"
+"""Condition reason: the template's node constraints leave no node the job may use."""
+HINT = ("; loosen that constraint in the template, or label or untaint nodes to match")
+
+
+def _constrained(request: PlacementRequest, inventory: Inventory,
+                 policy: SchedulingPolicySpec,
+                 models: Sequence[str] = ()) -> Unschedulable | None:
+    """The refusal when the workers' constraints leave no node of ``models`` (any node
+    when empty), naming the tightest constraint; None when they are not the cause."""
+    if request.worker_constraints.empty and not request.worker_tolerations and not any(
+            n.taints for n in inventory.nodes):
+        return None
+    key = policy.node_labels.gpu_model
+    chosen = [m for m in models if m]
+    nodes = [n for n in inventory.nodes if not chosen or n.gpu_model in chosen]
+    if not nodes:
+        return None  # no node of the model at all: capacity, not a constraint
+    why = narrowing(request.worker_constraints, request.worker_tolerations, nodes)
+    if why.left > 0 or not why.steps:
+        return None
+    scope = (f"schedulable nodes with {key} in [{', '.join(chosen)}]" if chosen
+             else "schedulable nodes")
+    return Unschedulable(UNSATISFIABLE, why.message("workers", scope) + HINT)
+
+
+def _no_room(request: PlacementRequest, outcomes: Sequence[_Outcome],
+             rooms: Mapping[tuple[str, str], GroupRoom]) -> Unschedulable:
     within = f" within {request.max_racks} racks" if request.max_racks is not None else ""
     tried = sorted(outcomes, key=lambda o: (-o.placed, o.model))
     best = tried[0]
@@ -392,4 +455,8 @@ def _no_room(request: PlacementRequest, outcomes: Sequence[_Outcome]) -> Unsched
         message += "; other models: " + ", ".join(
             f"{o.model} room for {o.placed}" for o in tried[1:]
         )
+    if not request.worker_constraints.empty:
+        allowed = sum(r.admitted for (m, _), r in rooms.items() if m == best.model)
+        message += (f" on the {allowed} nodes the workers' template constraints allow "
+                    "(nodeSelector, required node affinity, tolerations)")
     return Unschedulable("InsufficientCapacity", message)

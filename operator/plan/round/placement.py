@@ -16,6 +16,7 @@ from ..isolation import harden
 from ..manifests import PS, WORKER, pod
 from ..nodeloss import with_node_loss_tolerations
 from ..pods import PodState, PodView
+from ..stragglers import avoiding, inventory_without, still_avoided
 from ..types import Event
 from .state import NOTHING, Outcome, Round, SetCondition, earliest, event, merged
 from .status import StatusChange, WorldChange, world_changed
@@ -103,7 +104,9 @@ def add_pods(r: Round, status: TrainingJobStatus, live: Sequence[PodView],
                                           r.settings.backoff_cap_seconds)
         if r.now < ready_at:
             return Outcome(requeue=ready_at - r.now)
-    placed = r.placer(r.spec, policy, r.obs.inventory, live)
+    # Nodes stragglers ran on stay out of the plan and out of the scheduler's reach.
+    avoided = [a.node for a in still_avoided(status.avoided_nodes, r.now)]
+    placed = r.placer(r.spec, policy, inventory_without(r.obs.inventory, avoided), live)
     if placed.reason:
         # Gang rule and policy limits: nothing is created until all of it fits.
         return Outcome(
@@ -127,8 +130,10 @@ def add_pods(r: Round, status: TrainingJobStatus, live: Sequence[PodView],
     ):
         free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
         for fragment, index in zip(fragments, free, strict=False):
-            created.append(harden(r.job, pod(r.job, role, index, with_node_loss_tolerations(
-                fragment, r.job["spec"], role == WORKER, policy.node_loss.toleration_seconds))))
+            created.append(harden(r.job, pod(r.job, role, index, avoiding(
+                with_node_loss_tolerations(fragment, r.job["spec"], role == WORKER,
+                                           policy.node_loss.toleration_seconds),
+                avoided if role == WORKER else ()))))
     change = StatusChange()
     if placed.gpu_model:
         change["world"] = world_changed(status.world, WorldChange(gpu_model=placed.gpu_model))

@@ -16,14 +16,18 @@ from ringwright.objects import Obj
 
 from ...api.conditions import rfc3339
 from ...api.models import (
+    AvoidedNode,
+    CheckpointIntervalStatus,
     Condition,
     ConditionStatus,
+    GoodputStatus,
     JobPhase,
     PendingMembership,
     PhaseTransition,
     RackMembers,
     RecoveryStatus,
     ReplicaStatus,
+    SlowMember,
     TrainingJobStatus,
     WorldSummary,
 )
@@ -53,6 +57,10 @@ class StatusChange(TypedDict, total=False):
     lost_pods: list[str]
     candidate: PendingMembership | None
     container_restarts: dict[str, int]
+    checkpoint_interval: CheckpointIntervalStatus | None
+    goodput: GoodputStatus | None
+    slow_members: list[SlowMember]
+    avoided_nodes: list[AvoidedNode]
 
 
 class LifecycleChange(TypedDict, total=False):

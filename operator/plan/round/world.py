@@ -14,6 +14,7 @@ from ringwright.world import (
 
 from ...api.conditions import rfc3339
 from ...api.models import (
+    CheckpointSpec,
     JobPhase,
     LRScalingSpec,
     PendingMembership,
@@ -90,6 +91,16 @@ def lr_settings(spec: LRScalingSpec) -> LRScaling:
                      warmup_steps=spec.warmup_steps)
 
 
+def checkpoint_settings(spec: CheckpointSpec) -> CheckpointSettings:
+    """The world's checkpoint settings from ``spec.checkpoint``; ``intervalSteps: Auto``
+    goes out as ``intervalAuto`` with ``intervalSteps`` 0 (the runtime chooses)."""
+    auto = spec.interval_steps == "Auto"
+    return CheckpointSettings(
+        path=spec.path, interval_steps=0 if auto else int(spec.interval_steps),
+        interval_seconds=spec.interval_seconds, keep=spec.keep, interval_auto=auto,
+        auto_min_steps=spec.auto_min_steps, auto_max_steps=spec.auto_max_steps)
+
+
 def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
             ready_ps: list[PodView]) -> list[Outcome]:
     """A new world of the ready pods, at the next generation, written over the one read.
@@ -104,9 +115,7 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
         backend=spec.backend.value, mode=spec.mode.value,
         store_port=r.settings.store_port,
         lr=lr_settings(spec.lr_scaling),
-        checkpoint=CheckpointSettings(
-            path=spec.checkpoint.path, interval_steps=spec.checkpoint.interval_steps,
-            interval_seconds=spec.checkpoint.interval_seconds, keep=spec.checkpoint.keep),
+        checkpoint=checkpoint_settings(spec.checkpoint),
         ps=ready_ps,
         ps_replicas=spec.ps.replicas if spec.ps else 0,
         local_ranks=procs_per_pod(r.job),

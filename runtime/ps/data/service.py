@@ -3,8 +3,10 @@
 A worker leases a piece (a range of sample indices), trains it batch by batch and
 reports each batch with the push that carries its gradients, so the queue knows how far
 every lease got. When a worker leaves or dies, the rest of its pieces go back to the
-queue: every sample of an epoch is trained exactly once, except those whose gradients
-were dropped as stale, which are counted (and re-queued when ``requeue_stale``).
+queue. Each epoch's samples are counted apart: trained (their gradients applied),
+dropped as stale, and re-queued. With ``requeue_stale`` every dropped sample goes back
+to the queue, so every sample is trained exactly once; without it, every sample is
+trained once or dropped once, and counted as such.
 Pure: the parameter server hosting it calls it under its lock.
 
 Every change is one :data:`Op` and the service is deterministic, so a replica that
@@ -58,11 +60,16 @@ class Lease:
 
 @dataclass
 class Accounting:
-    """Samples per epoch: trained, dropped as stale, re-queued after a worker left."""
+    """Samples per epoch, each table apart."""
 
     trained: dict[int, int] = field(default_factory=dict)
+    """Reported with gradients that were applied."""
     dropped: dict[int, int] = field(default_factory=dict)
+    """Reported with gradients that were dropped as stale."""
     requeued: dict[int, int] = field(default_factory=dict)
+    """Left untrained by a worker that left or died, and put back in the queue."""
+    requeued_stale: dict[int, int] = field(default_factory=dict)
+    """Dropped as stale and put back in the queue (``requeue_stale``): trained again."""
 
     def add(self, table: dict[int, int], epoch: int, count: int) -> None:
         table[epoch] = table.get(epoch, 0) + count
@@ -144,6 +151,7 @@ class DataShardService:
             self.accounting.add(self.accounting.dropped, piece.epoch, stop - start)
             if self.requeue_stale:
                 self._enqueue(piece.epoch, start, stop)
+                self.accounting.add(self.accounting.requeued_stale, piece.epoch, stop - start)
         else:
             self.accounting.add(self.accounting.trained, piece.epoch, stop - start)
         if stop == piece.stop:
@@ -192,7 +200,7 @@ class DataShardService:
                 "queue": [enc(p) for p in self._queue],
                 "leased": [[w, enc(p)] for w, p in self._leased.values()],
                 "trained": _keys(a.trained), "dropped": _keys(a.dropped),
-                "requeued": _keys(a.requeued)}
+                "requeued": _keys(a.requeued), "requeuedStale": _keys(a.requeued_stale)}
 
     @classmethod
     def from_json(cls, doc: dict[str, object]) -> DataShardService:
@@ -212,8 +220,9 @@ class DataShardService:
         svc._leased = {p[0]: (w, Piece(*p)) for w, p in leased}
         for key, table in (("trained", svc.accounting.trained),
                            ("dropped", svc.accounting.dropped),
-                           ("requeued", svc.accounting.requeued)):
-            entries = doc[key]
+                           ("requeued", svc.accounting.requeued),
+                           ("requeuedStale", svc.accounting.requeued_stale)):
+            entries = doc.get(key, {})  # absent from a checkpoint of an older version
             assert isinstance(entries, dict)
             table.update({int(k): int(v) for k, v in entries.items()})
         return svc

@@ -18,10 +18,10 @@ from ..data.journal import JournalIn, JournalOut, JournalSend
 from ..data.service import DataShardService, Lease, LeaseStatus, Op
 from ..metrics import PSMetrics
 from ..partition import Partition
-from ..wire.codec import Header, Tensors, encode
+from ..wire.codec import Header, Tensors
 from .consistency import Mode, Verdict, judge, round_complete
 from .hosting import Hosted, IncompletePush, JobConfig, NotServing, Role, Stats
-from .shard import ShardState, reduce_sparse
+from .shard import Lent, Loan, ShardState, reduce_sparse
 
 DATA_SHARD = 0
 """The data-shard service lives with shard 0 (and fails over with it)."""
@@ -111,7 +111,8 @@ class ParameterServer:
         return {"epoch": self.data.epoch, "done": self.data.done,
                 "trained": {str(k): v for k, v in a.trained.items()},
                 "dropped": {str(k): v for k, v in a.dropped.items()},
-                "requeued": {str(k): v for k, v in a.requeued.items()}}
+                "requeued": {str(k): v for k, v in a.requeued.items()},
+                "requeuedStale": {str(k): v for k, v in a.requeued_stale.items()}}
 
     def set_workers(self, workers: frozenset[str]) -> None:
         """The current workers (from the world): sync rounds and data leases follow them."""
@@ -135,9 +136,10 @@ class ParameterServer:
             raise NotServing(f"ps {self.index} does not serve shard {shard}")
         return h
 
-    def pull(self, header: Header, tensors: Tensors) -> bytes:
-        """Dense slices and requested rows of a shard, once it reaches ``minVersion``,
-        as one encoded message (encoded under the shard's lock: no extra copy)."""
+    def pull(self, header: Header, tensors: Tensors) -> tuple[Header, Tensors]:
+        """Dense slices and requested rows of a shard, once it reaches ``minVersion``.
+        The slices are the shard's own tensors, lent until the reply is sent: an update
+        meanwhile writes a copy of them instead (:meth:`ShardState.lend`)."""
         shard = int(header["shard"])
         h = self._primary(shard)
         self.metrics.pulled(shard)
@@ -153,8 +155,10 @@ class ParameterServer:
                 raise NotServing(f"ps {self.index} stepped down from shard {shard}")
             rows = {k.removeprefix("i/"): v for k, v in tensors.items() if k.startswith("i/")}
             dense = header.get("dense", True)
-            values = h.state.read(dense if isinstance(dense, list) else bool(dense), rows)
-            return encode({"version": h.version}, values)
+            loan = Loan(frozenset())
+            values = h.state.read(dense if isinstance(dense, list) else bool(dense), rows,
+                                  loan)
+            return {"version": h.version}, Lent(values, loan)
 
     def push(self, header: Header, tensors: Tensors) -> Header:
         """Gradients computed from ``version``: applied, buffered for the round, or dropped."""

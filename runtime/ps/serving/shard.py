@@ -8,7 +8,7 @@ optimizers treat them exactly like embedding rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +20,31 @@ from .optim import ServerOptimizer
 def dense_key(name: str, start: int) -> str:
     """Key of a dense slice in messages and payloads."""
     return f"{name}@{start}"
+
+
+class Loan:
+    """A shard's dense tensors lent to a reply that is still being sent: until the
+    transport says the send is done (:meth:`until`), updates write copies instead."""
+
+    def __init__(self, keys: frozenset[str]) -> None:
+        self.keys = keys
+        self._done: Callable[[], bool] | None = None
+
+    def until(self, done: Callable[[], bool]) -> None:
+        """``done()`` tells when the transport no longer reads the lent memory."""
+        self._done = done
+
+    @property
+    def out(self) -> bool:
+        return self._done is None or not self._done()
+
+
+class Lent(dict[str, torch.Tensor]):
+    """Tensors of which some are lent under :attr:`loan` (the transport returns it)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], loan: Loan) -> None:
+        super().__init__(tensors)
+        self.loan = loan
 
 
 class Table:
@@ -62,6 +87,8 @@ class ShardState:
             self.dense[key] = value
             self.dense_state[key] = optimizer.new_state(value)
             self.dense_steps[key] = torch.zeros(1, dtype=torch.int64)
+        self.loans: list[Loan] = []
+        """Dense tensors lent to replies being sent (see :class:`Loan`)."""
         self.tables: dict[str, Table] = {}
         for spec in partition.specs:
             if spec.kind is not Kind.EMBEDDING:
@@ -72,18 +99,25 @@ class ShardState:
                 raise ValueError(f"{spec.name}: expected rows {len(rows)} x {spec.shape[1]}")
             self.tables[spec.name] = Table(rows, values, optimizer, spec.shape[0])
 
-    def read(self, dense: bool | Sequence[str], rows: Mapping[str, torch.Tensor]
-             ) -> dict[str, torch.Tensor]:
-        """The dense slices (all when ``dense`` is True, else those named; views: encode
-        them before the next update) and copies of the given rows of each table."""
+    def read(self, dense: bool | Sequence[str], rows: Mapping[str, torch.Tensor],
+             loan: Loan | None = None) -> dict[str, torch.Tensor]:
+        """The dense slices (all when ``dense`` is True, else those named) and copies of
+        the given rows of each table. The slices are the shard's own tensors: with a
+        ``loan`` (its keys filled in here) they stay unchanged until it is returned;
+        without one, encode them before the next update."""
         out: dict[str, torch.Tensor] = {}
         if dense is True:
             out.update({k: v.reshape(-1) for k, v in self.dense.items()})
         elif dense:
             out.update({k: self.dense[k].reshape(-1) for k in dense})
+        if loan is not None and out:
+            loan.keys = frozenset(out)
+            self.loans.append(loan)
         for name, ids in rows.items():
             table = self.tables[name]
-            out[name] = table.values.index_select(0, table.locate(ids))
+            # numpy gathers on this thread; torch would wake its OpenMP pool for a
+            # few thousand rows, and on a busy machine wait for its threads.
+            out[name] = torch.from_numpy(table.values.numpy()[table.locate(ids).numpy()])
         return out
 
     def apply(self, grads: Mapping[str, torch.Tensor],
@@ -91,6 +125,14 @@ class ShardState:
         """Apply ``scale`` times the dense ``grads`` and the ``sparse`` (ids, rows) ones.
 
         Sparse ids must be unique per table (a combined push is reduced first)."""
+        self.loans = [loan for loan in self.loans if loan.out]
+        lent = frozenset().union(*(loan.keys for loan in self.loans)) & grads.keys()
+        for key in lent:
+            # Copy on write: the lent tensor stays as the reply being sent has it, and
+            # is the shard's no more.
+            self.dense[key] = self.dense[key].clone()
+        for loan in self.loans:
+            loan.keys -= lent
         for key, grad in grads.items():
             g = grad.reshape(1, -1).to(torch.float32)
             g = g * scale if scale != 1.0 else g

@@ -24,7 +24,7 @@ from ..serving.hosting import JobConfig
 from ..serving.shard import dense_key, initial_values
 from .codec import Header, Tensors
 from .routing import Attempt, RecoverySettings, Routes
-from .transport import result
+from .transport import Call, result
 
 
 @dataclass
@@ -55,7 +55,7 @@ class PendingPull:
 
     parts: list[tuple[int, Header, Tensors]]
     """(shard, header, tensors) of each request: large shards are pulled in chunks."""
-    futures: list[grpc.Future[bytes]]
+    futures: list[Call]
     servers: list[int]
     """The server each request went to."""
     ids: dict[str, tuple[torch.Tensor, np.ndarray[Any, Any]]]
@@ -268,7 +268,7 @@ class PSClient(Routes):
                 requests[s][1][f"r/{name}"] = rows[mask]
         staged = self._stage(requests, push_id)
         servers = dict(enumerate(self.route))
-        futures: dict[int, grpc.Future[bytes]] = {}
+        futures: dict[int, Call] = {}
         for s, request in requests.items():
             if s in staged and staged[s][0] != servers[s]:
                 # Staging failed, or the shard moved since: its chunks are not there.

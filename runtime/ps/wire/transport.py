@@ -1,26 +1,30 @@
-"""gRPC transport: each call carries one :mod:`.codec` message, tensors as raw bytes.
+"""The transport of a parameter server: gRPC for control, ZeroMQ for data.
 
-Generic handlers with identity (de)serializers: no protobuf schema to compile, and
-tensor bytes are never re-encoded. Message size limits are lifted (a dense pull of a
-large model is one message).
+Control calls (routing, leases, journal, replication, health) are gRPC calls with
+generic handlers and identity (de)serializers: no protobuf schema to compile, each
+message one :mod:`.codec` buffer. Pulls and pushes, which carry the tensors, travel on
+the data plane (:mod:`.dataplane`) as frames that are the tensors' own memory. A
+:class:`Stub` sends each call on its plane; both fail alike (``grpc.RpcError``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from concurrent import futures
+from typing import TypeAlias
 
 import grpc
 
 from ..progress import UNCOUNTED, ServingProgress
-from ..serving.hosting import IncompletePush, NotServing
 from ..serving.server import ParameterServer
 from .codec import Header, Tensors, decode, encode
+from .dataplane import DATA_METHODS, DataCall, DataChannel, DataServer, error_text, status_of
 
 SERVICE = "ringwright.ps.ParameterServer"
-METHODS = ("Init", "Status", "Pull", "Stage", "Push", "Lease", "Replicate", "Journal",
-           "Promote", "Finish")
+METHODS = ("Init", "Status", "Data", "Lease", "Replicate", "Journal", "Promote", "Finish")
+"""The control plane's calls (``Data``: the port of the server's data plane)."""
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
@@ -61,16 +65,21 @@ Handler = Callable[[Header, Tensors], tuple[Header, Tensors] | bytes]
 """A call's reply: header and tensors, or a message already encoded."""
 
 
-def _handlers(ps: ParameterServer) -> dict[str, Handler]:
+def _data_handlers(ps: ParameterServer) -> dict[str, Callable[[Header, Tensors],
+                                                               tuple[Header, Tensors]]]:
+    return {"Pull": ps.pull,
+            "Stage": lambda h, t: (ps.stage(h, t), {}),
+            "Push": lambda h, t: (ps.push(h, t), {})}
+
+
+def _handlers(ps: ParameterServer, data_port: int) -> dict[str, Handler]:
     def only(header: Header) -> tuple[Header, Tensors]:
         return header, {}
 
     return {
         "Init": lambda h, t: only(ps.init(h, t)),
         "Status": lambda h, t: only(ps.status()),
-        "Pull": ps.pull,
-        "Stage": lambda h, t: only(ps.stage(h, t)),
-        "Push": lambda h, t: only(ps.push(h, t)),
+        "Data": lambda h, t: only({"port": data_port}),
         "Lease": lambda h, t: only(ps.lease(h)),
         "Replicate": lambda h, t: only(ps.replicate(h, t)),
         "Journal": lambda h, t: only(ps.journal(h)),
@@ -95,13 +104,42 @@ def pin_thread(cpus: list[int]) -> Callable[[], None]:
     return init
 
 
+class PSServer(grpc.Server):
+    """A parameter server's two planes, started and stopped together: the gRPC server
+    (whose interface this is) and the data plane."""
+
+    def __init__(self, control: grpc.Server, data: DataServer) -> None:
+        self.control, self.data = control, data
+
+    def add_generic_rpc_handlers(
+            self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self.control.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_insecure_port(self, address: str) -> int:
+        return self.control.add_insecure_port(address)
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        return self.control.add_secure_port(address, server_credentials)
+
+    def start(self) -> None:
+        self.data.start()
+        self.control.start()
+
+    def stop(self, grace: float | None) -> threading.Event:
+        self.data.stop()
+        return self.control.stop(grace)
+
+
 def serve(ps: ParameterServer, address: str, *, threads: int = 32,
           cpus: list[int] | None = None,
-          progress: ServingProgress | None = None) -> tuple[grpc.Server, int]:
+          progress: ServingProgress | None = None) -> tuple[PSServer, int]:
     """Start serving ``ps`` on ``address`` (host:port; port 0 lets the system pick a free
-    one), threads pinned to ``cpus``, each request counted in ``progress``; the server
-    and the port it listens on."""
-    handlers = _handlers(ps)
+    one; the data plane takes a port of its own on the same host), threads pinned to
+    ``cpus``, each request counted in ``progress``; the server and the control port."""
+    initializer = pin_thread(cpus) if cpus else None
+    data = DataServer(_data_handlers(ps), address, threads=threads, initializer=initializer,
+                      progress=progress)
+    handlers = _handlers(ps, data.port)
 
     def wrap(name: str, fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         counted = progress if name not in UNCOUNTED else None
@@ -111,12 +149,11 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
                 counted.started()
             try:
                 reply = fn(*decode(request))
-            except NotServing as exc:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-            except IncompletePush as exc:
-                context.abort(grpc.StatusCode.ABORTED, str(exc))
-            except (KeyError, ValueError) as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:
+                code = status_of(exc)
+                if code is None:
+                    raise
+                context.abort(code, error_text(exc))
             finally:
                 if counted is not None:
                     counted.finished()
@@ -127,44 +164,60 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
     method_handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
         name: grpc.unary_unary_rpc_method_handler(wrap(name, fn)) for name, fn in handlers.items()}
     pool = futures.ThreadPoolExecutor(
-        max_workers=threads, thread_name_prefix=f"ps{ps.index}",
-        initializer=pin_thread(cpus) if cpus else None)
-    server = grpc.server(pool, options=SERVER_OPTIONS)
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE,
-                                                                          method_handlers)])
-    port = server.add_insecure_port(address)
+        max_workers=threads, thread_name_prefix=f"ps{ps.index}", initializer=initializer)
+    control = grpc.server(pool, options=SERVER_OPTIONS)
+    control.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE,
+                                                                           method_handlers)])
+    port = control.add_insecure_port(address)
     if port == 0:
+        data.stop()
         raise OSError(f"cannot listen on {address}")
+    server = PSServer(control, data)
     server.start()
     return server, port
 
 
+Call: TypeAlias = "grpc.Future[bytes] | DataCall"
+"""A call in flight on either plane; :func:`result` gives its reply."""
+
+
 class Stub:
-    """Calls to one parameter server."""
+    """Calls to one parameter server, each on its plane."""
 
     def __init__(self, address: str, detect_s: float = DETECT_S) -> None:
         self.address = address
         self.channel = grpc.insecure_channel(address, options=channel_options(detect_s))
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable[bytes, bytes]] = {
             name: self.channel.unary_unary(f"/{SERVICE}/{name}") for name in METHODS}
+        self.data = DataChannel(address, self._data_port, detect_s)
+
+    def _data_port(self, timeout: float) -> int:
+        reply, _ = self.call("Data", {}, timeout=timeout)
+        return int(reply["port"])
 
     def call(self, method: str, header: Header, tensors: Tensors | None = None,
              timeout: float | None = None) -> tuple[Header, Tensors]:
         """One blocking call."""
+        if method in DATA_METHODS:
+            return self.data.start(method, header, tensors, timeout).result()
         reply: bytes = self._calls[method](encode(header, tensors), timeout=timeout)
         return decode(reply)
 
     def start(self, method: str, header: Header, tensors: Tensors | None = None,
-              timeout: float | None = None) -> grpc.Future[bytes]:
-        """Start a call; :func:`result` of the returned future gives the reply."""
+              timeout: float | None = None) -> Call:
+        """Start a call; :func:`result` of the returned call gives the reply."""
+        if method in DATA_METHODS:
+            return self.data.start(method, header, tensors, timeout)
         return self._calls[method].future(encode(header, tensors), timeout=timeout)
 
     def close(self) -> None:
+        self.data.close()
         self.channel.close()
 
 
-def result(future: grpc.Future[bytes]) -> tuple[Header, Tensors]:
+def result(call: Call) -> tuple[Header, Tensors]:
     """The decoded reply of a call started with :meth:`Stub.start`."""
-    reply: bytes = future.result()
+    if isinstance(call, DataCall):
+        return call.result()
+    reply: bytes = call.result()
     return decode(reply)
-

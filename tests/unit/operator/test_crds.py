@@ -285,6 +285,12 @@ def test_valid_manifests_pass_every_rule(kind: str, manifest: Obj) -> None:
     assert refusals(kind, manifest) == []
 
 
+def test_auto_checkpoint_interval_passes_every_rule() -> None:
+    job = copy.deepcopy(MINIMAL_JOB)
+    job["spec"]["checkpoint"] = {"path": "/ckpt", "intervalSteps": "Auto", "autoMaxSteps": 500}
+    assert refusals("TrainingJob", job) == []
+
+
 def test_the_parameter_server_example_passes_every_rule() -> None:
     manifest = yaml.safe_load((ROOT / "examples" / "ps_wide_and_deep.yaml").read_text())
     assert refusals("TrainingJob", manifest) == []

@@ -75,6 +75,9 @@ def test_every_sample_is_trained_or_dropped_exactly_once(
             n for (e, _), n in trained.items() if e == epoch)
         assert svc.accounting.dropped.get(epoch, 0) == sum(
             n for (e, _), n in dropped.items() if e == epoch)
+        # Re-queued after a drop exactly when the switch is on.
+        assert svc.accounting.requeued_stale.get(epoch, 0) == (
+            svc.accounting.dropped.get(epoch, 0) if requeue else 0)
 
 
 def test_roundtrip_through_json_keeps_the_queue() -> None:

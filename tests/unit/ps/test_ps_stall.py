@@ -107,7 +107,7 @@ def test_wedged_handlers_fail_readiness_and_recover_when_they_move(running: Runn
 
     assert _until(stalled)
     running.ps.release.set()
-    reply: bytes = pushed.result(timeout=30)
+    reply = pushed.result(timeout=30)
     assert reply
     assert _until(running.ready)
 

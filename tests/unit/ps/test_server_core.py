@@ -10,8 +10,8 @@ from ringwright.runtime.ps.serving.consistency import Consistency, Mode
 from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing
 from ringwright.runtime.ps.serving.optim import OptimizerKind, ServerOptimizer
 from ringwright.runtime.ps.serving.server import ParameterServer
-from ringwright.runtime.ps.serving.shard import initial_values
-from ringwright.runtime.ps.wire.codec import decode, encode
+from ringwright.runtime.ps.serving.shard import Lent, initial_values
+from ringwright.runtime.ps.wire.codec import decode, encode, from_frames, to_frames
 
 SPECS = (TensorSpec("w", (4, 3)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))
 
@@ -30,7 +30,7 @@ def _server(consistency: Consistency, optimizer: ServerOptimizer | None = None,
 
 def _pull(ps: ParameterServer, header: dict[str, object],
           tensors: dict[str, torch.Tensor]) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
-    return decode(ps.pull(header, tensors))
+    return ps.pull(header, tensors)
 
 
 def _push(ps: ParameterServer, worker: str, version: int, value: float = 1.0) -> str:
@@ -148,6 +148,32 @@ def test_codec_roundtrip_keeps_dtypes_shapes_and_header() -> None:
                "d": torch.randn(2).to(torch.bfloat16), "e": torch.tensor(1.5)}
     header, out = decode(encode({"x": [1, "y"]}, tensors))
     assert header == {"x": [1, "y"]}
-    for name, t in tensors.items():
-        assert out[name].dtype == t.dtype and out[name].shape == t.shape
-        assert torch.equal(out[name], t)
+    frames = to_frames({"x": [1, "y"]}, tensors)
+    # The data plane's frames are the tensors' own memory (no copy on the way out).
+    assert all(memoryview(f).nbytes == t.nbytes for f, t in zip(frames[1:], tensors.values(),
+                                                                 strict=True))
+    doc, framed = from_frames([bytes(f) for f in frames])
+    assert doc == {"x": [1, "y"]}
+    for got in (out, framed):
+        for name, t in tensors.items():
+            assert got[name].dtype == t.dtype and got[name].shape == t.shape
+            assert torch.equal(got[name], t)
+
+
+def test_dense_tensors_lent_to_a_reply_are_copied_on_write_until_returned() -> None:
+    ps, _ = _server(Consistency(Mode.ASYNC, tau=10))
+    header, lent = ps.pull({"shard": 0, "dense": True}, {})
+    before = {k: v.clone() for k, v in lent.items()}
+    assert isinstance(lent, Lent)
+    _push(ps, "a", int(header["version"]))
+    # The reply still being sent keeps the values it was given.
+    assert all(torch.equal(lent[k], before[k]) for k in lent)
+    _, after = ps.pull({"shard": 0, "dense": True}, {})
+    assert not all(torch.equal(after[k], before[k]) for k in after)
+    # Returned (sent): the next update writes the shard's tensors in place.
+    assert isinstance(after, Lent)
+    after.loan.until(lambda: True)
+    _push(ps, "a", int(header["version"]) + 1)
+    _, latest = ps.pull({"shard": 0, "dense": True}, {})
+    assert all(latest[k].data_ptr() == after[k].data_ptr() for k in after)
+    assert not all(torch.equal(latest[k], before[k]) for k in latest)

@@ -16,7 +16,7 @@ from ringwright.runtime.ps.serving.optim import ServerOptimizer
 from ringwright.runtime.ps.serving.replication import Replicator
 from ringwright.runtime.ps.serving.server import ParameterServer
 from ringwright.runtime.ps.serving.shard import initial_values
-from ringwright.runtime.ps.wire.codec import Header, Tensors, decode
+from ringwright.runtime.ps.wire.codec import Header, Tensors
 
 SPECS = (TensorSpec("w", (4, 3)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))
 
@@ -83,7 +83,7 @@ def _roles(ps: ParameterServer) -> dict[str, str]:
 
 
 def _w(ps: ParameterServer) -> torch.Tensor:
-    _, values = decode(ps.pull({"shard": 0, "dense": True, "timeout": 0.0}, {}))
+    _, values = ps.pull({"shard": 0, "dense": True, "timeout": 0.0}, {})
     return torch.cat([v.reshape(-1) for k, v in sorted(values.items())])
 
 

@@ -149,6 +149,44 @@ def test_a_call_to_a_frozen_server_fails_when_its_pings_go_unanswered() -> None:
         server.wait()
 
 
+def test_a_data_call_to_a_frozen_server_fails_when_its_heartbeats_go_unanswered() -> None:
+    server = subprocess.Popen([sys.executable, "-c", FROZEN_SERVER], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout is not None
+        stub = Stub(f"127.0.0.1:{server.stdout.readline().strip()}")
+        # Connected: the server answers on its data plane (it serves no shard 5).
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.call("Pull", {"shard": 5}, timeout=30)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        server.send_signal(signal.SIGSTOP)
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.call("Pull", {"shard": 5}, timeout=60)
+        # Not the call's deadline: the data plane gave up on the silent peer.
+        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+        stub.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_data_call_to_a_server_that_is_gone_fails_at_once() -> None:
+    ps = ParameterServer(0)
+    server, port = serve(ps, "127.0.0.1:0")
+    stub = Stub(f"127.0.0.1:{port}")
+    try:
+        with pytest.raises(grpc.RpcError):
+            stub.call("Pull", {"shard": 0}, timeout=30)  # connects; no shard 0 yet
+        server.stop(0).wait()
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.call("Pull", {"shard": 0}, timeout=60)
+        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 30  # well before the call's deadline
+    finally:
+        stub.close()
+
+
 def test_a_server_asks_its_peers_before_it_restores_a_shard_from_a_checkpoint() -> None:
     holder = ParameterServer(1)
     config = JobConfig(SPECS, 2, ServerOptimizer(lr=0.5), Consistency(Mode.ASYNC, tau=5),

@@ -10,7 +10,7 @@ import torch
 from ringwright.runtime.collectives.backend import CollectiveError, PeerFailureListener
 from ringwright.runtime.membership.liveness import PeerFailure
 from ringwright.runtime.membership.source import WorldBox
-from ringwright.world import JobRef, Member, ReportKind, StoreAddress, World
+from ringwright.world import JobRef, Member, MemberStats, ReportKind, StoreAddress, World
 
 T = TypeVar("T")
 
@@ -130,6 +130,7 @@ class FakeReporter:
     def __init__(self, on_report: Callable[[ReportKind, int], None] | None = None) -> None:
         self.reports: list[tuple[ReportKind, int, str]] = []
         self.suspects: list[tuple[str, ...]] = []
+        self.sent_stats: list[MemberStats] = []
         self._on_report = on_report
 
     def report(self, kind: ReportKind, generation: int, detail: str = "",
@@ -138,6 +139,9 @@ class FakeReporter:
         self.suspects.append(tuple(suspects))
         if self._on_report is not None:
             self._on_report(kind, generation)
+
+    def stats(self, stats: MemberStats) -> None:
+        self.sent_stats.append(stats)
 
     def close(self) -> None:
         return

@@ -70,6 +70,19 @@ def test_before_joining_once_it_waits_for_a_world_that_includes_it() -> None:
     assert backend.inits == [(1, 1)]
 
 
+def test_a_newcomer_answers_every_world_without_it_with_a_joining_report() -> None:
+    source, backend, reporter = FakeSource(), FakeBackend(), FakeReporter()
+    source.publish(make_world(0, ["w-0"]))
+    m = manager(source, backend, reporter)
+    later = [threading.Timer(0.1, source.publish, args=(make_world(1, ["w-0", "w-2"]),)),
+             threading.Timer(0.3, source.publish, args=(make_world(2, ["w-0", "w-2", ME]),))]
+    for timer in later:
+        timer.start()
+    assert m.join(-1).generation == 2
+    assert [(k, g) for k, g, _ in reporter.reports] == [(ReportKind.JOINING, 0),
+                                                        (ReportKind.JOINING, 1)]
+
+
 def test_once_joined_a_world_without_it_means_leave_cleanly() -> None:
     source, backend = FakeSource(), FakeBackend()
     source.publish(make_world(0, ["w-0", ME]))

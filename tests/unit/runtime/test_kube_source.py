@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from ringwright.kube import KubeClient, KubeConfig
+from ringwright.report_seal import stats_written_by
 from ringwright.runtime.membership.kube_source import KubeMembershipSource
 from ringwright.runtime.membership.reporter import KubeReporter
 from ringwright.runtime.membership.source import WorldTimeout
@@ -16,10 +17,13 @@ from ringwright.world import (
     WORLD_KEY,
     JobRef,
     Member,
+    MemberStats,
     ReportKind,
     StoreAddress,
     World,
     parse_report,
+    parse_stats,
+    stats_key,
 )
 from tests.unit.runtime.kube_api_fake import FakeKubeApi
 
@@ -164,6 +168,21 @@ def test_reports_merge_patch_only_the_pods_own_key(api: FakeKubeApi) -> None:
                                                           "peer gone")
     patch = next(r for r in api.requests if r.method == "PATCH")
     assert set((patch.body or {})["data"]) == {"job-worker-1"}
+
+
+def test_stats_go_beside_the_report_sealed_with_the_pods_key(api: FakeKubeApi) -> None:
+    api.put_configmap("job-reports", {})
+    reporter = KubeReporter(clients(api), NS, "job-reports", "job-worker-1", key="k1")
+    reporter.report(ReportKind.STALLED, 2)
+    reporter.stats(MemberStats(generation=2, at=1.0, stepSeconds=0.5))
+    reporter.close()
+    data = (api.configmap("job-reports") or {})["data"]
+    assert parse_report(data["job-worker-1"]).kind == ReportKind.STALLED, \
+        "the stats did not replace the report"
+    stats = parse_stats(data[stats_key("job-worker-1")])
+    assert stats.step_seconds == 0.5
+    assert stats_written_by("job-worker-1", stats, "k1")
+    assert not stats_written_by("job-worker-0", stats, "k1")
 
 
 def test_a_report_that_cannot_be_delivered_is_dropped(api: FakeKubeApi) -> None:

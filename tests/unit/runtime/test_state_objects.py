@@ -19,7 +19,7 @@ from ringwright.runtime.collectives.group import MemberInfo
 from ringwright.runtime.rng import RNGMode
 from ringwright.runtime.sampler import ElasticSampler
 from ringwright.runtime.state import State
-from ringwright.runtime.state_sync import shared_commit
+from ringwright.runtime.state_sync import needs_state, shared_commit
 from ringwright.world import World
 from tests.unit.runtime.runtime_fakes import make_world
 from tests.unit.runtime.state_fakes import Binding, PairBackend, Wire
@@ -230,6 +230,47 @@ def info(generation: int, step: int, rank: int = 0) -> MemberInfo:
 def test_sync_is_skipped_only_when_every_member_holds_the_same_commit(
         infos: list[MemberInfo], skip: bool) -> None:
     assert shared_commit(infos) is skip
+
+
+@pytest.mark.parametrize(
+    ("infos", "src", "receivers"),
+    [
+        ([info(3, 40, 0), info(3, 40, 1), info(-1, 0, 2)], 0, [2]),  # a join: the newcomer
+        ([info(3, 40, 0), info(3, 36, 1), info(2, 40, 2)], 0, None),  # nobody else holds it
+        ([info(-1, 0, 0), info(-1, 0, 1)], 0, None),                  # a fresh job
+        ([info(3, 40, 0), info(3, 40, 1)], 1, []),                    # everyone holds it
+    ],
+)
+def test_the_state_goes_only_to_the_members_that_lack_the_sources_commit(
+        infos: list[MemberInfo], src: int, receivers: list[int] | None) -> None:
+    assert needs_state(infos, src) == receivers
+
+
+def test_on_a_join_the_newcomer_receives_the_state_and_the_survivors_keep_theirs() -> None:
+    survivors = [new_state(seed=1), new_state(seed=3)]
+    join(survivors[0], world(1))
+    train(survivors[0], 3)
+    survivors[0].commit()
+    first, before = Wire(), world(2)
+    for rank, survivor in enumerate(survivors):  # the survivors' own world, synced
+        survivor.bind(Binding(before, rank, PairBackend(first, rank)))
+        survivor.sync(0)
+        survivor.follow_world(before, rank)
+    wire, w = Wire(), world(3, generation=1)
+    for rank, survivor in enumerate(survivors):
+        survivor.bind(Binding(w, rank, PairBackend(wire, rank)))
+    newcomer = new_state(seed=2)
+    newcomer.bind(Binding(w, 2, PairBackend(wire, 2)))
+    expected = snapshot(survivors[0])
+    for rank, member in enumerate([*survivors, newcomer]):
+        member.sync(0, receivers=[2])
+        member.follow_world(w, rank)
+    assert_same(snapshot(newcomer), expected)
+    assert_same(snapshot(survivors[1]), expected)
+    # Only the newcomer's copy moved (and the source's send): the other survivor
+    # received nothing beyond the small skeleton.
+    assert newcomer.sync_bytes == survivors[0].sync_bytes > survivors[1].sync_bytes
+    assert len(wire.tensors) == 1
 
 
 def test_a_skipped_sync_moves_nothing_and_keeps_the_state() -> None:

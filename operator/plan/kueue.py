@@ -1,0 +1,228 @@
+"""Queueing a TrainingJob through Kueue: the Workload it publishes and what Kueue's answer
+means for the round. Pure: objects in, objects and decisions out.
+
+A job labelled ``kueue.x-k8s.io/queue-name`` is described to Kueue as one ``Workload``
+(pod sets ``workers`` and ``ps`` with their counts and per-pod requests; ``minCount`` is
+the gang, ``spec.workers.min``). No pod exists until Kueue admits it. Admission assigns a
+ResourceFlavor per resource and may admit fewer workers than asked (partial admission,
+down to ``minCount``): both become the job's *effective* spec for the round: the flavor's
+node labels join the templates' ``nodeSelector`` (the constraint path the planner already
+honours, so there is one placement) and ``replicas`` is the admitted count.
+
+Why a Workload and not Kueue's pod-group integration: a pod group is admitted when its
+pods exist (gated); an elastic job's pods come and go, and the gang, the flavor and the
+count must be decided before ringwright places anything. The Workload is what Kueue's own
+job integrations write, and it carries ``minCount``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringwright.objects import Obj
+
+from ..api.base import API_VERSION as JOB_API_VERSION
+from ..api.conditions import rfc3339
+from ..api.models import TrainingJobSpec
+from ..api.schedulingpolicy import SchedulingPolicySpec
+from .manifests import JOB_LABEL
+from .placement.podresources import ps_pod_spec, worker_pod_spec
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""Names the WorkloadPriorityClass of a queued job (Kueue's label for every job kind)."""
+API_VERSION = "kueue.x-k8s.io/v1beta2"
+WORKERS, PS = "workers", "ps"
+_POD_FIELDS = ("containers", "initContainers", "nodeSelector", "tolerations", "affinity",
+               "overhead", "priorityClassName")
+"""What Kueue reads from a pod template: requests, and what decides which flavors fit."""
+
+
+def queue_name(job: Obj) -> str | None:
+    """The LocalQueue a job asks for, or None when it is not queued through Kueue."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    name = labels.get(QUEUE_LABEL)
+    return str(name) if name else None
+
+
+def workload_name(job: Obj) -> str:
+    """The job's Workload: its name plus a piece of its uid, so a job recreated under the
+    same name never inherits the old one's admission."""
+    meta = job["metadata"]
+    return f"trainingjob-{meta['name']}-{str(meta.get('uid', ''))[:5]}"
+
+
+def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any],
+             min_count: int | None = None) -> Obj:
+    spec = {k: copy.deepcopy(pod_spec[k]) for k in _POD_FIELDS if k in pod_spec}
+    spec["containers"] = [{"name": c["name"], "image": c.get("image", ""),
+                           "resources": copy.deepcopy(c.get("resources") or {})}
+                          for c in spec["containers"]]
+    if "initContainers" in spec:
+        spec["initContainers"] = [{"name": c["name"], "image": c.get("image", ""),
+                                   "resources": copy.deepcopy(c.get("resources") or {})}
+                                  for c in spec["initContainers"]]
+    out: Obj = {"name": name, "count": count, "template": {"spec": spec}}
+    if min_count is not None and min_count < count:
+        out["minCount"] = min_count
+    return out
+
+
+def priority_class(job: Obj) -> str | None:
+    """The WorkloadPriorityClass the job's label names, if any."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    name = labels.get(PRIORITY_LABEL)
+    return str(name) if name else None
+
+
+def workload(job: Obj, queue: str, policy: SchedulingPolicySpec,
+             priority: int | None = None) -> Obj | Admission:
+    """The Workload that asks Kueue for the job's whole demand; ``priority`` is the value
+    of the WorkloadPriorityClass the job names. A class that does not exist (yet) is an
+    :class:`Admission` saying so: a Workload without it would queue at the wrong priority.
+    """
+    spec = TrainingJobSpec.model_validate(job["spec"])
+    meta = job["metadata"]
+    wl_spec: Obj = {"queueName": queue}
+    named = priority_class(job)
+    if named is not None:
+        if priority is None:
+            return Admission(False, "WorkloadPriorityClassNotFound",
+                             f"the label {PRIORITY_LABEL} names WorkloadPriorityClass "
+                             f"{named!r}, which does not exist; create it or fix the label")
+        wl_spec.update(priorityClassRef={"group": "kueue.x-k8s.io",
+                                         "kind": "WorkloadPriorityClass", "name": named},
+                       priority=priority)
+    workers = worker_pod_spec(spec.workers.template.spec.to_wire(), spec.gpus_per_worker,
+                              policy.gpu_resource)
+    if spec.gpu_model:
+        # Only the flavors of the requested model fit: Kueue matches nodeSelector
+        # against the flavors' node labels.
+        workers["nodeSelector"] = {**(workers.get("nodeSelector") or {}),
+                                   policy.node_labels.gpu_model: spec.gpu_model}
+    pod_sets = [_pod_set(WORKERS, spec.workers.replicas, workers, min_count=spec.workers.min)]
+    if spec.ps is not None and spec.ps.replicas:
+        pod_sets.append(_pod_set(PS, spec.ps.replicas, ps_pod_spec(
+            spec.ps.template.spec.to_wire(), policy.ps_pinning)))
+    return {
+        "apiVersion": API_VERSION, "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job), "namespace": meta["namespace"],
+            "labels": {JOB_LABEL: meta["name"]},
+            "ownerReferences": [{"apiVersion": JOB_API_VERSION, "kind": "TrainingJob",
+                                 "name": meta["name"], "uid": meta.get("uid", ""),
+                                 "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {**wl_spec, "podSets": pod_sets},
+    }
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What Kueue has said about a Workload."""
+
+    admitted: bool
+    reason: str
+    """Kueue's reason (of QuotaReserved/Admitted/Evicted), e.g. ``Pending``."""
+    message: str
+    """Kueue's message, e.g. ``couldn't assign flavors to pod set workers: insufficient
+    unused quota for nvidia.com/gpu in flavor h100, 8 more needed``."""
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """Admitted pods per pod set."""
+    flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The ResourceFlavors assigned per pod set."""
+    finished: bool = False
+
+
+def _condition(wl: Obj, type_: str) -> Obj | None:
+    return next((c for c in (wl.get("status") or {}).get("conditions") or ()
+                 if c.get("type") == type_), None)
+
+
+def _true(cond: Obj | None) -> bool:
+    return cond is not None and cond.get("status") == "True"
+
+
+def admission(wl: Obj | None) -> Admission:
+    """Read Kueue's answer from the Workload's status (None: not created yet)."""
+    if wl is None:
+        return Admission(False, "WorkloadCreating", "the Workload is being created")
+    finished = _condition(wl, "Finished")
+    if finished is not None and _true(finished):
+        return Admission(False, "Finished", str(finished.get("message", "")), finished=True)
+    evicted = _condition(wl, "Evicted")
+    admitted = _condition(wl, "Admitted")
+    if _true(admitted) and not _true(evicted):
+        assignments = ((wl.get("status") or {}).get("admission") or {}).get(
+            "podSetAssignments") or ()
+        counts = {a["name"]: int(a.get("count", 0)) for a in assignments}
+        flavors = {a["name"]: tuple(sorted(set((a.get("flavors") or {}).values())))
+                   for a in assignments}
+        return Admission(True, str((admitted or {}).get("reason", "Admitted")),
+                         str((admitted or {}).get("message", "")), counts, flavors)
+    if _true(evicted):
+        return Admission(False, str((evicted or {}).get("reason", "Evicted")),
+                         str((evicted or {}).get("message", "")))
+    reserved = _condition(wl, "QuotaReserved")
+    if reserved is not None:
+        return Admission(False, str(reserved.get("reason", "Pending")),
+                         str(reserved.get("message", "")))
+    return Admission(False, "Pending", "waiting for Kueue to consider the Workload")
+
+
+def requeue_evicted(wl: Obj, now: float) -> Obj | None:
+    """The status merge patch that returns an evicted Workload to its queue once the job
+    has no pods left: quota reservation and admission cleared, ``Requeued`` set (True
+    after a preemption, so Kueue retries it; as Kueue's job integrations do). None when
+    the Workload is not evicted or already holds no quota."""
+    evicted = _condition(wl, "Evicted")
+    status = wl.get("status") or {}
+    if not _true(evicted) or (status.get("admission") is None
+                              and not _true(_condition(wl, "QuotaReserved"))):
+        return None
+    reason = str((evicted or {}).get("reason", "Evicted"))
+    message = str((evicted or {}).get("message", ""))
+    at = rfc3339(now)
+    replaced = {
+        "QuotaReserved": {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                          "message": message, "lastTransitionTime": at},
+        "Admitted": {"type": "Admitted", "status": "False", "reason": "NoReservation",
+                     "message": "The workload has no reservation", "lastTransitionTime": at},
+        "Requeued": {"type": "Requeued",
+                     "status": "True" if reason in ("Preempted", "NodeFailures") else "False",
+                     "reason": reason, "message": message, "lastTransitionTime": at},
+    }
+    kept = [c for c in status.get("conditions") or () if c.get("type") not in replaced]
+    generation = (wl.get("metadata") or {}).get("generation")
+    conditions = [*kept, *replaced.values()]
+    if generation is not None:
+        conditions = [{**c, "observedGeneration": generation} if c["type"] in replaced else c
+                      for c in conditions]
+    # Over the version read: a Workload Kueue changed meanwhile is looked at again.
+    return {"metadata": {"resourceVersion": (wl.get("metadata") or {}).get(
+                "resourceVersion", "")},
+            "status": {"admission": None, "conditions": conditions}}
+
+
+def effective_job(job: Obj, given: Admission,
+                  flavor_labels: Mapping[str, Mapping[str, str]]) -> Obj:
+    """The job as an admitted Workload lets it run: the assigned flavors' node labels in
+    every template's ``nodeSelector`` and at most the admitted number of pods."""
+    out = copy.deepcopy(job)
+    for role, pod_set in (("workers", WORKERS), ("ps", PS)):
+        role_spec = out["spec"].get(role)
+        if not role_spec:
+            continue
+        labels: dict[str, str] = {}
+        for flavor in given.flavors.get(pod_set, ()):
+            labels.update(flavor_labels.get(flavor) or {})
+        template = role_spec["template"].setdefault("spec", {})
+        if labels:
+            template["nodeSelector"] = {**(template.get("nodeSelector") or {}), **labels}
+        admitted = given.counts.get(pod_set)
+        if admitted is not None and admitted < int(role_spec.get("replicas", 0)):
+            role_spec["replicas"] = admitted
+    return out

@@ -1,0 +1,55 @@
+"""The step of a job queued through Kueue: no pods before admission, Kueue's reason shown."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...api.models import ConditionStatus, JobPhase, TrainingJobStatus
+from ..kueue import Admission
+from .lifecycle import suspension
+from .state import Move, Outcome, Round, SetCondition, event
+from .status import find_condition
+
+QUEUED, ADMITTED = "Queued", "Admitted"
+POLL_SECONDS = 2.0
+"""How soon a waiting job looks at its Workload again (a Workload event wakes it sooner)."""
+
+
+def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
+    """Conditions Queued and Admitted from Kueue's answer; until admission, nothing is
+    created. A job that has pods or a world when it is not admitted (Kueue evicted it)
+    is suspended as ``spec.runPolicy.suspend`` would: an empty world, pods deleted with
+    their grace period (SIGTERM: the runtime writes its checkpoint), restarts kept; on
+    readmission it resumes from Suspended.
+
+    Sets: conditions Queued and Admitted, an event when admission flips; when evicted,
+    what :func:`suspension` sets. Stops the round while not admitted."""
+    current = find_condition(status, ADMITTED)
+    was_admitted = current is not None and current.status == ConditionStatus.TRUE
+    message = given.message or given.reason
+    if given.admitted:
+        flavors = "; ".join(f"{ps}: {', '.join(fl)}" for ps, fl in sorted(given.flavors.items())
+                            if fl)
+        text = message + (f" (flavors {flavors})" if flavors else "")
+        return Outcome(
+            conditions=(SetCondition(ADMITTED, True, given.reason, text),
+                        SetCondition(QUEUED, False, given.reason, text)),
+            events=() if was_admitted else (event(ADMITTED, f"admitted by Kueue: {text}"),))
+    told = current is None or was_admitted or current.reason != given.reason
+    queued = Outcome(
+        conditions=(SetCondition(QUEUED, True, given.reason, message),
+                    SetCondition(ADMITTED, False, given.reason, message)),
+        events=(event(QUEUED, f"waiting for Kueue: {given.reason}: {message}"),)
+        if told else (),
+        requeue=POLL_SECONDS, stop=True)
+    world = r.obs.world
+    if not r.pods and not (world is not None and (world.members or world.ps)):
+        return queued
+    stopped = suspension(r, status)
+    return replace(
+        stopped, conditions=(*queued.conditions, SetCondition(
+            "Suspended", True, given.reason, f"evicted by Kueue: {message}")),
+        events=queued.events + stopped.events, requeue=POLL_SECONDS, stop=True,
+        moves=(Move(JobPhase.SUSPENDED, given.reason,
+                    f"evicted by Kueue ({message}); pods stop with their grace period, "
+                    "restarts are kept, and the job resumes once admitted again"),))
