@@ -95,6 +95,24 @@ class OperatorContext:
             waker.set()
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: kopf keeps one (a deep copy of each watched object on each event, pods
+    and nodes included) only for on.create/update/delete handlers to diff against, and
+    this operator has none: a job's daemon reads the indices instead. An empty essence
+    every time, so nothing ever looks changed."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        """The same empty essence for every object."""
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """The same empty essence: never a difference."""
+        return kopf.BodyEssence()
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing is kept (nor written to the object)."""
+
+
 def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
                    force_scaffold: bool, scaffold_missing: bool = False) -> float | None:
     """One observe -> plan -> apply round; returns when to run again (None: job deleted).
@@ -162,8 +180,8 @@ def _watch_scaffold(registry: kopf.OperatorRegistry, kind: str, w: Watched) -> N
 
     # Also the job_configmaps index the rounds read worlds and reports from.
     @kopf.index(*resource, labels={JOB_LABEL: kopf.PRESENT}, registry=registry, id=w.index)
-    def scaffold_index(namespace: str | None, name: str, body: kopf.Body,
-                       **_: Any) -> dict[tuple[str, str], Obj]:
+    async def scaffold_index(namespace: str | None, name: str, body: kopf.Body,
+                             **_: Any) -> dict[tuple[str, str], Obj]:
         return {(namespace or "", name): record(body)}
 
     @kopf.on.event(*resource, labels={JOB_LABEL: kopf.PRESENT}, registry=registry,
@@ -229,6 +247,7 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.persistence.finalizer = FINALIZER
+        settings.persistence.diffbase_storage = NoDiffBase()
         # Only the ConfigMaps the operator made (world, reports) are watched: the label
         # selector is sent to the API server, so other ConfigMaps never reach us.
         # Same for the rest of the scaffold, watched to see drift without asking.
@@ -237,27 +256,32 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
                 JOB_LABEL)
 
     # -- indices: what rounds read instead of asking the API ----------------------------
+    # Coroutines, though they never wait: kopf runs a plain function in a thread pool,
+    # a hand-off per object per event that cost more than the indexing itself.
 
     @kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT}, registry=registry, id=PODS_BY_JOB)
-    def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
-                    **_: Any) -> dict[tuple[str, str], Obj]:
-        return {(namespace or "", labels[JOB_LABEL]): _plain(body)}
+    async def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                          **_: Any) -> dict[tuple[str, str], Obj]:
+        # The event's own objects, not a deep copy per pod per event: kopf parses every
+        # event into fresh dicts and never changes them afterwards (a live body is
+        # pointed at the next event's dicts), and rounds only read them.
+        return {(namespace or "", labels[JOB_LABEL]): dict(body)}
 
     @kopf.index("pods", registry=registry, id=POD_SLOTS)
-    def pod_slots_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    async def pod_slots_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
         return dict(pod_slots(body))
 
     @kopf.index("nodes", registry=registry, id=NODES)
-    def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[str, Obj]:
+    async def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[str, Obj]:
         return {name: node_record(body)}
 
     @kopf.index(GROUP, VERSION, "schedulingpolicies", registry=registry, id=POLICIES)
-    def scheduling_policies(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Obj]:
+    async def scheduling_policies(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Obj]:
         return {name: copy.deepcopy(dict(spec))}
 
     @kopf.index("scheduling.k8s.io", "v1", "priorityclasses", registry=registry,
                 id=PRIORITIES)
-    def priority_classes(name: str, body: kopf.Body, **_: Any) -> dict[str, int]:
+    async def priority_classes(name: str, body: kopf.Body, **_: Any) -> dict[str, int]:
         return {name: int(body.get("value") or 0)}
 
     # -- events: keep the ledger current and wake the job concerned ---------------------

@@ -3,7 +3,7 @@
 Every write goes out under one field manager (``ringwright``). Whole objects the
 operator owns (scaffold, world, status) are written by server-side apply, so what we
 stop sending is removed and drift is repaired by the next apply. Pods are created with
-POST, concurrently in slow-start batches: a replacement reuses its predecessor's name,
+POST, concurrently in a slow-start window: a replacement reuses its predecessor's name,
 and a create (unlike an apply) never touches a pod that is still terminating.
 
 Order matters for planned changes: the new world is published before leaving pods
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Generic, TypeVar
@@ -49,7 +49,7 @@ _PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding":
             "Secret": "secrets", "NetworkPolicy": "networkpolicies"}
 
 MAX_IN_FLIGHT = 64
-"""Largest slow-start batch of concurrent creates (the Job controller's cap)."""
+"""Most concurrent creates of the slow-start window (the Job controller's batch cap)."""
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ def _object_path(obj: Obj) -> str:
 
 @dataclass(frozen=True)
 class Refusal(Generic[T]):
-    """A create of a slow-start batch that the API server refused, with its error."""
+    """A create of the slow-start window that the API server refused, with its error."""
 
     item: T
     error: ApiError
@@ -69,27 +69,38 @@ class Refusal(Generic[T]):
 
 def slow_start(items: Sequence[T], call: Callable[[T], None], pool: Executor,
                cap: int = MAX_IN_FLIGHT) -> tuple[int, Refusal[T] | None]:
-    """Run ``call`` on ``items`` in concurrent batches of 1, 2, 4 … ``cap``.
+    """Run ``call`` on ``items`` concurrently, as TCP's slow start sends: one at first,
+    then every success lets two more go (the window doubles each round trip) up to
+    ``cap`` in flight.
 
-    A batch that meets a refusal (``ApiError``) is the last one: a quota or admission
-    problem refuses every further create just the same, so they are not sent. Returns
-    how many calls succeeded and the first refusal.
+    A window, not batches: a slow call holds back no other, where a batch waited for its
+    slowest call before the next batch went out. A refusal (``ApiError``) stops the
+    sending (a quota or admission problem refuses every further create just the same);
+    calls already in flight finish. Returns how many calls succeeded and the refusal
+    of the earliest item refused.
     """
-    done, size, start = 0, 1, 0
-    while start < len(items):
-        batch = items[start:start + size]
-        refusal: Refusal[T] | None = None
-        for item, outcome in zip(batch, pool.map(lambda i: _attempt(call, i), batch),
-                                 strict=True):
-            if outcome is None:
+    queue = iter(enumerate(items))
+    in_flight: dict[Future[ApiError | None], tuple[int, T]] = {}
+    window, done = 1, 0
+    refusal: tuple[int, Refusal[T]] | None = None
+    while True:
+        while refusal is None and len(in_flight) < window:
+            nxt = next(queue, None)
+            if nxt is None:
+                break
+            in_flight[pool.submit(_attempt, call, nxt[1])] = nxt
+        if not in_flight:
+            break
+        finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+        for future in finished:
+            index, item = in_flight.pop(future)
+            error = future.result()
+            if error is None:
                 done += 1
-            elif refusal is None:
-                refusal = Refusal(item, outcome)
-        if refusal is not None:
-            return done, refusal
-        start += size
-        size = min(size * 2, cap)
-    return done, None
+                window = min(window + 1, cap)
+            elif refusal is None or index < refusal[0]:
+                refusal = (index, Refusal(item, error))
+    return done, None if refusal is None else refusal[1]
 
 
 def _attempt(call: Callable[[T], None], item: T) -> ApiError | None:
@@ -142,12 +153,12 @@ class Applier:
         differs right after our apply (another manager's list entries, say) is not
         applied again until it changes: applying cannot change it. ``first``: the objects
         are being made (a refusal is a FailedCreate). Returns the refusals; every object
-        is tried.
+        is tried, all at once.
         """
         ns = job["metadata"]["namespace"]
-        out: list[Refused] = []
-        self._try(out, "create", "Secret", join_token_secret_name(job["metadata"]["name"]),
-                  partial(self._ensure_join_token, job))
+        writes: list[tuple[str, str, str, Callable[[], object]]] = [
+            ("create", "Secret", join_token_secret_name(job["metadata"]["name"]),
+             partial(self._ensure_join_token, job))]
         objects = scaffold(job)
         if self.settings.network_policy:
             objects.append(network_policy(job, self.settings.operator_namespace))
@@ -163,8 +174,16 @@ class Applier:
             def write(obj: Obj = obj, kind: str = kind) -> None:
                 self.written.put(kind, record(self.kube.apply(_object_path(obj), obj)),
                                  sent=obj)
-            self._try(out, "create" if first or seen is None else "update", kind, name, write)
-        return out
+            writes.append(("create" if first or seen is None else "update", kind, name, write))
+
+        def attempt(verb: str, kind: str, name: str, write: Callable[[], object]
+                    ) -> list[Refused]:
+            out: list[Refused] = []
+            self._try(out, verb, kind, name, write)
+            return out
+        # All at once: none depends on another, and a new job's first pods wait for
+        # them (a round trip each, one after another, before).
+        return [r for rs in self.pool.map(lambda w: attempt(*w), writes) for r in rs]
 
     def _ensure_join_token(self, job: Obj) -> None:
         """Create the job's join-token Secret once, with a fresh token.

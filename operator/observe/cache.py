@@ -162,7 +162,11 @@ class IndexCache:
 
     def job_pods(self, namespace: str, job: str) -> list[Obj]:
         """Every pod labelled for ``job`` (the pods-by-job index)."""
-        return [dict(p) for p in self._ix[PODS_BY_JOB].get((namespace, job), ())]
+        # The event loop updates the index while rounds read it from their threads:
+        # list() takes the store's dict in one step under the GIL, where a Python loop
+        # over it can be interrupted by an update ("dictionary changed size during
+        # iteration", a failed round and kopf's 5 s retry).
+        return [dict(p) for p in list(self._ix[PODS_BY_JOB].get((namespace, job), ()))]
 
     def configmap(self, namespace: str, name: str) -> Obj | None:
         """The indexed ConfigMap or our newer write of it."""

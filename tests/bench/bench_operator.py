@@ -3,10 +3,15 @@
 1. ``plan``: one reconcile round's observe + plan for a 64-worker job with 10,000 nodes in
    memory, against the old round that rebuilt the inventory from every Node and Pod
    object (the LIST it also made is not even counted). Goal: p99 <= 50 ms.
-2. ``throughput``: a 256-worker TrainingJob until every pod is Running, against a plain
-   script creating the same 256 pods with the same concurrency (slow-start batches of
-   1, 2, 4 ... 64 in flight). Goal: <= 1.2x.
-3. ``scale``: >= 2,000 KWOK nodes and >= 100 jobs of 4-32 workers applied at once: API
+2. ``throughput``: a 256-worker TrainingJob until it is Running, against a plain script
+   creating the very pods the operator would (its own plan for the same free nodes: same
+   placement, affinity, priority, labels, volumes) the way its apply step sends them,
+   until every pod is Running. Three trials each, alternating, one fresh operator per
+   trial; medians, ranges, the load, the phases of both as one watch saw them, the
+   operator's rounds and kube-apiserver's ``apiserver_request_total``. Goal: <= 1.2x.
+3. ``scale``: >= 2,000 KWOK nodes and >= 100 jobs of 4-32 workers applied at once, against
+   the same pods created bare first (the operator's own plans, one job after another),
+   with every gang whole and no node given more GPUs than it has checked once Running: API
    requests per reconcile round from kube-apiserver's own ``apiserver_request_total``
    (read before and after), LIST calls per round while nothing changes, reconcile
    latency p50/p99 (the operator's histogram), time until every job is Running, and the
@@ -23,24 +28,28 @@ fails (the ratios would mean nothing).
 
     python tests/bench/bench_operator.py [plan] [throughput] [scale] [lists] [steady]
         [refusals] [--workers 256] [--nodes 10000] [--jobs 100] [--touches 40]
+        [--throughput-before REV] [--throughput-inventory large|wide] [--trials 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +61,11 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from ringwright.devcluster.control_plane import Cluster  # noqa: E402
 from ringwright.devcluster.install import install_api  # noqa: E402
 from ringwright.devcluster.inventory import Inventory, RackGroup, node_manifests  # noqa: E402
-from ringwright.kube import KubeClient, api_path  # noqa: E402
+from ringwright.kube import ApiError, KubeClient, api_path  # noqa: E402
 from ringwright.objects import Obj  # noqa: E402
 from ringwright.operator.api.base import API_VERSION  # noqa: E402
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec  # noqa: E402
-from ringwright.operator.apply.executor import slow_start  # noqa: E402
+from ringwright.operator.apply.executor import MAX_IN_FLIGHT, slow_start  # noqa: E402
 from ringwright.operator.heap import settle  # noqa: E402
 from ringwright.operator.observe.cache import (  # noqa: E402
     JOB_CONFIGMAPS,
@@ -70,7 +79,12 @@ from ringwright.operator.observe.cache import (  # noqa: E402
 )
 from ringwright.operator.observe.job import observe  # noqa: E402
 from ringwright.operator.observe.ledger import CapacityLedger, PodSlot, node_record, pod_slots  # noqa: E402
-from ringwright.operator.plan.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION  # noqa: E402
+from ringwright.operator.plan.isolation import new_token, with_report_key  # noqa: E402
+from ringwright.operator.plan.manifests import (  # noqa: E402
+    JOB_LABEL,
+    PLANNED_NODE_ANNOTATION,
+    scaffold,
+)
 from ringwright.operator.plan.placement.inventory import Inventory as PlannerInventory  # noqa: E402
 from ringwright.operator.plan.placement.inventory import inventory_from_objects  # noqa: E402
 from ringwright.operator.plan.placement.placer import place  # noqa: E402
@@ -254,16 +268,17 @@ def running_job(job: Obj, first: Plan, settings: OperatorSettings
 # -- cluster helpers ---------------------------------------------------------------------
 
 
-def running_pods(kube: KubeClient, namespace: str, selector: str) -> int:
-    return len(kube.list(api_path("v1", "pods", namespace), labelSelector=selector,
-                         fieldSelector="status.phase=Running"))
-
-
 def make_namespace(kube: KubeClient, name: str) -> str:
     kube.create(api_path("v1", "namespaces"), {"metadata": {"name": name}})
     wait_until(f"the default ServiceAccount in {name}", lambda: kube.get_or_none(
         api_path("v1", "serviceaccounts", name, "default")) is not None)
     return name
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -284,13 +299,15 @@ def free_port() -> int:
 class Operator:
     """``python -m ringwright.operator`` with a metrics port, as the bench runs it."""
 
-    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), **(env or {})}
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ringwright.operator", "--metrics-port", str(self.port)],
+                [sys.executable, "-m", "ringwright.operator", "--metrics-port", str(self.port),
+                 *args],
                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
         wait_until("the operator to log in", lambda: self.proc.poll() is not None or
                    "Initial authentication has finished" in log.read_text(errors="replace"))
@@ -360,65 +377,382 @@ def apiserver_requests(kube: KubeClient, subresources: bool = False
     return totals
 
 
-# -- 2. 256 workers against a plain script ------------------------------------------------
+# -- 2. 256 workers against the same pods created bare ------------------------------------
 
 
-def throughput_part(work: Path, workers: int) -> bool:
-    cluster = Cluster(name="bench-operator", root=work / "throughput")
-    print(f"\n2. starting a cluster with the large inventory in {work} ...", flush=True)
-    cluster.up(inventory="large")
-    try:
-        with cluster.client() as kube:
-            install_api(kube)
-            ns = make_namespace(kube, "plain")
-            pool = ThreadPoolExecutor(64)
-            started = time.time()
+TRIALS = 3
+"""Baseline and operator trials each, alternating, in one run (``--trials``)."""
+CPU = "cpu_seconds"
+"""The operator's CPU time (user + system) in a trial, beside its own metrics."""
+PLURALS = {"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
+           "Service": "services", "ConfigMap": "configmaps"}
 
-            def create(i: int) -> None:
-                kube.create(api_path("v1", "pods", ns), {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": f"plain-{i}", "labels": {"app": "plain"}},
-                    "spec": {"containers": [{"name": "train", "image": IMAGE, "resources": {
-                        "limits": {POLICY.gpu_resource: "1"}}}]}})
 
-            _, refusal = slow_start(list(range(workers)), create, pool)
-            if refusal is not None:
-                print(f"baseline failed: {refusal.error}", file=sys.stderr)
-                return False
-            plain = wait_until("every plain pod Running",
-                               lambda: running_pods(kube, ns, "app=plain") == workers) - started
-            kube.delete(api_path("v1", "namespaces", name=ns))
-            wait_until("the plain namespace gone", lambda: kube.get_or_none(
-                api_path("v1", "namespaces", name=ns)) is None)
+class Timeline:
+    """What the API server told a watch of one namespace, stamped on arrival (monotonic):
+    each pod's creation, binding and readiness, the world ConfigMap and the job's Running.
 
-            jobs = make_namespace(kube, "jobs")
-            op = Operator(cluster, work / "throughput-operator.log")
+    The same watch times the baseline and the operator, so both carry the same delay."""
+
+    def __init__(self, cluster: Cluster, namespace: str, world: str) -> None:
+        self.created: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self.world: float | None = None
+        self.running: float | None = None
+        self.restarts = 0
+        """Watches the API server dropped and this one started again."""
+        self._closed = False
+        self._world_name = world
+        self._clients: list[KubeClient] = []
+        self._threads = [threading.Thread(target=self._follow, args=(cluster, path, seen),
+                                          daemon=True) for path, seen in (
+            (api_path("v1", "pods", namespace), self._pod),
+            (api_path("v1", "configmaps", namespace), self._configmap),
+            (api_path(API_VERSION, "trainingjobs", namespace), self._job))]
+        self._started = threading.Semaphore(0)
+        for t in self._threads:
+            t.start()
+        for _ in self._threads:
+            self._started.acquire()
+        time.sleep(0.5)  # the watch requests are sent once each thread iterates
+
+    def _follow(self, cluster: Cluster, path: str, seen: Callable[[Obj, float], None]) -> None:
+        kube = cluster.client()
+        self._clients.append(kube)
+        self._started.release()
+        version = ""
+        while not self._closed:
             try:
-                time.sleep(2)
-                started = time.time()
-                kube.create(api_path(API_VERSION, "trainingjobs", jobs),
-                            job_manifest("big", workers))
-                pods = wait_until("every worker Running", lambda: running_pods(
-                    kube, jobs, f"{JOB_LABEL}=big") == workers) - started
-                status = wait_until("the job Running", lambda: (kube.get(
-                    api_path(API_VERSION, "trainingjobs", jobs, "big")).get("status") or {})
-                    .get("phase") == "Running") - started
-            finally:
-                rss = op.stop()
+                for event in kube.watch(path, resource_version=version, timeout_seconds=1800):
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        version = ""  # expired: start again from the current state
+                        break
+                    version = obj.get("metadata", {}).get("resourceVersion", version)
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        seen(obj, time.monotonic())
+            except (ApiError, RuntimeError):
+                # The API server drops a watch that falls behind; close() cuts it.
+                self.restarts += 0 if self._closed else 1
+
+    def _pod(self, pod: Obj, now: float) -> None:
+        name = pod["metadata"]["name"]
+        self.created.setdefault(name, now)
+        if pod["spec"].get("nodeName"):
+            self.bound.setdefault(name, now)
+        status = pod.get("status") or {}
+        if status.get("phase") == "Running" and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or []):
+            self.ready.setdefault(name, now)
+
+    def _configmap(self, cm: Obj, now: float) -> None:
+        if self.world is None and cm["metadata"]["name"] == self._world_name and (
+                cm.get("data") or {}).get(WORLD_KEY):
+            self.world = now
+
+    def _job(self, job: Obj, now: float) -> None:
+        if self.running is None and (job.get("status") or {}).get("phase") == "Running":
+            self.running = now
+
+    def close(self) -> None:
+        self._closed = True
+        for kube in self._clients:
+            kube.close()
+
+
+@dataclass
+class Trial:
+    """One trial's figures, in seconds from the first request of the trial."""
+
+    label: str
+    load: float
+    first_create: float
+    last_create: float
+    last_bound: float
+    last_ready: float
+    world: float | None
+    running: float | None
+    requests: Counter[tuple[str, str]]
+    metrics: dict[str, float]
+    watch_restarts: int
+
+    @property
+    def done(self) -> float:
+        """Until every pod is Running (baseline) or the job is Running (operator)."""
+        return self.running if self.running is not None else self.last_ready
+
+
+def trial_figures(label: str, load: float, t0: float, tl: Timeline,
+                  requests: Counter[tuple[str, str]], metrics: dict[str, float]) -> Trial:
+    return Trial(label, load, min(tl.created.values()) - t0, max(tl.created.values()) - t0,
+                 max(tl.bound.values()) - t0, max(tl.ready.values()) - t0,
+                 None if tl.world is None else tl.world - t0,
+                 None if tl.running is None else tl.running - t0, requests, metrics,
+                 tl.restarts)
+
+
+def operator_metrics(port: int) -> dict[str, float]:
+    """Every sample the operator serves, summed over labels, by sample name."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_bucket"):
+                out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def defaulted_job(kube: KubeClient, workers: int) -> Obj:
+    """The bench's TrainingJob as the API server stores it (schema defaults filled in),
+    read back from a namespace no operator reconciles and deleted again."""
+    ns = make_namespace(kube, "job-defaults")
+    job = kube.create(api_path(API_VERSION, "trainingjobs", ns), job_manifest("big", workers))
+    drop_namespace(kube, ns)
+    return job
+
+
+def operator_pods(kube: KubeClient, stored: Obj, namespace: str) -> list[Obj]:
+    """The pods the operator's first round creates for ``stored`` in ``namespace`` on
+    the cluster's free nodes: its own observe-free plan (same placement, affinity,
+    priority, labels, volumes, hardening), with a report key each as its apply step
+    adds, and without the controller reference (no job owns them: the garbage collector
+    would delete them)."""
+    job = copy.deepcopy(stored)
+    job["metadata"]["namespace"] = namespace
+    nodes = kube.list(api_path("v1", "nodes"))
+    inventory = inventory_from_objects(nodes, [], POLICY.node_labels, POLICY.gpu_resource)
+    decided = plan(Observed(job=job, pods=[], world=None, reports={}, policy=POLICY,
+                            inventory=inventory), OperatorSettings(), time.time(), place)
+    pods = []
+    for pod in decided.create:
+        pod["metadata"].pop("ownerReferences", None)
+        pods.append(with_report_key(pod, new_token()))
+    return pods
+
+
+def baseline_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str,
+                   pool: ThreadPoolExecutor) -> Trial:
+    """The operator's pods created by a plain script, as the operator's apply step sends
+    them (slow-start batches up to the same cap); done when every pod is Running."""
+    name = stored["metadata"]["name"]
+    pods = operator_pods(kube, stored, ns)
+    # The job's scaffold, made before the clock starts (the operator makes it inside its
+    # own time): admission wants the pods' ServiceAccount, and the headless Service
+    # makes the cluster's controllers follow the pods as they do the operator's.
+    job = {**stored, "metadata": {**stored["metadata"], "namespace": ns}}
+    for obj in scaffold(job):
+        obj["metadata"].pop("ownerReferences")
+        kube.create(api_path(obj["apiVersion"], PLURALS[obj["kind"]], ns), obj)
+    tl = Timeline(cluster, ns, world_configmap_name(name))
+    try:
+        load, before = os.getloadavg()[0], apiserver_requests(kube)
+        t0 = time.monotonic()
+
+        def create(pod: Obj) -> None:
+            kube.create(api_path("v1", "pods", ns), pod)
+
+        _, refusal = slow_start(pods, create, pool)
+        if refusal is not None:
+            raise RuntimeError(f"baseline create refused: {refusal.error}")
+        wait_until("every baseline pod Running", lambda: len(tl.ready) == len(pods), 0.1)
+        requests = apiserver_requests(kube) - before
+    finally:
+        tl.close()
+    return trial_figures("baseline", load, t0, tl, requests, {})
+
+
+def operator_trial(cluster: Cluster, kube: KubeClient, stored: Obj, ns: str, label: str,
+                   env: dict[str, str], log: Path) -> tuple[Trial, float]:
+    """A fresh operator (with ``env``) reconciles the job until it is Running; returns
+    the trial and the operator's peak RSS."""
+    name = stored["metadata"]["name"]
+    # One operator after another: none waits out the last one's Lease.
+    op = Operator(cluster, log, env, ("--no-leader-election",))
+    try:
+        time.sleep(2)  # its watches list what exists
+        tl = Timeline(cluster, ns, world_configmap_name(name))
+        try:
+            load, before = os.getloadavg()[0], apiserver_requests(kube)
+            metrics0 = operator_metrics(op.port)
+            cpu0 = cpu_seconds(op.proc.pid)
+            t0 = time.monotonic()
+            kube.create(api_path(API_VERSION, "trainingjobs", ns),
+                        job_manifest(name, int(stored["spec"]["workers"]["replicas"])))
+            wait_until("the job Running", lambda: tl.running is not None, 0.1)
+            requests = apiserver_requests(kube) - before
+            metrics = {k: v - metrics0.get(k, 0.0)
+                       for k, v in operator_metrics(op.port).items()}
+            metrics[CPU] = cpu_seconds(op.proc.pid) - cpu0
+        finally:
+            tl.close()
+        drop_namespace(kube, ns)  # while the operator runs: it releases the finalizer
+    finally:
+        rss = op.stop()
+    return trial_figures(label, load, t0, tl, requests, metrics), rss
+
+
+def spread(values: list[float]) -> str:
+    """Median and range of ``values``."""
+    return f"{statistics.median(values):6.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def throughput_part(work: Path, workers: int, before: str = "",
+                    inventory: str = "large", repeats: int = TRIALS) -> bool:
+    """Baseline and operator trials in turn, three each; with ``before`` (a git revision),
+    that revision's operator takes a turn in each round too."""
+    cluster = Cluster(name="bench-operator", root=work / "throughput")
+    print(f"\n2. starting a cluster with the {inventory} inventory in {work} ...", flush=True)
+    cluster.up(inventory=inventory, timeout=900)
+    operators = [(f"operator {before}", {"PYTHONPATH": str(old_tree(work, before))})
+                 ] if before else []
+    operators.append(("operator", {}))
+    trials: list[Trial] = []
+    rss: dict[str, float] = {}
+    try:
+        with cluster.client() as kube, ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+            install_api(kube)
+            stored = defaulted_job(kube, workers)
+            kinds: list[tuple[str, dict[str, str]] | None] = [None, *operators]
+            for i in range(repeats):
+                # Each kind takes each place in the order once: the load drifts.
+                for k, kind in enumerate(kinds[i % len(kinds):] + kinds[:i % len(kinds)]):
+                    ns = make_namespace(kube, f"trial-{i}-{k}")
+                    if kind is None:
+                        trials.append(baseline_trial(cluster, kube, stored, ns, pool))
+                        drop_namespace(kube, ns)
+                        continue
+                    label, env = kind
+                    trial, peak = operator_trial(cluster, kube, stored, ns, label, env,
+                                                 work / f"throughput-operator-{i}-{k}.log")
+                    trials.append(trial)
+                    rss[label] = max(rss.get(label, 0.0), peak)
+                print(f"  round {i + 1}: " + ", ".join(
+                    f"{t.label} {t.done:.2f} s (load {t.load:.2f})"
+                    for t in trials[-len(kinds):]), flush=True)
     finally:
         cluster.down()
-    print(f"{'':44} {'seconds':>8} {'ratio':>6}")
-    print(f"{f'plain script, {workers} pods, 64 in flight -> Running':44} {plain:8.2f} "
-          f"{1.0:6.2f}")
-    print(f"{f'TrainingJob, {workers} workers -> pods Running':44} {pods:8.2f} "
-          f"{pods / plain:6.2f}")
-    print(f"{f'TrainingJob, {workers} workers -> job Running':44} {status:8.2f} "
-          f"{status / plain:6.2f}")
-    print(f"operator peak RSS: {rss:.0f} MiB")
+    groups = {label: [t for t in trials if t.label == label]
+              for label in ["baseline", *(label for label, _ in operators)]}
+    plain = statistics.median(t.done for t in groups["baseline"])
+    print(f"\n{workers} workers on the {inventory} inventory, {repeats} trials each, "
+          f"alternating; the same pod manifests "
+          f"(the operator's plan), at most {MAX_IN_FLIGHT} creates in flight (slow start)")
+    print(f"{'seconds from the first request: median (range)':48}"
+          + "".join(f"{label:>22}" for label in groups))
+    rows: list[tuple[str, Callable[[Trial], float | None]]] = [
+        ("first pod created (observe, scaffold, plan)", lambda t: t.first_create),
+        ("last pod created", lambda t: t.last_create),
+        ("last pod bound by the scheduler", lambda t: t.last_bound),
+        ("last pod Running and Ready", lambda t: t.last_ready),
+        ("world ConfigMap published", lambda t: t.world),
+        ("job Running (status written)", lambda t: t.running)]
+    for row, get in rows:
+        cells = []
+        for group in groups.values():
+            values = [v for v in (get(t) for t in group) if v is not None]
+            cells.append(spread(values) if values else "-")
+        print(f"{row:48}" + "".join(f"{c:>22}" for c in cells))
+    ratios = [f"{'':>22}"]
+    for group in list(groups.values())[1:]:
+        done = [t.done for t in group]
+        ratios.append(f"{statistics.median(done) / plain:6.2f} ({min(done) / plain:.2f}-"
+                      f"{max(done) / plain:.2f})")
+    print(f"{'ratio: job Running / baseline pods Running':48}"
+          + "".join(f"{c:>22}" for c in ratios))
+    loads = [t.load for t in trials]
+    print(f"load average (1 min) at the trials' starts: {min(loads):.2f}-{max(loads):.2f} "
+          f"(now {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    for label, group in list(groups.items())[1:]:
+        rounds = [t.metrics.get(f"{ROUNDS_METRIC}_count", 0.0) for t in group]
+        round_s = [t.metrics.get(f"{ROUNDS_METRIC}_sum", 0.0) for t in group]
+        plan_s = [t.metrics.get("ringwright_operator_planning_seconds_sum", 0.0)
+                  for t in group]
+        cpu = [t.metrics.get(CPU, 0.0) for t in group]
+        print(f"{label}: CPU seconds per trial {spread(cpu)}; rounds {spread(rounds)}, "
+              f"seconds in rounds {spread(round_s)}, of which planning {spread(plan_s)}; "
+              f"peak RSS {rss[label]:.0f} MiB")
+    print("kube-apiserver requests per trial (all clients), median:")
+    keys = sorted({k for t in trials for k in t.requests},
+                  key=lambda k: -max(t.requests.get(k, 0) for t in trials))
+    for key in keys[:12]:
+        counts = [statistics.median(t.requests.get(key, 0) for t in g) for g in groups.values()]
+        print(f"  {key[0] + ' ' + key[1]:46}" + "".join(f"{c:>22.0f}" for c in counts))
+    totals = [statistics.median(sum(t.requests.values()) for t in g) for g in groups.values()]
+    print(f"  {'all':46}" + "".join(f"{c:>22.0f}" for c in totals))
+    print(f"watches the API server dropped and the bench resumed: "
+          f"{sum(t.watch_restarts for t in trials)}")
     return True
 
 
 # -- 3. 2,000 nodes, 100 jobs -------------------------------------------------------------
+
+
+def bare_scale(cluster: Cluster, kube: KubeClient, stored: Obj, sizes: list[int], ns: str,
+               pool: ThreadPoolExecutor) -> float:
+    """The pods the operator would make for jobs of ``sizes`` workers, placed one job after
+    another (each plan counts the pods planned before it), created bare: 16 jobs at a
+    time as the bench applies them, each job's pods in the operator's slow-start window
+    on one shared pool of its size; seconds until every pod is Running."""
+    nodes = kube.list(api_path("v1", "nodes"))
+    planned: list[Obj] = []
+    by_job: list[list[Obj]] = []
+    for i, size in enumerate(sizes):
+        job = copy.deepcopy(stored)
+        job["metadata"].update(name=f"job-{i}", namespace=ns, uid=f"bare-{i}")
+        job["spec"]["workers"].update(min=size, replicas=size, max=size)
+        inventory = inventory_from_objects(nodes, planned, POLICY.node_labels,
+                                           POLICY.gpu_resource)
+        decided = plan(Observed(job=job, pods=[], world=None, reports={}, policy=POLICY,
+                                inventory=inventory), OperatorSettings(), time.time(), place)
+        if len(decided.create) != size:
+            raise RuntimeError(f"job-{i}: the plan made {len(decided.create)} of {size} pods")
+        for pod in decided.create:
+            pod["metadata"].pop("ownerReferences", None)
+            planned.append({"spec": {**pod["spec"], "nodeName": pod["metadata"][
+                "annotations"][PLANNED_NODE_ANNOTATION]}})
+        by_job.append([with_report_key(p, new_token()) for p in decided.create])
+        for obj in scaffold(job):
+            obj["metadata"].pop("ownerReferences")
+            kube.create(api_path(obj["apiVersion"], PLURALS[obj["kind"]], ns), obj)
+    tl = Timeline(cluster, ns, "")
+    try:
+        t0 = time.monotonic()
+
+        def create(pod: Obj) -> None:
+            kube.create(api_path("v1", "pods", ns), pod)
+
+        def one_job(pods: list[Obj]) -> None:
+            _, refusal = slow_start(pods, create, pool)
+            if refusal is not None:
+                raise RuntimeError(f"baseline create refused: {refusal.error}")
+
+        with ThreadPoolExecutor(16) as jobs_pool:
+            list(jobs_pool.map(one_job, by_job))
+        total = sum(sizes)
+        wait_until("every bare pod Running", lambda: len(tl.ready) == total, 0.5)
+        return max(tl.ready.values()) - t0
+    finally:
+        tl.close()
+
+
+def gangs_and_booking(kube: KubeClient, ns: str, sizes: list[int]) -> tuple[int, int]:
+    """(jobs whose every worker runs on a node, nodes given more GPUs than they have)."""
+    pods = kube.list(api_path("v1", "pods", ns))
+    running: Counter[str] = Counter()
+    gpus: Counter[str] = Counter()
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") == "Running":
+            running[pod["metadata"]["labels"][JOB_LABEL]] += 1
+            for c in pod["spec"]["containers"]:
+                gpus[node] += int(((c.get("resources") or {}).get("limits") or {}).get(
+                    POLICY.gpu_resource, 0))
+    capacity = {n["metadata"]["name"]: int(n["status"]["allocatable"].get(
+        POLICY.gpu_resource, 0)) for n in kube.list(api_path("v1", "nodes"))}
+    whole = sum(running[f"job-{i}"] == size for i, size in enumerate(sizes))
+    return whole, sum(used > capacity.get(node, 0) for node, used in gpus.items())
 
 
 def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
@@ -431,6 +765,14 @@ def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
         with cluster.client() as kube:
             install_api(kube)
             nodes = len(kube.list(api_path("v1", "nodes")))
+            stored = defaulted_job(kube, 4)
+            bare_ns = make_namespace(kube, "bare")
+            load_bare = os.getloadavg()[0]
+            with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+                bare = bare_scale(cluster, kube, stored, sizes, bare_ns, pool)
+            drop_namespace(kube, bare_ns)
+            print(f"  the same pods bare: every pod Running after {bare:.1f} s (load "
+                  f"{load_bare:.2f})", flush=True)
             ns = make_namespace(kube, "scale")
             op = Operator(cluster, work / "scale-operator.log")
             try:
@@ -448,7 +790,9 @@ def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
                     phases = [(j.get("status") or {}).get("phase") for j in items]
                     return phases.count("Running") == jobs
 
+                load_op = os.getloadavg()[0]
                 done = wait_until("every job Running", all_running, interval=2.0) - started
+                whole, double_booked = gangs_and_booking(kube, ns, sizes)
                 after = apiserver_requests(kube)
                 rounds_after, buckets = op.rounds()
                 # Steady state: nothing changes; the operator resyncs every job.
@@ -464,7 +808,11 @@ def scale_part(work: Path, jobs: int, steady_s: float) -> bool:
     quiet = steady - after
     quiet_rounds = rounds_steady - rounds_after
     print(f"{nodes:,} nodes, {jobs} jobs of 4-32 workers ({sum(sizes)} pods), applied at once")
-    print(f"time until every job Running: {done:.1f} s")
+    print(f"time until every job Running: {done:.1f} s (load {load_op:.2f} at the start); "
+          f"the same pods bare until every pod Running: {bare:.1f} s (load {load_bare:.2f}); "
+          f"ratio {done / bare:.2f}")
+    print(f"gangs whole (every worker Running on a node): {whole} of {jobs}; nodes given "
+          f"more GPUs than they have: {double_booked}")
     print(f"reconcile rounds: {rounds:.0f} until Running, {quiet_rounds:.0f} in "
           f"{steady_s:.0f} s of steady state")
     print(f"reconcile latency: p50 {histogram_quantile(.5, buckets) * 1000:.1f} ms, "
@@ -700,6 +1048,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="git revision of the operator to compare LIST calls with")
     parser.add_argument("--steady-before", default="78854eb",
                         help="git revision of the operator to compare steady requests with")
+    parser.add_argument("--throughput-before", default="",
+                        help="git revision of an operator to alternate with this one in "
+                        "the throughput part (before/after in one run)")
+    parser.add_argument("--throughput-inventory", default="large",
+                        help="devcluster inventory of the throughput part (wide: 160 "
+                        "nodes, room for 1,000 workers on one GPU model)")
+    parser.add_argument("--trials", type=int, default=TRIALS,
+                        help="trials of each kind in the throughput part")
     parser.add_argument("--steady-jobs", type=int, default=20)
     parser.add_argument("--workers", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -714,7 +1070,8 @@ def main(argv: list[str] | None = None) -> int:
     if "plan" in parts:
         ok &= plan_part(args.nodes, args.rounds)
     if "throughput" in parts:
-        ok &= throughput_part(work, args.workers)
+        ok &= throughput_part(work, args.workers, args.throughput_before,
+                              args.throughput_inventory, args.trials)
     if "scale" in parts:
         ok &= scale_part(work, args.jobs, args.steady_seconds)
     if "lists" in parts:

@@ -1,12 +1,12 @@
-"""The apply layer's pure parts: slow-start batches that stop at the first refusal, and
+"""The apply layer's pure parts: a slow-start window that stops at the first refusal, and
 events deduplicated into series."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
 
 import pytest
 
@@ -15,58 +15,79 @@ from ringwright.objects import Obj
 from ringwright.operator.apply.events import EventRecorder
 from ringwright.operator.apply.executor import slow_start
 
-T = TypeVar("T")
 
-
-class Batches:
-    """Records how many calls ran at once, by batch."""
+class Calls:
+    """Records the calls and how many ran at once; refuses the items in ``refuse``."""
 
     def __init__(self, refuse: set[int] | None = None) -> None:
         self.refuse = refuse or set()
         self.calls: list[int] = []
+        self.running = 0
+        self.most = 0
+        self.order: list[tuple[str, int]] = []
         self.lock = threading.Lock()
 
     def __call__(self, item: int) -> None:
         with self.lock:
             self.calls.append(item)
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.order.append(("start", item))
+        time.sleep(0.001)
+        with self.lock:
+            self.running -= 1
+            self.order.append(("end", item))
         if item in self.refuse:
             raise ApiError(403, "Forbidden", "exceeded quota", "POST pods")
 
 
-class RecordingPool(ThreadPoolExecutor):
-    """A real thread pool that notes the size of every batch handed to ``map``."""
-
-    def __init__(self) -> None:
-        super().__init__(64)
-        self.batches: list[int] = []
-
-    def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int = 1) -> Iterator[T]:
-        items = list(iterables[0])
-        self.batches.append(len(items))
-        return super().map(fn, items, timeout=timeout, chunksize=chunksize)
-
-
 @pytest.fixture()
-def pool() -> RecordingPool:
-    return RecordingPool()
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(64) as executor:
+        yield executor
 
 
-def test_creates_go_out_in_batches_of_1_2_4_up_to_the_cap(pool: RecordingPool) -> None:
-    calls = Batches()
-    done, refusal = slow_start(list(range(300)), calls, pool, cap=64)
+def test_creates_start_with_one_and_never_exceed_the_cap(pool: ThreadPoolExecutor) -> None:
+    calls = Calls()
+    done, refusal = slow_start(list(range(300)), calls, pool, cap=16)
     assert (done, refusal) == (300, None)
     assert sorted(calls.calls) == list(range(300))
-    assert pool.batches == [1, 2, 4, 8, 16, 32, 64, 64, 64, 45]
+    # The first create probes alone: a refusing quota costs one request, not a batch.
+    assert calls.order[:2] == [("start", 0), ("end", 0)]
+    assert 1 < calls.most <= 16
 
 
-def test_a_refusal_ends_the_batch_it_is_in_and_nothing_after_is_sent(
-        pool: RecordingPool) -> None:
-    calls = Batches(refuse={5})  # item 5 is in the third batch (items 3..6)
+def test_a_slow_create_does_not_hold_back_the_ones_after_it(
+        pool: ThreadPoolExecutor) -> None:
+    # Batches waited for their slowest call: item 1 returning only once item 20 was sent
+    # would never return. The window sends on as other calls succeed.
+    later_sent = threading.Event()
+    calls = Calls()
+
+    def call(item: int) -> None:
+        calls(item)
+        if item == 20:
+            later_sent.set()
+        if item == 1:
+            assert later_sent.wait(timeout=30), "item 20 waited for item 1 to return"
+
+    done, refusal = slow_start(list(range(40)), call, pool)
+    assert (done, refusal) == (40, None)
+
+
+def test_a_refusal_stops_the_sending_and_is_returned(pool: ThreadPoolExecutor) -> None:
+    calls = Calls(refuse={5})
     done, refusal = slow_start(list(range(100)), calls, pool)
     assert refusal is not None and refusal.item == 5 and refusal.error.status == 403
-    assert sorted(calls.calls) == list(range(7))  # batches 1, 2, 4 and no further
-    assert done == 6 and pool.batches == [1, 2, 4]
+    # Nothing goes out once the refusal is seen: the ones in flight with it at most.
+    assert len(calls.calls) < 20
+    assert done == len(calls.calls) - 1
+
+
+def test_the_earliest_refused_item_is_the_refusal(pool: ThreadPoolExecutor) -> None:
+    calls = Calls(refuse=set(range(3, 100)))
+    done, refusal = slow_start(list(range(100)), calls, pool)
+    assert done == 3 and refusal is not None and refusal.item == 3
 
 
 class Writes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -120,3 +121,33 @@ def test_an_existing_token_is_kept() -> None:
     writes = ScaffoldWrites(secret_exists=True)
     assert applier(writes).ensure_scaffold(JOB, nothing_seen) == []
     assert "ServiceAccount" in writes.applied  # the 409 is not an error
+
+
+class MeetingWrites(ScaffoldWrites):
+    """Every write waits until all ``parties`` writes are in flight together."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(parties, timeout=30)
+
+    def apply(self, path: str, body: Obj) -> Obj:
+        self.barrier.wait()
+        return super().apply(path, body)
+
+    def create(self, path: str, body: Obj) -> Obj:
+        self.barrier.wait()
+        return super().create(path, body)
+
+
+def test_a_new_jobs_scaffold_is_written_all_at_once() -> None:
+    # The token Secret and the five scaffold objects with the NetworkPolicy: one after
+    # another, the first would wait for the others forever (a broken barrier here).
+    writes = MeetingWrites(parties=7)
+    kube: Any = writes
+    apply = Applier(kube, lambda: 0.0, pool=ThreadPoolExecutor(8),
+                    events=EventRecorder(kube, lambda: 0.0), ledger=CapacityLedger(),
+                    written=Written(), settings=OperatorSettings())
+    assert apply.ensure_scaffold(JOB, nothing_seen) == []
+    assert sorted(writes.applied) == sorted(
+        ["ServiceAccount", "Role", "RoleBinding", "Service", "ConfigMap", "NetworkPolicy"])
+    assert [c["kind"] for c in writes.created] == ["Secret"]
