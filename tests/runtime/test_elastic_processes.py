@@ -134,9 +134,11 @@ def test_sigkill_one_of_four_survivors_continue_at_three(job: LocalJob) -> None:
     assert_resumed_from_commit(t, before=0, after=1)
 
 
-def hold_at_gate(job: LocalJob) -> Path:
+def hold_at_gate(job: LocalJob, step: int | None = None) -> Path:
+    """Hold every member at ``step`` (GATE_STEP when None) while the returned file exists."""
     gate = job.workdir / "gate"
-    gate.touch()
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    gate.write_text("" if step is None else str(step))
     return gate
 
 
@@ -150,10 +152,7 @@ def hold_late(job: LocalJob, step: int = LATE_GATE_STEP) -> Path:
     member once training reaches step 6 then finds it still training however late it acts
     (a loaded machine can stall the test for longer than the whole job takes); remove the
     file right after the kill."""
-    gate = job.workdir / "gate"
-    gate.parent.mkdir(parents=True, exist_ok=True)
-    gate.write_text(str(step))
-    return gate
+    return hold_at_gate(job, step)
 
 
 @BOTH_BACKENDS
