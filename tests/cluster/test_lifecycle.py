@@ -97,8 +97,12 @@ def test_a_quota_refusal_is_reported_retried_and_the_round_goes_on(
 def test_a_refused_world_does_not_stop_pods_or_status_and_clears_when_allowed(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    # Room for the reports ConfigMap but not the world's.
-    present = len(kube.list(api_path("v1", "configmaps", namespace)))
+    # Room for the reports ConfigMap but not the world's. The namespace's root CA ConfigMap is
+    # published by the controller manager some time after the namespace is made: count it too.
+    configmaps = api_path("v1", "configmaps", namespace)
+    wait_for(lambda: "kube-root-ca.crt" in {c["metadata"]["name"] for c in kube.list(configmaps)},
+             "the namespace's kube-root-ca.crt published")
+    present = len(kube.list(configmaps))
     quota(kube, namespace, {"configmaps": str(present + 1)})
     kube.create(tj_path(namespace), training_job("noroom", replicas=2, minimum=1))
 
