@@ -73,16 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     ctx = OperatorContext(kube=kube, settings=OperatorSettings.from_env(env))
     if args.metrics_port:
         serve(ctx.metrics.registry, args.metrics_port, args.metrics_address)
+    elector: LeaderElector | None = None
     if not args.no_leader_election:
         elector = LeaderElector(kube, args.lease_namespace or config.namespace, args.lease_name,
                                 f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
                                 lease_seconds=args.lease_seconds,
                                 renew_seconds=args.lease_seconds / 3)
-        stop = threading.Event()
         with standby_health(args.liveness):
-            elector.acquire(stop)
-        threading.Thread(target=elector.keep, args=(stop, _lost_lease), daemon=True,
-                         name="lease").start()
+            elector.acquire(threading.Event())
+        elector.keep_in_background(_lost_lease)
     threading.Thread(target=keep_heap, args=(threading.Event(), HEAP_SETTLE_SECONDS,
                                              HEAP_SWEEP_EVERY), daemon=True, name="heap").start()
     registry = kopf.OperatorRegistry()
@@ -102,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
     ))
+    # kopf returns on SIGTERM/SIGINT once its handlers are done: nothing acts after this.
+    if elector is not None:
+        elector.release()
     return 0
 
 

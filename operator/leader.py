@@ -5,7 +5,9 @@ replica takes it over only after the record has stayed unchanged for
 ``lease_seconds`` by its *own* clock (so clock skew between machines does not matter);
 every write carries the resourceVersion it read, so of two replicas racing for an
 expired Lease exactly one wins. A leader that cannot renew within its lease stops at
-once: by then another replica may already act.
+once: by then another replica may already act. A leader that stops on purpose releases the
+Lease (client-go's ``ReleaseOnCancel``), so a standby or the next rollout's replica takes
+over at its next try instead of waiting out the lease.
 """
 
 from __future__ import annotations
@@ -63,15 +65,20 @@ class LeaderElector:
 
     def __init__(self, kube: KubeClient, namespace: str, name: str, identity: str, *,
                  lease_seconds: float = 15.0, renew_seconds: float = 5.0,
+                 retry_seconds: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.kube, self.identity = kube, identity
         self.lease_seconds, self.renew_seconds = lease_seconds, renew_seconds
+        # A standby looks this often (client-go's RetryPeriod): it sees a released Lease soon.
+        self.retry_seconds = min(retry_seconds, renew_seconds)
         self.clock, self.wall = clock, wall
         self._path = api_path(LEASE_API, "leases", namespace, name)
         self._collection = api_path(LEASE_API, "leases", namespace)
         self._name, self._namespace = name, namespace
         self._seen: Seen | None = None
+        self._stop_keeping = threading.Event()
+        self._keeper: threading.Thread | None = None
 
     def try_acquire(self) -> bool:
         """One attempt to hold (or keep holding) the Lease; True when we hold it."""
@@ -118,7 +125,7 @@ class LeaderElector:
                 log.info("standing by: lease %s/%s is held by %s", self._namespace,
                          self._name, self._seen.holder if self._seen else "?")
                 announced = True
-            stop.wait(self.renew_seconds / 2)
+            stop.wait(self.retry_seconds)
         return False
 
     def keep(self, stop: threading.Event, lost: Callable[[], None]) -> None:
@@ -137,3 +144,32 @@ class LeaderElector:
                     continue
             lost()
             return
+
+    def keep_in_background(self, lost: Callable[[], None]) -> None:
+        """Renew from a daemon thread (:meth:`keep`) until :meth:`release`."""
+        self._keeper = threading.Thread(target=self.keep, args=(self._stop_keeping, lost),
+                                        daemon=True, name="lease")
+        self._keeper.start()
+
+    def release(self) -> None:
+        """Stop renewing and give the Lease up, if we still hold it (on a graceful exit).
+
+        Call only once this replica acts no more: the next holder may act at once.
+        """
+        self._stop_keeping.set()
+        if self._keeper is not None:
+            # A renewal in flight could otherwise take the Lease back after the release.
+            self._keeper.join()
+        try:
+            lease = self.kube.get_or_none(self._path)
+            spec = dict((lease or {}).get("spec") or {})
+            if lease is None or spec.get("holderIdentity") != self.identity:
+                return
+            spec.update(holderIdentity="", leaseDurationSeconds=1,
+                        renewTime=_micro_time(self.wall()))
+            spec.pop("acquireTime", None)
+            self.kube.replace(self._path, {**lease, "spec": spec})
+            log.info("released lease %s/%s", self._namespace, self._name)
+        except ApiError as err:
+            # Not fatal: the next replica takes over once the lease runs out.
+            log.warning("could not release lease %s/%s: %s", self._namespace, self._name, err)

@@ -187,6 +187,40 @@ def test_two_replicas_never_both_act(
         second.stop()
 
 
+def test_a_leader_stopped_gracefully_hands_the_lease_on_at_once(
+    cluster: Cluster, kube: KubeClient, namespace: str, api: None, solo: None,
+    tmp_path: Path,
+) -> None:
+    # Leases of 10 minutes: the standby can only lead within the test's deadline if the
+    # leader gives the Lease up when it stops (as a rollout's old replica does).
+    doc = yaml.safe_load(cluster.kubeconfig.read_text())
+    doc["contexts"][0]["context"]["namespace"] = namespace
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump(doc))
+    long_lease = ["--lease-seconds", "600"]
+    first = OperatorProcess(cluster, tmp_path / "first.log", kubeconfig=config, args=long_lease)
+    second = OperatorProcess(cluster, tmp_path / "second.log", kubeconfig=config,
+                             args=long_lease)
+    first.start()
+    try:
+        wait_for(lambda: "leading as" in first.tail(), "the first replica to lead")
+        leader = _holder(kube, namespace)
+        second.start()
+        wait_for(lambda: "standing by" in second.tail(), "the second replica to stand by")
+        first.stop()  # SIGTERM, as the kubelet stops a pod
+        assert "released lease" in first.tail()
+        wait_for(lambda: "leading as" in second.tail(), "the standby to take over", timeout=60)
+        assert _holder(kube, namespace) not in ("", leader)
+        kube.create(tj_path(namespace), training_job("handed", replicas=2, minimum=1))
+        wait_world(kube, namespace, "handed", 2)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nfirst:\n{first.tail(30)}\nsecond:\n{second.tail(30)}"
+                             ) from err
+    finally:
+        first.stop()
+        second.stop()
+
+
 def test_two_gangs_that_cannot_both_fit_end_with_one_running_and_one_holding_no_node(
     cluster: Cluster, kube: KubeClient, namespace: str, operator: OperatorProcess,
     tmp_path: Path,
