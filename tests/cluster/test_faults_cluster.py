@@ -26,8 +26,8 @@ from ringwright.operator.apply.executor import Applier
 from ringwright.operator.observe.cache import Written
 from ringwright.operator.observe.ledger import CapacityLedger
 from ringwright.operator.plan.generations import GENERATION_ANNOTATION
+from ringwright.operator.plan.health.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
 from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
-from ringwright.operator.plan.nodeloss import NOT_READY_TAINT, UNREACHABLE_TAINT
 from ringwright.operator.plan.reconcile import Plan
 from ringwright.runtime.membership.kube_source import KubeMembershipSource
 from ringwright.world import ContractError, World, parse_world, world_configmap_name

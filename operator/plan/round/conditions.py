@@ -5,9 +5,9 @@ from __future__ import annotations
 from ...api.models import ConditionStatus, TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
 from ...api.templates_policy import TEMPLATE_CONDITION, job_violations
-from ..checkpoint_condition import CONDITION as CHECKPOINT_CONDITION
-from ..checkpoint_condition import checkpoint_condition
-from ..nodeloss import CRASH_LOOP, crash_looping
+from ..health.checkpoints import CONDITION as CHECKPOINT_CONDITION
+from ..health.checkpoints import checkpoint_condition
+from ..health.nodeloss import CRASH_LOOP, crash_looping
 from .state import NOTHING, Outcome, Round, SetCondition, event
 from .status import find_condition
 

@@ -8,8 +8,8 @@ from ringwright.world import ReportKind
 from ...api.conditions import rfc3339
 from ...api.models import JobPhase, TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
+from ..health.nodeloss import lost_members, new_container_restarts
 from ..manifests import PS, WORKER
-from ..nodeloss import lost_members, new_container_restarts
 from ..pods import PodState
 from ..types import Event
 from .state import Move, Outcome, Round, event, merged

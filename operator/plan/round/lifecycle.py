@@ -8,7 +8,7 @@ from ringwright.world import World
 
 from ...api.conditions import parse_time, rfc3339
 from ...api.models import CleanPodPolicy, ConditionStatus, JobPhase, TrainingJobStatus
-from ..completion import completion
+from ..health.completion import completion
 from ..pods import PodState
 from ..types import Event
 from .state import NOTHING, Move, Outcome, Round, SetCondition, event, generation_after

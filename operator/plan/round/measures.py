@@ -8,9 +8,9 @@ from ringwright.stragglers import faster_without, slowness
 from ...api.conditions import rfc3339
 from ...api.models import AvoidedNode, SlowMember, TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
-from ..goodput import checkpoint_interval, goodput
+from ..health.goodput import checkpoint_interval, goodput
+from ..health.stragglers import inventory_without, judge, still_avoided
 from ..pods import PodState
-from ..stragglers import inventory_without, judge, still_avoided
 from .state import NOTHING, Outcome, Round, SetCondition, event
 from .status import StatusChange, find_condition
 

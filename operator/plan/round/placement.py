@@ -12,11 +12,11 @@ from ringwright.objects import Obj
 from ...api.conditions import parse_time
 from ...api.models import TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
+from ..health.nodeloss import with_node_loss_tolerations
+from ..health.stragglers import avoiding, inventory_without, still_avoided
 from ..isolation import harden
 from ..manifests import PS, WORKER, pod
-from ..nodeloss import with_node_loss_tolerations
 from ..pods import PodState, PodView
-from ..stragglers import avoiding, inventory_without, still_avoided
 from ..types import Event
 from .state import NOTHING, Outcome, Round, SetCondition, earliest, event, merged
 from .status import StatusChange, WorldChange, world_changed

@@ -21,9 +21,9 @@ from ...api.models import (
     RackMembers,
     TrainingJobStatus,
 )
+from ..health.recovery import recovery
 from ..manifests import procs_per_pod
 from ..pods import PodState, PodView
-from ..recovery import recovery
 from ..worldplan import (
     Candidate,
     build_world,

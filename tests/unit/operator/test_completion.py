@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from ringwright.objects import Obj
-from ringwright.operator.plan.completion import Completion, completion
+from ringwright.operator.plan.health.completion import Completion, completion
 from ringwright.operator.plan.manifests import ROLE_LABEL
 from ringwright.operator.plan.pods import PodState, PodView
 from ringwright.world import Mode

@@ -12,7 +12,7 @@ from ringwright.operator.api.models import GoodputStatus
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.metrics import OperatorMetrics
 from ringwright.operator.observe.job import _reports, _stats
-from ringwright.operator.plan.goodput import checkpoint_interval, goodput
+from ringwright.operator.plan.health.goodput import checkpoint_interval, goodput
 from ringwright.operator.plan.isolation import honest_stats
 from ringwright.operator.plan.reconcile import Observed, plan
 from ringwright.report_seal import seal_stats

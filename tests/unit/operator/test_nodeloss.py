@@ -9,7 +9,7 @@ import pytest
 from ringwright.objects import Obj
 from ringwright.operator.api.conditions import rfc3339
 from ringwright.operator.api.schedulingpolicy import NodeLoss, SchedulingPolicySpec
-from ringwright.operator.plan.nodeloss import (
+from ringwright.operator.plan.health.nodeloss import (
     NOT_READY_TAINT,
     UNREACHABLE_TAINT,
     crash_looping,

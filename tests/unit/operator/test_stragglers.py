@@ -14,8 +14,8 @@ import pytest
 from ringwright.objects import Obj
 from ringwright.operator.api.models import AvoidedNode, SlowMember
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
+from ringwright.operator.plan.health.stragglers import avoiding, judge, still_avoided
 from ringwright.operator.plan.reconcile import Observed, plan
-from ringwright.operator.plan.stragglers import avoiding, judge, still_avoided
 from ringwright.runtime.timekeeping import TimeKeeper
 from ringwright.stragglers import faster_without, slowness
 from ringwright.world import MemberStats

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ringwright.world import Report, ReportKind
 
-from ..api.models import Condition, ConditionStatus
+from ...api.models import Condition, ConditionStatus
 
 CONDITION = "CheckpointFailing"
 

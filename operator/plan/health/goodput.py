@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from ringwright.world import MemberStats, Phase, World
 
-from ..api.models import CheckpointIntervalStatus, GoodputStatus, MemberTime
+from ...api.models import CheckpointIntervalStatus, GoodputStatus, MemberTime
 
 
 def goodput(stats: Mapping[str, MemberStats], previous: GoodputStatus | None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..api.conditions import parse_time
-from ..api.models import RecoveryStatus, TrainingJobStatus
+from ...api.conditions import parse_time
+from ...api.models import RecoveryStatus, TrainingJobStatus
 
 
 def recovery(status: TrainingJobStatus, now: float) -> RecoveryStatus | None:

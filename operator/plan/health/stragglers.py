@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from ringwright.objects import Obj
 from ringwright.stragglers import watch
 
-from ..api.conditions import parse_time
-from ..api.models import AvoidedNode, SlowMember
-from .placement.inventory import Inventory
+from ...api.conditions import parse_time
+from ...api.models import AvoidedNode, SlowMember
+from ..placement.inventory import Inventory
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ringwright.objects import Obj
 
-from .pods import PodState, PodView
+from ..pods import PodState, PodView
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ringwright.world import Mode, World
 
-from .pods import PodState, PodView
+from ..pods import PodState, PodView
 
 RUNNING = frozenset({PodState.READY, PodState.UNREADY})
 
