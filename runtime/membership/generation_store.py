@@ -35,7 +35,13 @@ from ringwright.world import World
 
 from ..collectives.backend import CollectiveError, RankTaken, Superseded
 from ..settings import RuntimeSettings
-from .liveness import Heartbeat, LagListener, PeerFailure, heartbeat_key
+from .liveness import (
+    Heartbeat,
+    LagListener,
+    PeerFailure,
+    heartbeat_key,
+    request_timeout_s,
+)
 from .signed_store import ForgedValue, SignedStore, generation_key
 
 WAIT_SLICE_S = 0.2
@@ -223,15 +229,36 @@ class GenerationStores:
                                  superseded=superseded, clock=clock)
         store = generation_store(raw, world, s.join_token.get_secret_value().encode())
         self._stores = [raw, store]
+        beats = self._beat_connection(world) if on_failure is not None else None
         join_barrier(store, rank, world.size, deadline=deadline, superseded=superseded,
                      clock=clock)
         if on_failure is not None:
             self._heartbeat = Heartbeat(
                 lambda timeout_s: self._connect(world, timeout_s), world, rank,
                 interval_s=s.heartbeat_interval_s, detect_s=s.failure_detect_s,
-                on_failure=on_failure, on_lag=self._on_lag, clock=clock)
+                on_failure=on_failure, on_lag=self._on_lag, clock=clock, store=beats)
             self._heartbeat.start()
         return store
+
+    def _beat_connection(self, world: World) -> Store | None:
+        """The heartbeat's own connection, opened before the barrier.
+
+        Opened by the first beat, right after the barrier, it came when every member
+        opens one at once while the library forms its group, and on a loaded machine
+        a new connection to the store took seconds (the client's connect/validate
+        timing out and retrying; the constructor can outlast its timeout): the first
+        beats went out late or the request stayed unanswered for ``failure_detect_s``,
+        and healthy members were named dead ("last beat 0", or the store's host for a
+        store that "did not answer"). Before the barrier a slow connection only delays
+        this member's arrival, which its peers wait for anyway. None when it fails: the
+        first beat tries again.
+        """
+        s = self._settings
+        try:
+            return self._connect(world, request_timeout_s(s.failure_detect_s,
+                                                          s.heartbeat_interval_s))
+        except dist.DistError:
+            return None
 
     def release(self, *, left_cleanly: bool = False) -> None:
         """Stop heartbeating and drop this generation's connections (the server, if hosted,

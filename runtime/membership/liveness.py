@@ -177,12 +177,21 @@ def read_delay(interval_s: float) -> float:
     return min(interval_s / 5, 0.1)
 
 
+def request_timeout_s(detect_s: float, interval_s: float) -> float:
+    """Timeout of the heartbeat's connection and of each of its requests."""
+    return max(detect_s / 3, interval_s)
+
+
 class Heartbeat:
     """Beats for this member and watches its peers, on two daemon threads.
 
     One thread talks to the store; the other judges. A store request to a frozen
     host may block far beyond its timeout (the client retries), so the judge counts
     a request left unanswered for ``failure_detect_s`` as the store failing.
+
+    ``store``: the heartbeat's connection, opened beforehand (see
+    :meth:`~ringwright.runtime.membership.generation_store.GenerationStores.meet`);
+    None: the first beat opens it, and opens it again after a failed request.
     """
 
     def __init__(
@@ -197,6 +206,7 @@ class Heartbeat:
         on_lag: LagListener | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        store: Store | None = None,
     ) -> None:
         self._connect = connect
         self._world = world
@@ -211,7 +221,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._tracker = LivenessTracker(world.size, rank, detect_s, clock())
         self._asking_since: float | None = None
-        self._store: Store | None = None
+        self._store: Store | None = store
         self._threads = [
             threading.Thread(target=self._beat, daemon=True,
                              name=f"ringwright-heartbeat-{world.generation}"),
@@ -251,7 +261,7 @@ class Heartbeat:
         self._store = None
 
     def _timeout(self) -> float:
-        return max(self._detect_s / 3, self._interval)
+        return request_timeout_s(self._detect_s, self._interval)
 
     def _beat(self) -> None:
         peers = [r for r in range(self._world.size) if r != self._rank]

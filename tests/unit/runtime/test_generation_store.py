@@ -152,3 +152,31 @@ def test_the_torch_backend_rebuilds_its_group_for_each_generation() -> None:
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     finally:
         backend.close()
+
+
+def test_the_heartbeat_connection_is_opened_before_the_barrier(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every member opens it while it waits for its peers, not right after the barrier
+    when all open one at once (see GenerationStores._beat_connection)."""
+    from ringwright.runtime.membership import generation_store as module
+
+    stores = module.GenerationStores(RuntimeSettings(join_token="t"))
+    opened: list[str] = []
+    real_connect = stores._connect
+
+    def connect(w: World, timeout_s: float) -> object:
+        opened.append("connection")
+        return real_connect(w, timeout_s)
+
+    def barrier(*args: object, **kwargs: object) -> None:
+        opened.append("barrier")
+
+    monkeypatch.setattr(stores, "_connect", connect)
+    monkeypatch.setattr(module, "join_barrier", barrier)
+    try:
+        stores.meet(world(0), 0, never, on_failure=lambda f: None)
+        time.sleep(1.5)  # a few beats: none opens another connection
+        seen = list(opened)
+    finally:
+        stores.close()
+    assert seen == ["connection", "barrier"]

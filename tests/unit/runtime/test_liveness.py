@@ -222,3 +222,33 @@ def test_abort_shuts_down_only_the_connections_opened_while_forming() -> None:
     finally:
         for s in (listener, keep, group, group_peer, later):
             s.close()
+
+
+def test_a_heartbeat_given_its_connection_beats_on_it_without_connecting(
+        server: TCPStore) -> None:
+    """The connection opened before the barrier carries the beats from the first one:
+    a new connection right after the barrier, when every member opens one while the
+    library forms its group, took seconds on a loaded machine."""
+    w = world(2, server.port)
+    prefixed = PrefixStore("e/", server)
+    for rank in range(2):
+        prefixed.set(heartbeat_key(rank), "0")
+    opened = PrefixStore("e/", TCPStore("127.0.0.1", server.port, None, False,
+                                        timedelta(seconds=5), wait_for_workers=False))
+    connects: list[float] = []
+
+    def connect(timeout_s: float) -> Store:
+        connects.append(timeout_s)
+        raise RuntimeError("no new connection in this test")
+
+    beat = Heartbeat(connect, w, 0, interval_s=0.05, detect_s=60.0,
+                     on_failure=lambda f: None, store=opened)
+    beat.start()
+    try:
+        deadline = time.monotonic() + 8.0
+        while prefixed.get(heartbeat_key(0)) == b"0" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert prefixed.get(heartbeat_key(0)) != b"0", "no beat on the given connection"
+    finally:
+        beat.stop(left_cleanly=False)
+    assert connects == []
