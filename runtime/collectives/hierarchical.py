@@ -127,12 +127,16 @@ class RackGroups:
         self.plan = plan
         self.rank = rank
         self.piece_bytes = piece_bytes
-        # Subgroups get the library's default timeout (minutes) unless told: a member
-        # whose partner left the step must give up as quickly as in the default group.
+        # Subgroups get the library's default timeout (minutes) unless told: their
+        # connections form within ``timeout`` (the group init's), as the default group's
+        # do; the backend then gives their collectives the default group's timeout.
         scatter_groups = {rack: _group(rack, timeout) for rack in plan.racks}
         share_groups = {rack: _group(rack, timeout) for rack in plan.racks}
         cross_groups = [[_group(plan.cross(j), timeout) for _ in range(lanes)]
                         for j in range(plan.shards)]
+        self._groups = [g for g in (*scatter_groups.values(), *share_groups.values(),
+                                    *(g for lane in cross_groups for g in lane))
+                        if g is not None]
         self._rack = plan.rack_of(rank)
         self._scatter_group = scatter_groups[self._rack]
         self._share_group = share_groups[self._rack]
@@ -141,6 +145,11 @@ class RackGroups:
         self._cross_lanes = cross_groups[local] if self._shard is not None else []
         # Pieces on the spine before the oldest is shared: two per lane run at once.
         self._lag = 2 * lanes - 1
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The timeout of this rank's rack and cross-rack groups' later collectives."""
+        for group in self._groups:
+            group.set_timeout(timeout)
 
     def allreduce_(self, flat: torch.Tensor) -> None:
         """Sum ``flat`` (one contiguous tensor) over the world, in place."""

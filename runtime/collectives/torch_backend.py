@@ -127,7 +127,10 @@ class TorchDistributedBackend:
             plan = rack_plan(world, self.name)
             # The rack groups connect now, before the group counts as formed, so an
             # abort shuts their connections down with the default group's.
-            self._racks = (RackGroups(plan, rank, timedelta(seconds=s.collective_timeout_s))
+            # Bounded like the default group's init: a peer that left after the barrier
+            # must not keep the others in the subgroups' connection mesh for the long
+            # collective timeout.
+            self._racks = (RackGroups(plan, rank, timedelta(seconds=s.group_init_timeout_s))
                            if plan is not None else None)
             with self._lock:
                 if self._sockets is not None:
@@ -137,6 +140,8 @@ class TorchDistributedBackend:
                 raise CollectiveError(f"group aborted while forming: {aborted}")
             # Forming is bounded tightly; a collective may wait for a slow peer long.
             _default_group().set_timeout(timedelta(seconds=s.collective_timeout_s))
+            if self._racks is not None:
+                self._racks.set_timeout(timedelta(seconds=s.collective_timeout_s))
         log_event(_log, logging.INFO, "group_formed", backend=self.name,
                   generation=world.generation, rank=rank, size=world.size,
                   racks=len(plan.racks) if plan else 1, hierarchical=plan is not None,
