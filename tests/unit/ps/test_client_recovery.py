@@ -4,6 +4,7 @@ only when the primary is really gone, and loses no gradient it pushed."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 
@@ -44,6 +45,17 @@ class GatedServer(ParameterServer):
         return super().push(header, tensors)
 
 
+def _reserve(port: int) -> socket.socket:
+    """A socket that holds ``port`` on loopback, never listening (a connection there is
+    refused while its server is stopped). SO_REUSEPORT without SO_REUSEADDR: only
+    another SO_REUSEPORT socket of this user may bind the port beside it (gRPC's servers
+    set it), and the kernel hands it to no ``bind(0)`` or ``connect``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
 class Servers:
     """Two parameter servers on loopback that the test stops and starts."""
 
@@ -55,7 +67,13 @@ class Servers:
             server, port = serve(ps, "127.0.0.1:0")
             self.running.append(server)
             self.ports.append(port)
+        # A stopped server's port stays this fixture's until it serves again: the
+        # system would hand a freed port to any other socket on the machine (in a full
+        # run one took it within the 1.5 s a server was down, and the restart failed
+        # to bind). A PS pod's port is its own, in its own network namespace.
+        self.reserved = [_reserve(port) for port in self.ports]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+        self.start_failed: list[Exception] = []
         self.replicators = [Replicator(ps, 2) for ps in self.ps]
 
     def stop(self, i: int) -> None:
@@ -67,6 +85,21 @@ class Servers:
     def start(self, i: int) -> None:
         """Serve the same state on the same port again (a network blip, not a restart)."""
         self.running[i] = serve(self.ps[i], self.addresses[i])[0]
+
+    def start_later(self, i: int, delay: float) -> threading.Timer:
+        """:meth:`start` server ``i`` after ``delay`` s on a timer (started); how that
+        failed, if it did, is kept for the fixture to raise: the client only sees a
+        server that stays unreachable."""
+
+        def start() -> None:
+            try:
+                self.start(i)
+            except Exception as exc:
+                self.start_failed.append(exc)
+
+        timer = threading.Timer(delay, start)
+        timer.start()
+        return timer
 
     def replicate(self) -> None:
         for i, replicator in enumerate(self.replicators):
@@ -82,6 +115,8 @@ class Servers:
         for server in self.running:
             if server is not None:
                 server.stop(0)
+        for sock in self.reserved:
+            sock.close()
 
 
 class StagingClient(PSClient):
@@ -103,6 +138,8 @@ def servers() -> Iterator[Servers]:
     s = Servers()
     yield s
     s.close()
+    if s.start_failed:
+        raise RuntimeError("a stopped server could not serve again") from s.start_failed[0]
 
 
 PARAMS = {"w": torch.randn(300_000, generator=torch.Generator().manual_seed(0)),
@@ -182,18 +219,13 @@ def test_a_slow_sync_pull_is_waited_for_not_failed_over(servers: Servers) -> Non
     other.close()
 
 
-@pytest.mark.flaky(reruns=2, reason=(
-    "once in a full run under load the restarted backup was still UNAVAILABLE after the "
-    "client's 30 s deadline; whether the server's restart on its old port or the client's "
-    "retry is at fault is not yet found"))
 def test_a_backup_briefly_unreachable_right_after_a_failover_is_waited_for(
         servers: Servers) -> None:
     client = _client(servers, ASYNC)
     servers.stop(0)
     assert _push(client) == {"apply"}  # fails over shard 0 to ps 1
     servers.stop(1)
-    restart = threading.Timer(1.5, lambda: servers.start(1))
-    restart.start()
+    restart = servers.start_later(1, 1.5)
     assert _push(client) == {"apply"}  # route already at the backup, and it is down
     restart.join()
     assert torch.allclose(client.pull({}).dense["w"], PARAMS["w"] - 1.0)
