@@ -111,18 +111,26 @@ class BaselineFailed(RuntimeError):
     """A peer failed at something it is built for: the benchmark's numbers are void."""
 
 
-def wait_until(what: str, probe: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    """Poll ``probe`` until true; TimeoutError after ``timeout`` seconds."""
+def wait_until(what: str, probe: Callable[[], bool], timeout: float = WAIT_S,
+               interval: float = 0.05) -> None:
+    """Poll ``probe`` every ``interval`` seconds until true; TimeoutError after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not probe():
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(interval)
 
 
 def steps_done(trace_dir: Path) -> int:
     """Highest completed step any worker has recorded."""
     return max((r["step"] for _, r in Traces.load(trace_dir).events("stepped")), default=0)
+
+
+def trained_on(trace_dir: Path, steps: int, interval: float = 0.05) -> None:
+    """Wait until ``steps`` more steps than now were completed (training went on)."""
+    target = steps_done(trace_dir) + steps
+    wait_until(f"step {target}", lambda: steps_done(trace_dir) >= target, WAIT_S, interval)
 
 
 def first_step_at(trace_dir: Path, size: int, after: float = 0.0) -> float | None:
@@ -143,6 +151,44 @@ def time_to_size(trace_dir: Path, size: int, since: float, timeout: float
     done = first_step_at(trace_dir, size, since)
     assert done is not None
     return done - since
+
+
+def shrink_and_heal(trace_dir: Path, since: float, timeout: float = WAIT_S,
+                    interval: float = 0.05) -> tuple[float, float]:
+    """Seconds from ``since`` (a member of a world of 4 lost) to the first step completed
+    by a world of 3, and to the first step completed by a world of 4 after that one.
+    BaselineFailed when either never comes within ``timeout``, or when a new world of 4
+    trained before any world of 3 did (the lost member was back before the others
+    re-formed without it: there is no figure to the smaller world)."""
+    def generation_before() -> int:
+        return max((r["generation"] for _, r in Traces.load(trace_dir).events("stepped")
+                    if r["t"] <= since), default=-1)
+
+    old = generation_before()
+
+    def shrunk_or_skipped() -> bool:
+        stepped = Traces.load(trace_dir).events("stepped")
+        return any(r["t"] > since and (r["size"] == 3 or r["generation"] > old)
+                   for _, r in stepped)
+
+    try:
+        wait_until("a step by a new world", shrunk_or_skipped, timeout, interval)
+    except TimeoutError as err:
+        raise BaselineFailed(f"no new world trained within {timeout:.0f} s of the fault; "
+                             f"traces in {trace_dir}") from err
+    at_three = first_step_at(trace_dir, 3, since)
+    if at_three is None:
+        raise BaselineFailed(f"a new world of 4 trained before any world of 3 (the lost "
+                             f"member rejoined first); traces in {trace_dir}")
+    try:
+        wait_until("a step by a world of 4 again",
+                   lambda: first_step_at(trace_dir, 4, at_three) is not None, timeout, interval)
+    except TimeoutError as err:
+        raise BaselineFailed(f"no world of 4 trained within {timeout:.0f} s of the world "
+                             f"of 3; traces in {trace_dir}") from err
+    healed = first_step_at(trace_dir, 4, at_three)
+    assert healed is not None
+    return at_three - since, healed - since
 
 
 def losses(trace_dir: Path) -> tuple[int, int]:

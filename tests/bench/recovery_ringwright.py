@@ -10,10 +10,12 @@ else changes: whatever the runtime does to detect failures is what gets measured
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,10 +33,12 @@ from tests.bench.recovery_common import (
     Outcome,
     losses,
     node_network,
+    shrink_and_heal,
     steps_done,
     straggler_env,
     straggler_outcome,
     time_to_size,
+    trained_on,
     wait_until,
 )
 from tests.runtime.elastic_traces import Traces
@@ -69,9 +73,9 @@ class ClusterStyleJob(LocalJob):
 
     def __init__(self, workdir: Path, env: dict[str, str],
                  network: PodNetwork | None = None, procs_per_pod: int = 1,
-                 restart: bool = False) -> None:
+                 restart: bool = False, settle_s: float = 0.3) -> None:
         super().__init__([sys.executable, str(WORKER)], workdir, env=env, network=network,
-                         procs_per_pod=procs_per_pod, restart=restart)
+                         procs_per_pod=procs_per_pod, restart=restart, settle_s=settle_s)
         self.trace_dir = workdir / "trace"
 
     def __enter__(self) -> ClusterStyleJob:
@@ -187,3 +191,25 @@ def pod_kill(workdir: Path, pods: int, procs_per_pod: int) -> tuple[float, float
             raise BaselineFailed(f"{pods} pods x {procs_per_pod} ranks never trained at "
                                  f"{ranks} ranks again; logs in {workdir}")
     return down, back
+
+
+def container_kill(workdir: Path, victims: Sequence[int], settle_s: float,
+                   interval: float) -> list[tuple[float, float, float]]:
+    """SIGKILL the process of the member of rank ``victims[i]`` of a world of 4, once
+    per trial; it is started again under its name and address (``restart``, as the
+    kubelet restarts a crashed container) and rejoins. Per trial: seconds from the signal
+    to the first step by a world of 3 and by a world of 4 again, and the 1-minute load
+    average at the signal. The next trial waits for :data:`KILL_AT_STEP` more steps."""
+    trials = []
+    with ClusterStyleJob(workdir, _env(workdir, "torch"), restart=True,
+                         settle_s=settle_s) as job:
+        _started(job, 4)
+        for rank in victims:
+            pod = job.world.members[rank].pod
+            load = os.getloadavg()[0]
+            since = time.time()
+            job.kill(pod, signal.SIGKILL)
+            down, back = shrink_and_heal(job.trace_dir, since, WAIT_S, interval)
+            trials.append((down, back, load))
+            trained_on(job.trace_dir, KILL_AT_STEP, interval)
+    return trials
