@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -71,8 +72,10 @@ from ringwright.objects import Obj  # noqa: E402
 from ringwright.world import World  # noqa: E402
 from tests.bench import recovery_ringwright  # noqa: E402
 from tests.bench.recovery_common import (  # noqa: E402
+    IN_PLACE,
     KILL_AT_STEP,
     PG_TIMEOUT_S,
+    REPLACED,
     WAIT_S,
     WORKLOAD,
     BaselineFailed,
@@ -99,9 +102,9 @@ START_S = 900.0
 loaded machine."""
 SETTLE_S = float(FAST["RINGWRIGHT_SETTLE_SECONDS"])
 
-Trial = tuple[float, float, float]
-"""Seconds to the world of 3, to the world of 4 again, and the 1-minute load average at
-the signal."""
+Trial = tuple[float, float, float, str]
+"""Seconds to the world of 3, to the world of 4 again, the 1-minute load average at the
+signal, and how the world became whole: :data:`IN_PLACE` or :data:`REPLACED`."""
 
 
 def job_manifest(policy: str = "default") -> Obj:
@@ -146,14 +149,18 @@ def cluster_trials(kube: KubeClient, namespace: str, trace_dir: Path, trials: in
         world = world_of(kube, namespace, 4)
         if world is None:
             raise BaselineFailed(f"the world is not whole before trial {i + 1}")
-        victim = next(m.pod for m in world.members if m.rank == VICTIMS[i % len(VICTIMS)])
+        victim = next(m for m in world.members if m.rank == VICTIMS[i % len(VICTIMS)])
         load = os.getloadavg()[0]
         since = time.time()
-        kill(victim)
+        kill(victim.pod)
         down, back = shrink_and_heal(trace_dir, since, WAIT_S, POLL_S)
-        got.append((down, back, load))
-        print(f"  trial {i + 1}: {victim} -> 3 in {down:.2f} s, -> 4 in {back:.2f} s "
-              f"(load {load:.1f})", flush=True)
+        healed = world_of(kube, namespace, 4)
+        # The operator replaces a member its peers name dead before it is back.
+        how = IN_PLACE if healed is not None and (victim.pod, victim.pod_uid) in {
+            (m.pod, m.pod_uid) for m in healed.members} else REPLACED
+        got.append((down, back, load, how))
+        print(f"  trial {i + 1}: {victim.pod} -> 3 in {down:.2f} s, -> 4 in {back:.2f} s, "
+              f"{how} (load {load:.1f})", flush=True)
         trained_on(trace_dir, KILL_AT_STEP, POLL_S)
     return got
 
@@ -246,7 +253,7 @@ def spread(values: Sequence[float]) -> str:
 def report(results: dict[str, list[Trial] | str], started: str, command: str) -> None:
     """The table: per path, median and range of both figures and the load at the signals."""
     head = f"{'path':24}{'trials':>7}{'kill -> step at 3':>28}{'kill -> step at 4':>28}" \
-           f"{'load (1 min)':>16}"
+           f"{'load (1 min)':>16}   back at 4 by"
     print(f"\n{started}; {command}\n{os.cpu_count()} CPUs; collective timeout "
           f"{PG_TIMEOUT_S:.0f} s; settle {SETTLE_S} s; commit every "
           f"{WORKLOAD['COMMIT_EVERY']} steps\n\n{head}\n{'-' * len(head)}")
@@ -255,9 +262,10 @@ def report(results: dict[str, list[Trial] | str], started: str, command: str) ->
             print(f"{PATHS[path]:24}{got:>7}")
             continue
         loads = [t[2] for t in got]
+        hows = ", ".join(f"{n} {how}" for how, n in Counter(t[3] for t in got).items())
         print(f"{PATHS[path]:24}{len(got):>7}{spread([t[0] for t in got]):>28}"
               f"{spread([t[1] for t in got]):>28}"
-              f"{f'{min(loads):.1f}-{max(loads):.1f}':>16}")
+              f"{f'{min(loads):.1f}-{max(loads):.1f}':>16}   {hows}")
 
 
 def main(argv: list[str] | None = None) -> int:

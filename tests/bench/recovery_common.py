@@ -55,6 +55,12 @@ STEPS_AFTER = 10
 WAIT_S = 300.0
 """Bound for things that must happen (start-up, a baseline's SIGKILL recovery or join)."""
 
+IN_PLACE = "restarted in its pod"
+REPLACED = "pod replaced"
+"""How a killed member's place is filled again: its container (process) started again
+in the same pod, or a new pod (an operator replaces a member that its peers named dead
+before it was back)."""
+
 FAULT_WAIT_S = 2 * PG_TIMEOUT_S + 60.0
 """Bound for a recovery from a silent fault (SIGSTOP, straggler): past it the system
 did not survive the fault, which is a result, not a harness failure."""

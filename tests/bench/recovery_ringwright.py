@@ -24,6 +24,7 @@ from ringwright.runtime.local.pods import LocalPod, PodNetwork
 from ringwright.runtime.settings import SettingsEnv
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
+    IN_PLACE,
     KILL_AT_STEP,
     PG_TIMEOUT_S,
     VICTIM,
@@ -194,12 +195,14 @@ def pod_kill(workdir: Path, pods: int, procs_per_pod: int) -> tuple[float, float
 
 
 def container_kill(workdir: Path, victims: Sequence[int], settle_s: float,
-                   interval: float) -> list[tuple[float, float, float]]:
+                   interval: float) -> list[tuple[float, float, float, str]]:
     """SIGKILL the process of the member of rank ``victims[i]`` of a world of 4, once
     per trial; it is started again under its name and address (``restart``, as the
     kubelet restarts a crashed container) and rejoins. Per trial: seconds from the signal
-    to the first step by a world of 3 and by a world of 4 again, and the 1-minute load
-    average at the signal. The next trial waits for :data:`KILL_AT_STEP` more steps."""
+    to the first step by a world of 3 and by a world of 4 again, the 1-minute load
+    average at the signal, and how the world became whole (the launcher replaces no
+    pod: always the restarted process). The next trial waits for :data:`KILL_AT_STEP`
+    more steps."""
     trials = []
     with ClusterStyleJob(workdir, _env(workdir, "torch"), restart=True,
                          settle_s=settle_s) as job:
@@ -210,6 +213,6 @@ def container_kill(workdir: Path, victims: Sequence[int], settle_s: float,
             since = time.time()
             job.kill(pod, signal.SIGKILL)
             down, back = shrink_and_heal(job.trace_dir, since, WAIT_S, interval)
-            trials.append((down, back, load))
+            trials.append((down, back, load, IN_PLACE))
             trained_on(job.trace_dir, KILL_AT_STEP, interval)
     return trials
