@@ -27,9 +27,10 @@ image carries no tests, so the worker is staged in that folder too).
 * ``local``: the local launcher, restarting the process under its name; it learns of
   a death from the survivors only (``recovery_ringwright.ClusterStyleJob``).
 
-Trials kill a different member each time (ranks :data:`VICTIMS`): the kubelet delays
-the second restart of one container by 10 s (its crash-loop back-off), which would be
-measured instead of the recovery. A path that fails makes the bench exit 1.
+Trials kill a different pod each time while there is one not hit yet
+(:func:`recovery_common.next_victim`): the kubelet delays the second restart of one
+container by 10 s (its crash-loop back-off), which would be measured instead of the
+recovery. A path that fails makes the bench exit 1.
 
     python tests/bench/bench_recovery_paths.py [--paths local,podhost,realnode] [--trials 2]
 """
@@ -79,6 +80,7 @@ from tests.bench.recovery_common import (  # noqa: E402
     WAIT_S,
     WORKLOAD,
     BaselineFailed,
+    next_victim,
     shrink_and_heal,
     steps_done,
     trained_on,
@@ -91,8 +93,6 @@ from tests.realnode.test_example_job import hostpath_policy  # noqa: E402
 
 PATHS = {"realnode": "real nodes (kubelet)", "podhost": "KWOK + pod host",
          "local": "local launcher"}
-VICTIMS = (2, 1, 3)
-"""The rank of the first world of 4 that trial i kills (cycled): a different pod each."""
 JOB = "bench-recovery"
 POLL_S = 0.5
 """How often the bench reads the traces: the figures come from the traces' own stamps,
@@ -145,11 +145,13 @@ def cluster_trials(kube: KubeClient, namespace: str, trace_dir: Path, trials: in
                lambda: world_of(kube, namespace, 4) is not None
                and steps_done(trace_dir) >= KILL_AT_STEP, START_S, POLL_S)
     got = []
+    killed: set[str] = set()
     for i in range(trials):
         world = world_of(kube, namespace, 4)
         if world is None:
             raise BaselineFailed(f"the world is not whole before trial {i + 1}")
-        victim = next(m for m in world.members if m.rank == VICTIMS[i % len(VICTIMS)])
+        victim = next_victim(world, killed)
+        killed.add(victim.pod)
         load = os.getloadavg()[0]
         since = time.time()
         kill(victim.pod)
@@ -283,7 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workdir {work}", flush=True)
     results: dict[str, list[Trial] | str] = {}
     failed = []
-    victims = [VICTIMS[i % len(VICTIMS)] for i in range(args.trials)]
     with contextlib.ExitStack() as stack:
         cluster: Cluster | None = None
         for path in paths:
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if path == "local":
                     results[path] = recovery_ringwright.container_kill(
-                        work / "local", victims, SETTLE_S, POLL_S)
+                        work / "local", args.trials, SETTLE_S, POLL_S)
                     continue
                 if cluster is None:
                     cluster = stack.enter_context(operated_cluster(work))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ringwright.world import Member, World
 from tests.runtime import netns
 from tests.runtime.elastic_traces import Traces
 
@@ -87,6 +88,14 @@ def node_network() -> Iterator[netns.NamespacedPods]:
         yield nodes
     finally:
         nodes.close()
+
+
+def next_victim(world: World, killed: set[str]) -> Member:
+    """The member of ``world`` that the next of several kills hits: rank VICTIM's, or,
+    once its pod was hit, the lowest rank whose pod was not (a kubelet delays a second
+    restart of one container by 10 s, its crash-loop back-off, which a figure must not
+    include); the lowest rank when every pod was hit."""
+    return min(world.members, key=lambda m: (m.pod in killed, m.rank != VICTIM, m.rank))
 
 
 def straggler_env(workdir: Path) -> dict[str, str]:

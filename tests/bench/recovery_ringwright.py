@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,6 +32,7 @@ from tests.bench.recovery_common import (
     BaselineFailed,
     Outcome,
     losses,
+    next_victim,
     node_network,
     shrink_and_heal,
     steps_done,
@@ -194,25 +194,27 @@ def pod_kill(workdir: Path, pods: int, procs_per_pod: int) -> tuple[float, float
     return down, back
 
 
-def container_kill(workdir: Path, victims: Sequence[int], settle_s: float,
+def container_kill(workdir: Path, trials: int, settle_s: float,
                    interval: float) -> list[tuple[float, float, float, str]]:
-    """SIGKILL the process of the member of rank ``victims[i]`` of a world of 4, once
+    """SIGKILL the process of one member of a world of 4 (:func:`next_victim`), once
     per trial; it is started again under its name and address (``restart``, as the
     kubelet restarts a crashed container) and rejoins. Per trial: seconds from the signal
     to the first step by a world of 3 and by a world of 4 again, the 1-minute load
     average at the signal, and how the world became whole (the launcher replaces no
     pod: always the restarted process). The next trial waits for :data:`KILL_AT_STEP`
     more steps."""
-    trials = []
+    got: list[tuple[float, float, float, str]] = []
+    killed: set[str] = set()
     with ClusterStyleJob(workdir, _env(workdir, "torch"), restart=True,
                          settle_s=settle_s) as job:
         _started(job, 4)
-        for rank in victims:
-            pod = job.world.members[rank].pod
+        for _ in range(trials):
+            pod = next_victim(job.world, killed).pod
+            killed.add(pod)
             load = os.getloadavg()[0]
             since = time.time()
             job.kill(pod, signal.SIGKILL)
             down, back = shrink_and_heal(job.trace_dir, since, WAIT_S, interval)
-            trials.append((down, back, load, IN_PLACE))
+            got.append((down, back, load, IN_PLACE))
             trained_on(job.trace_dir, KILL_AT_STEP, interval)
-    return trials
+    return got
