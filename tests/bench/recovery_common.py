@@ -91,11 +91,12 @@ def node_network() -> Iterator[netns.NamespacedPods]:
 
 
 def next_victim(world: World, killed: set[str]) -> Member:
-    """The member of ``world`` that the next of several kills hits: rank VICTIM's, or,
-    once its pod was hit, the lowest rank whose pod was not (a kubelet delays a second
-    restart of one container by 10 s, its crash-loop back-off, which a figure must not
-    include); the lowest rank when every pod was hit."""
-    return min(world.members, key=lambda m: (m.pod in killed, m.rank != VICTIM, m.rank))
+    """The member of ``world`` that the next of several kills hits: never the one that
+    hosts the world's store (losing it is another fault), rank VICTIM's, or, once its
+    pod was hit, the lowest rank whose pod was not (a kubelet delays a second restart of
+    one container by 10 s, its crash-loop back-off, which a figure must not include)."""
+    return min((m for m in world.members if m.ip != world.store.address),
+               key=lambda m: (m.pod in killed, m.rank != VICTIM, m.rank))
 
 
 def straggler_env(workdir: Path) -> dict[str, str]:
