@@ -82,9 +82,8 @@ from tests.bench.recovery_common import (  # noqa: E402
     BaselineFailed,
     next_victim,
     shrink_and_heal,
-    steps_done,
-    trained_on,
     wait_until,
+    whole_and_training,
 )
 from tests.e2e.test_elastic_job import WORKER, HostThread  # noqa: E402
 from tests.jobs import FAST, OperatorProcess, fresh_namespace, tj_path, training_job  # noqa: E402
@@ -139,17 +138,13 @@ def world_of(kube: KubeClient, namespace: str, size: int) -> World | None:
 
 def cluster_trials(kube: KubeClient, namespace: str, trace_dir: Path, trials: int,
                    kill: Callable[[str], None]) -> list[Trial]:
-    """Wait for the job's world of 4 to train, then per trial ``kill`` one member's
+    """Per trial, once the job's world of 4 trains steadily, ``kill`` one member's
     training process and time the recovery (:func:`shrink_and_heal`)."""
-    wait_until("a world of 4 training",
-               lambda: world_of(kube, namespace, 4) is not None
-               and steps_done(trace_dir) >= KILL_AT_STEP, START_S, POLL_S)
     got = []
     killed: set[str] = set()
     for i in range(trials):
-        world = world_of(kube, namespace, 4)
-        if world is None:
-            raise BaselineFailed(f"the world is not whole before trial {i + 1}")
+        world = whole_and_training(trace_dir, lambda: world_of(kube, namespace, 4),
+                                   KILL_AT_STEP, START_S if i == 0 else WAIT_S, POLL_S)
         victim = next_victim(world, killed)
         killed.add(victim.pod)
         load = os.getloadavg()[0]
@@ -163,7 +158,6 @@ def cluster_trials(kube: KubeClient, namespace: str, trace_dir: Path, trials: in
         got.append((down, back, load, how))
         print(f"  trial {i + 1}: {victim.pod} -> 3 in {down:.2f} s, -> 4 in {back:.2f} s, "
               f"{how} (load {load:.1f})", flush=True)
-        trained_on(trace_dir, KILL_AT_STEP, POLL_S)
     return got
 
 

@@ -143,6 +143,27 @@ def steps_done(trace_dir: Path) -> int:
     return max((r["step"] for _, r in Traces.load(trace_dir).events("stepped")), default=0)
 
 
+def whole_and_training(trace_dir: Path, whole: Callable[[], World | None], steps: int,
+                       timeout: float = WAIT_S, interval: float = 0.05) -> World:
+    """Wait until the world that ``whole`` returns (None while the job's world is not
+    whole) trained: every member completed a step in it, then ``steps`` more steps were
+    completed with no other world published meanwhile. That world: a fault injected
+    now hits steady training, not a world still forming (start-up publishes several)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        def trained() -> bool:
+            world = whole()
+            return world is not None and \
+                {m.pod for m in world.members} <= Traces.load(trace_dir).trained(world.generation)
+
+        wait_until("a whole world training", trained, deadline - time.monotonic(), interval)
+        world = whole()
+        trained_on(trace_dir, steps, interval)
+        now = whole()
+        if world is not None and now is not None and now.generation == world.generation:
+            return now
+
+
 def trained_on(trace_dir: Path, steps: int, interval: float = 0.05) -> None:
     """Wait until ``steps`` more steps than now were completed (training went on)."""
     target = steps_done(trace_dir) + steps

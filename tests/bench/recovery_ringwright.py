@@ -39,8 +39,8 @@ from tests.bench.recovery_common import (
     straggler_env,
     straggler_outcome,
     time_to_size,
-    trained_on,
     wait_until,
+    whole_and_training,
 )
 from tests.runtime.elastic_traces import Traces
 
@@ -207,14 +207,15 @@ def container_kill(workdir: Path, trials: int, settle_s: float,
     killed: set[str] = set()
     with ClusterStyleJob(workdir, _env(workdir, "torch"), restart=True,
                          settle_s=settle_s) as job:
-        _started(job, 4)
+        job.start(4)
         for _ in range(trials):
-            pod = next_victim(job.world, killed).pod
+            world = whole_and_training(job.trace_dir, lambda: job.world if job.world.size == 4
+                                       else None, KILL_AT_STEP, WAIT_S, interval)
+            pod = next_victim(world, killed).pod
             killed.add(pod)
             load = os.getloadavg()[0]
             since = time.time()
             job.kill(pod, signal.SIGKILL)
             down, back = shrink_and_heal(job.trace_dir, since, WAIT_S, interval)
             got.append((down, back, load, IN_PLACE))
-            trained_on(job.trace_dir, KILL_AT_STEP, interval)
     return got
