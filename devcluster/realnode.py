@@ -49,7 +49,7 @@ from .versions import cache_root
 
 __all__ = [
     "APT_PACKAGES", "REAL_NODE_LABEL", "RealNodeError", "RealNodeSet", "RealNodeSpec",
-    "missing_requirements", "node_ready", "pause_image", "requirements_message",
+    "container_pids", "missing_requirements", "node_ready", "pause_image", "requirements_message",
     "start_real_nodes", "stop_real_nodes", "sweep_stale_real_nodes",
 ]
 
@@ -102,6 +102,26 @@ def pause_image() -> str:
     """The local image real nodes hold: sandbox image and test image at once (its
     ``/pause`` prints ``uid=... gid=...`` given ``id``, or echoes ``echo ...``)."""
     return image.image_ref()
+
+
+def container_pids(pod: Obj, container: int = 0, proc: Path = Path("/proc")) -> list[int]:
+    """The host's ids of the processes of ``pod``'s container number ``container``, on
+    a real node of this machine (none before it runs): the runtime's container id names
+    the process's cgroup. A test or a benchmark signals them to crash a container
+    without touching its pod, as a fault inside it would."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    if len(statuses) <= container or not statuses[container].get("containerID"):
+        return []
+    container_id = str(statuses[container]["containerID"]).split("//")[-1]
+    pids = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if container_id in (entry / "cgroup").read_text():
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile
+                continue
+    return sorted(pids)
 
 
 def _image_cache() -> Path:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ringwright.world import Member, World
 from tests.runtime import netns
 from tests.runtime.elastic_traces import Traces
 
@@ -55,6 +56,12 @@ STEPS_AFTER = 10
 WAIT_S = 300.0
 """Bound for things that must happen (start-up, a baseline's SIGKILL recovery or join)."""
 
+IN_PLACE = "restarted in its pod"
+REPLACED = "pod replaced"
+"""How a killed member's place is filled again: its container (process) started again
+in the same pod, or a new pod (an operator replaces a member that its peers named dead
+before it was back)."""
+
 FAULT_WAIT_S = 2 * PG_TIMEOUT_S + 60.0
 """Bound for a recovery from a silent fault (SIGSTOP, straggler): past it the system
 did not survive the fault, which is a result, not a harness failure."""
@@ -81,6 +88,15 @@ def node_network() -> Iterator[netns.NamespacedPods]:
         yield nodes
     finally:
         nodes.close()
+
+
+def next_victim(world: World, killed: set[str]) -> Member:
+    """The member of ``world`` that the next of several kills hits: never the one that
+    hosts the world's store (losing it is another fault), rank VICTIM's, or, once its
+    pod was hit, the lowest rank whose pod was not (a kubelet delays a second restart of
+    one container by 10 s, its crash-loop back-off, which a figure must not include)."""
+    return min((m for m in world.members if m.ip != world.store.address),
+               key=lambda m: (m.pod in killed, m.rank != VICTIM, m.rank))
 
 
 def straggler_env(workdir: Path) -> dict[str, str]:
@@ -111,18 +127,47 @@ class BaselineFailed(RuntimeError):
     """A peer failed at something it is built for: the benchmark's numbers are void."""
 
 
-def wait_until(what: str, probe: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    """Poll ``probe`` until true; TimeoutError after ``timeout`` seconds."""
+def wait_until(what: str, probe: Callable[[], bool], timeout: float = WAIT_S,
+               interval: float = 0.05) -> None:
+    """Poll ``probe`` every ``interval`` seconds until true; TimeoutError after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not probe():
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(interval)
 
 
 def steps_done(trace_dir: Path) -> int:
     """Highest completed step any worker has recorded."""
     return max((r["step"] for _, r in Traces.load(trace_dir).events("stepped")), default=0)
+
+
+def whole_and_training(trace_dir: Path, whole: Callable[[], World | None], steps: int,
+                       timeout: float = WAIT_S, interval: float = 0.05) -> World:
+    """Wait until the world that ``whole`` returns (None while the job's world is not
+    whole) trained: every member completed a step in it, then ``steps`` more steps were
+    completed with no other world published meanwhile. That world: a fault injected
+    now hits steady training, not a world still forming (start-up publishes several)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        def trained() -> bool:
+            world = whole()
+            return world is not None and \
+                {m.pod for m in world.members} <= Traces.load(trace_dir).trained(world.generation)
+
+        wait_until("a whole world training", trained, deadline - time.monotonic(), interval)
+        world = whole()
+        trained_on(trace_dir, steps, interval)
+        now = whole()
+        if world is not None and now is not None and now.generation == world.generation:
+            return now
+
+
+def trained_on(trace_dir: Path, steps: int, interval: float = 0.05) -> None:
+    """Wait until ``steps`` more steps than now were completed (training went on)."""
+    target = steps_done(trace_dir) + steps
+    wait_until(f"step {target}", lambda: steps_done(trace_dir) >= target, WAIT_S, interval)
 
 
 def first_step_at(trace_dir: Path, size: int, after: float = 0.0) -> float | None:
@@ -143,6 +188,44 @@ def time_to_size(trace_dir: Path, size: int, since: float, timeout: float
     done = first_step_at(trace_dir, size, since)
     assert done is not None
     return done - since
+
+
+def shrink_and_heal(trace_dir: Path, since: float, timeout: float = WAIT_S,
+                    interval: float = 0.05) -> tuple[float, float]:
+    """Seconds from ``since`` (a member of a world of 4 lost) to the first step completed
+    by a world of 3, and to the first step completed by a world of 4 after that one.
+    BaselineFailed when either never comes within ``timeout``, or when a new world of 4
+    trained before any world of 3 did (the lost member was back before the others
+    re-formed without it: there is no figure to the smaller world)."""
+    def generation_before() -> int:
+        return max((r["generation"] for _, r in Traces.load(trace_dir).events("stepped")
+                    if r["t"] <= since), default=-1)
+
+    old = generation_before()
+
+    def shrunk_or_skipped() -> bool:
+        stepped = Traces.load(trace_dir).events("stepped")
+        return any(r["t"] > since and (r["size"] == 3 or r["generation"] > old)
+                   for _, r in stepped)
+
+    try:
+        wait_until("a step by a new world", shrunk_or_skipped, timeout, interval)
+    except TimeoutError as err:
+        raise BaselineFailed(f"no new world trained within {timeout:.0f} s of the fault; "
+                             f"traces in {trace_dir}") from err
+    at_three = first_step_at(trace_dir, 3, since)
+    if at_three is None:
+        raise BaselineFailed(f"a new world of 4 trained before any world of 3 (the lost "
+                             f"member rejoined first); traces in {trace_dir}")
+    try:
+        wait_until("a step by a world of 4 again",
+                   lambda: first_step_at(trace_dir, 4, at_three) is not None, timeout, interval)
+    except TimeoutError as err:
+        raise BaselineFailed(f"no world of 4 trained within {timeout:.0f} s of the world "
+                             f"of 3; traces in {trace_dir}") from err
+    healed = first_step_at(trace_dir, 4, at_three)
+    assert healed is not None
+    return at_three - since, healed - since
 
 
 def losses(trace_dir: Path) -> tuple[int, int]:

@@ -10,6 +10,7 @@ else changes: whatever the runtime does to detect failures is what gets measured
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from ringwright.runtime.local.pods import LocalPod, PodNetwork
 from ringwright.runtime.settings import SettingsEnv
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
+    IN_PLACE,
     KILL_AT_STEP,
     PG_TIMEOUT_S,
     VICTIM,
@@ -30,12 +32,15 @@ from tests.bench.recovery_common import (
     BaselineFailed,
     Outcome,
     losses,
+    next_victim,
     node_network,
+    shrink_and_heal,
     steps_done,
     straggler_env,
     straggler_outcome,
     time_to_size,
     wait_until,
+    whole_and_training,
 )
 from tests.runtime.elastic_traces import Traces
 
@@ -69,9 +74,9 @@ class ClusterStyleJob(LocalJob):
 
     def __init__(self, workdir: Path, env: dict[str, str],
                  network: PodNetwork | None = None, procs_per_pod: int = 1,
-                 restart: bool = False) -> None:
+                 restart: bool = False, settle_s: float = 0.3) -> None:
         super().__init__([sys.executable, str(WORKER)], workdir, env=env, network=network,
-                         procs_per_pod=procs_per_pod, restart=restart)
+                         procs_per_pod=procs_per_pod, restart=restart, settle_s=settle_s)
         self.trace_dir = workdir / "trace"
 
     def __enter__(self) -> ClusterStyleJob:
@@ -187,3 +192,30 @@ def pod_kill(workdir: Path, pods: int, procs_per_pod: int) -> tuple[float, float
             raise BaselineFailed(f"{pods} pods x {procs_per_pod} ranks never trained at "
                                  f"{ranks} ranks again; logs in {workdir}")
     return down, back
+
+
+def container_kill(workdir: Path, trials: int, settle_s: float,
+                   interval: float) -> list[tuple[float, float, float, str]]:
+    """SIGKILL the process of one member of a world of 4 (:func:`next_victim`), once
+    per trial; it is started again under its name and address (``restart``, as the
+    kubelet restarts a crashed container) and rejoins. Per trial: seconds from the signal
+    to the first step by a world of 3 and by a world of 4 again, the 1-minute load
+    average at the signal, and how the world became whole (the launcher replaces no
+    pod: always the restarted process). The next trial waits for :data:`KILL_AT_STEP`
+    more steps."""
+    got: list[tuple[float, float, float, str]] = []
+    killed: set[str] = set()
+    with ClusterStyleJob(workdir, _env(workdir, "torch"), restart=True,
+                         settle_s=settle_s) as job:
+        job.start(4)
+        for _ in range(trials):
+            world = whole_and_training(job.trace_dir, lambda: job.world if job.world.size == 4
+                                       else None, KILL_AT_STEP, WAIT_S, interval)
+            pod = next_victim(world, killed).pod
+            killed.add(pod)
+            load = os.getloadavg()[0]
+            since = time.time()
+            job.kill(pod, signal.SIGKILL)
+            down, back = shrink_and_heal(job.trace_dir, since, WAIT_S, interval)
+            got.append((down, back, load, IN_PLACE))
+    return got

@@ -3,8 +3,9 @@
 Each benchmark measures its own baseline in the same run and prints ratios; this only
 sequences them and says which failed. Pass names to run a subset:
 
-    python tests/bench/run_all.py [placement] [checkpoint] [recovery] [operator] [network]
-                                  [ps] [sampler] [dataloader] [local_ranks] [straggler]
+    python tests/bench/run_all.py [placement] [checkpoint] [recovery] [recovery_paths]
+                                  [operator] [network] [ps] [sampler] [dataloader]
+                                  [local_ranks] [straggler]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ BENCHES = {
     "placement": "bench_placement.py",
     "checkpoint": "bench_checkpoint.py",
     "recovery": "bench_recovery.py",
+    "recovery_paths": "bench_recovery_paths.py",
     "operator": "bench_operator.py",
     "network": "bench_network.py",
     "ps": "bench_ps.py",

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from ringwright.devcluster.example import LONG_EPOCHS, example, training_container, with_epochs
-from ringwright.devcluster.realnode import RealNodeSet
+from ringwright.devcluster.realnode import RealNodeSet, container_pids
 from ringwright.devcluster.realnode_only import real_nodes_only as plain_real_nodes
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
@@ -92,19 +92,6 @@ def _trained_past(kube: KubeClient, ns: str, step: int, timeout: float = 300) ->
     """Wait for an epoch to end after step ``step`` (training went on); its step."""
     return wait_for(lambda: s if (s := _trained_step(kube, ns)) > step else None,
                     f"an epoch to end after step {step}", timeout=timeout, interval=2)
-
-
-def _container_pids(container_id: str) -> list[int]:
-    """The processes of container ``container_id`` (its id names its cgroup)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if container_id in (entry / "cgroup").read_text():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -196,9 +183,8 @@ def test_the_example_trains_in_real_containers_and_survives_pod_and_container_lo
         step = _trained_step(kube, namespace)
         target = healed.members[0].pod
         before = _pod(kube, namespace, target)
-        container_id = before["status"]["containerStatuses"][0]["containerID"].split("//")[-1]
-        pids = _container_pids(container_id)
-        assert pids, f"no process of container {container_id} found"
+        pids = container_pids(before)
+        assert pids, f"no process of {target}'s container found"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         wait_for(lambda: _pod(kube, namespace, target)["status"]["containerStatuses"][0]
