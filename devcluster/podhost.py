@@ -250,6 +250,7 @@ class PodHost:
 
     def _pod_env(self, pod: Obj) -> dict[str, str]:
         fields = {"metadata.name": pod["metadata"]["name"],
+                  "metadata.uid": pod["metadata"].get("uid", ""),
                   "metadata.namespace": pod["metadata"]["namespace"],
                   "status.podIP": pod["status"]["podIP"],
                   "spec.nodeName": pod["spec"].get("nodeName", "")}

@@ -162,9 +162,12 @@ class ElasticRuntime:
         clock: Callable[[], float] = time.monotonic,
         metrics: RuntimeMetrics | None = None,
         local_rank: int = 0,
+        pod_uid: str = "",
     ) -> None:
         self.source = source
         self.pod = pod
+        self.pod_uid = pod_uid
+        """The pod's uid, where the pod's environment gives it (``RINGWRIGHT_POD_UID``)."""
         self.local_rank = local_rank
         """This process's rank inside its pod, set by the pod's entry point
         (:mod:`ringwright.runtime.launch`)."""
@@ -232,7 +235,7 @@ class ElasticRuntime:
             client, namespace, env.get(Env.REPORTS_CONFIGMAP) or reports_configmap_name(job),
             pod, key=env.get(Env.REPORT_KEY, ""))
         return cls(source, pod, settings=settings, reporter=reporter, backend_kind=kind,
-                   local_rank=local_rank)
+                   local_rank=local_rank, pod_uid=env.get(Env.POD_UID, ""))
 
     @classmethod
     def solo(cls, environ: Mapping[str, str] | None = None,
@@ -269,7 +272,7 @@ class ElasticRuntime:
             self._leave_stuck_inits(inner, state)
         manager = GroupManager(self.source, self._backend, self.pod, self.settings,
                                self.reporter, self.watchdog, local_rank=self.local_rank,
-                               clock=self._clock)
+                               pod_uid=self.pod_uid, clock=self._clock)
         state.bind(StepMeter(manager, state, self.metrics, on_progress=self._stepped))
         if isinstance(state.checkpointer, Checkpointer):
             state.checkpointer.add_listener(self.metrics.checkpoint_written)

@@ -165,6 +165,7 @@ def _env(job: Obj, role: str, grace_seconds: int) -> list[Obj]:
         {"name": Env.JOB_NAME, "value": name},
         {"name": Env.NAMESPACE, **field("metadata.namespace")},
         {"name": Env.POD_NAME, **field("metadata.name")},
+        {"name": Env.POD_UID, **field("metadata.uid")},
         {"name": Env.POD_IP, **field("status.podIP")},
         {"name": Env.ROLE, "value": role},
         {"name": Env.WORLD_CONFIGMAP, "value": world_configmap_name(name)},

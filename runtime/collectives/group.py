@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ringwright.world import ReportKind, World
+from ringwright.world import Member, ReportKind, World
 
 from ..kvlog import log_event, runtime_logger
 from ..membership.health import StallWatchdog
@@ -114,6 +114,7 @@ class GroupManager:
         watchdog: StallWatchdog,
         *,
         local_rank: int = 0,
+        pod_uid: str = "",
         clock: Callable[[], float] = time.monotonic,
         exit_process: Callable[[int], object] = os._exit,
     ) -> None:
@@ -122,6 +123,8 @@ class GroupManager:
         self.pod = pod
         self.local_rank = local_rank
         """This process's rank inside its pod (``LOCAL_RANK``)."""
+        self.pod_uid = pod_uid
+        """This pod's uid ("" where unknown, as in local runs)."""
         self._settings = settings
         self._reporter = reporter
         self._watchdog = watchdog
@@ -160,6 +163,30 @@ class GroupManager:
         """Generation of the current world; -1 before the first."""
         return self._world.generation if self._world is not None else -1
 
+    def _named_in(self, world: World) -> bool:
+        """Whether ``world`` names this pod (by name, and by uid where both are known)."""
+        entry = world.member(self.pod)
+        return entry is not None and not self._namesake(entry)
+
+    def _namesake(self, entry: Member) -> bool:
+        return bool(entry.pod_uid and self.pod_uid and entry.pod_uid != self.pod_uid)
+
+    def _entry(self, world: World) -> Member | None:
+        """This process's entry in ``world``, or None when it is not a member.
+
+        A pod replaced under the same name (deleted while its process still ran: the
+        grace period, a node cut off from the API server) finds its name in the world with
+        its successor's uid: that entry belongs to the successor, and this process fences
+        itself rather than take its place.
+        """
+        me = world.member(self.pod, self.local_rank)
+        if me is not None and self._namesake(me):
+            self._backend.shutdown()
+            raise Fenced(self.pod, f"world generation {world.generation} gives this pod's name "
+                                   f"to its successor (uid {me.pod_uid}, this pod's is "
+                                   f"{self.pod_uid}): this pod was deleted")
+        return me
+
     def join(self, after_generation: int) -> World:
         """Form the group of the newest world after ``after_generation`` that includes this pod.
 
@@ -176,7 +203,7 @@ class GroupManager:
         while True:
             world = self._wait_for_world(after, deadline)
             after = world.generation
-            me = world.member(self.pod, self.local_rank)
+            me = self._entry(world)
             if me is None:
                 if self._ever_joined:
                     self._backend.shutdown()
@@ -288,7 +315,7 @@ class GroupManager:
         while not self._back.wait(WAIT_SLICE_S):
             latest = self._source.latest()
             if (self._clock() >= earliest and latest is not None
-                    and latest.generation > generation and latest.member(self.pod) is None):
+                    and latest.generation > generation and not self._named_in(latest)):
                 fenced = Fenced(self.pod, f"not a member of world generation "
                                           f"{latest.generation}, and still blocked in the "
                                           f"aborted collective of generation {generation}")

@@ -60,6 +60,8 @@ class Env:
     JOB_NAME = "RINGWRIGHT_JOB_NAME"
     NAMESPACE = "RINGWRIGHT_NAMESPACE"
     POD_NAME = "RINGWRIGHT_POD_NAME"
+    POD_UID = "RINGWRIGHT_POD_UID"
+    """The pod's uid: a process of a deleted pod never takes the place of its namesake."""
     POD_IP = "RINGWRIGHT_POD_IP"
     ROLE = "RINGWRIGHT_ROLE"
     WORLD_CONFIGMAP = "RINGWRIGHT_WORLD_CONFIGMAP"

@@ -308,6 +308,9 @@ def test_a_member_dead_inside_horovods_rendezvous_costs_a_restart_not_a_timeout(
     job.start(3)
     wait_for_step(job, 8)
     job.scale(4)
+    # Members train on while a newcomer starts (it enters a world once it reported
+    # `joining`): without the gate they could finish before it imported torch.
+    wait_until(job, "the newcomer in the world", lambda: job.world.member(victim) is not None)
     gate.unlink()
     finish(job)
     assert job.world.size == 3 and job.world.member(victim) is None

@@ -100,8 +100,10 @@ def test_new_job_creates_all_workers_with_labels_env_and_owner() -> None:
     first = result.create[0]
     assert first["metadata"]["ownerReferences"][0]["uid"] == "uid-tj"
     assert first["spec"]["priorityClassName"] == "ringwright-worker"
-    env = {e["name"] for e in first["spec"]["containers"][0]["env"]}
-    assert {"RINGWRIGHT_JOB_NAME", "RINGWRIGHT_POD_IP", "RINGWRIGHT_WORLD_CONFIGMAP"} <= env
+    env = {e["name"]: e for e in first["spec"]["containers"][0]["env"]}
+    assert {"RINGWRIGHT_JOB_NAME", "RINGWRIGHT_POD_IP", "RINGWRIGHT_WORLD_CONFIGMAP"} <= set(env)
+    # A process of a deleted pod knows it is not its namesake's successor.
+    assert env["RINGWRIGHT_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert result.world is None
     assert result.status["phase"] == "Pending"
     assert result.status["observedGeneration"] == 3

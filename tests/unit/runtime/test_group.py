@@ -20,7 +20,7 @@ from ringwright.runtime.membership.health import StallWatchdog
 from ringwright.runtime.membership.liveness import PeerFailure
 from ringwright.runtime.membership.source import WorldTimeout
 from ringwright.runtime.settings import RuntimeSettings
-from ringwright.world import ReportKind
+from ringwright.world import ReportKind, World
 from tests.unit.runtime.runtime_fakes import FakeBackend, FakeReporter, FakeSource, make_world
 
 ME = "w-1"
@@ -270,3 +270,40 @@ def test_a_member_stuck_while_the_next_world_still_includes_it_is_left_alone() -
     source.publish(make_world(2, ["w-0", ME]))
     assert not exits.called.wait(1.5)
 
+
+
+def _with_uids(world: World, uids: dict[str, str]) -> World:
+    members = tuple(m.model_copy(update={"pod_uid": uids.get(m.pod, "")})
+                    for m in world.members)
+    return world.model_copy(update={"members": members})
+
+
+def test_a_process_of_a_deleted_pod_does_not_take_its_namesakes_place() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(_with_uids(make_world(1, ["w-0", ME]), {"w-0": "u0", ME: "old"}))
+    m = GroupManager(source, backend, ME, RuntimeSettings(world_wait_timeout_s=5),
+                     FakeReporter(), StallWatchdog(0), pod_uid="old")
+    assert m.join(-1).generation == 1
+    # The pod was deleted and replaced under its name while this process still ran.
+    source.publish(_with_uids(make_world(2, ["w-0", ME]), {"w-0": "u0", ME: "new"}))
+    with pytest.raises(Fenced, match="successor") as fenced:
+        m.join(1)
+    assert fenced.value.code == FENCED_EXIT
+    assert backend.inits == [(1, 1)]  # never formed generation 2 as its successor's rank
+
+
+def test_a_newcomer_whose_name_belongs_to_another_uid_never_joins() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(_with_uids(make_world(3, ["w-0", ME]), {ME: "new"}))
+    m = GroupManager(source, backend, ME, RuntimeSettings(world_wait_timeout_s=5),
+                     FakeReporter(), StallWatchdog(0), pod_uid="old")
+    with pytest.raises(Fenced):
+        m.join(-1)
+    assert backend.inits == []
+
+
+def test_uids_unknown_on_either_side_match_by_name() -> None:
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(_with_uids(make_world(3, ["w-0", ME]), {ME: "u1"}))
+    m = manager(source, backend)  # no uid: a local run
+    assert m.join(-1).generation == 3
