@@ -5,9 +5,10 @@ electing one leader, and two gangs that cannot both fit applied at once."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -148,21 +149,37 @@ def _holder(kube: KubeClient, namespace: str) -> str:
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
 
-def test_two_replicas_never_both_act(
-    cluster: Cluster, kube: KubeClient, namespace: str, api: None, solo: None,
-    tmp_path: Path,
-) -> None:
+@contextlib.contextmanager
+def two_replicas(cluster: Cluster, namespace: str, tmp_path: Path,
+                 args: Sequence[str] = ()) -> Iterator[tuple[OperatorProcess, OperatorProcess]]:
+    """Two operator replicas whose Lease lives in ``namespace``: the first started and
+    leading, the second standing by. Both logs' tails join a failed assertion; both stop
+    after."""
     doc = yaml.safe_load(cluster.kubeconfig.read_text())
     doc["contexts"][0]["context"]["namespace"] = namespace  # the Lease lives here
     config = tmp_path / "kubeconfig"
     config.write_text(yaml.safe_dump(doc))
-    first = OperatorProcess(cluster, tmp_path / "first.log", kubeconfig=config)
-    second = OperatorProcess(cluster, tmp_path / "second.log", kubeconfig=config)
+    first = OperatorProcess(cluster, tmp_path / "first.log", kubeconfig=config, args=args)
+    second = OperatorProcess(cluster, tmp_path / "second.log", kubeconfig=config, args=args)
     first.start()
     try:
         wait_for(lambda: "leading as" in first.tail(), "the first replica to lead")
         second.start()
         wait_for(lambda: "standing by" in second.tail(), "the second replica to stand by")
+        yield first, second
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nfirst:\n{first.tail(30)}\nsecond:\n{second.tail(30)}"
+                             ) from err
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_two_replicas_never_both_act(
+    cluster: Cluster, kube: KubeClient, namespace: str, api: None, solo: None,
+    tmp_path: Path,
+) -> None:
+    with two_replicas(cluster, namespace, tmp_path) as (first, second):
         kube.create(tj_path(namespace), training_job("led", replicas=2, minimum=1))
         before = wait_world(kube, namespace, "led", 2)
         standby = second.tail(500)
@@ -179,12 +196,6 @@ def test_two_replicas_never_both_act(
         kube.merge_patch(tj_path(namespace, "led", "scale"), {"spec": {"replicas": 3}})
         wait_world(kube, namespace, "led", 3, after=before.generation)
         assert "created pod" in second.tail(500)
-    except AssertionError as err:
-        raise AssertionError(f"{err}\nfirst:\n{first.tail(30)}\nsecond:\n{second.tail(30)}"
-                             ) from err
-    finally:
-        first.stop()
-        second.stop()
 
 
 def test_a_leader_stopped_gracefully_hands_the_lease_on_at_once(
@@ -193,32 +204,15 @@ def test_a_leader_stopped_gracefully_hands_the_lease_on_at_once(
 ) -> None:
     # Leases of 10 minutes: the standby can only lead within the test's deadline if the
     # leader gives the Lease up when it stops (as a rollout's old replica does).
-    doc = yaml.safe_load(cluster.kubeconfig.read_text())
-    doc["contexts"][0]["context"]["namespace"] = namespace
-    config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump(doc))
-    long_lease = ["--lease-seconds", "600"]
-    first = OperatorProcess(cluster, tmp_path / "first.log", kubeconfig=config, args=long_lease)
-    second = OperatorProcess(cluster, tmp_path / "second.log", kubeconfig=config,
-                             args=long_lease)
-    first.start()
-    try:
-        wait_for(lambda: "leading as" in first.tail(), "the first replica to lead")
+    with two_replicas(cluster, namespace, tmp_path, ["--lease-seconds", "600"]) as (
+            first, second):
         leader = _holder(kube, namespace)
-        second.start()
-        wait_for(lambda: "standing by" in second.tail(), "the second replica to stand by")
         first.stop()  # SIGTERM, as the kubelet stops a pod
         assert "released lease" in first.tail()
         wait_for(lambda: "leading as" in second.tail(), "the standby to take over", timeout=60)
         assert _holder(kube, namespace) not in ("", leader)
         kube.create(tj_path(namespace), training_job("handed", replicas=2, minimum=1))
         wait_world(kube, namespace, "handed", 2)
-    except AssertionError as err:
-        raise AssertionError(f"{err}\nfirst:\n{first.tail(30)}\nsecond:\n{second.tail(30)}"
-                             ) from err
-    finally:
-        first.stop()
-        second.stop()
 
 
 def test_two_gangs_that_cannot_both_fit_end_with_one_running_and_one_holding_no_node(
