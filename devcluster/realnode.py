@@ -17,10 +17,12 @@ missing. :mod:`ringwright.devcluster.node` holds the parts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -49,8 +51,8 @@ from .versions import cache_root
 
 __all__ = [
     "APT_PACKAGES", "REAL_NODE_LABEL", "RealNodeError", "RealNodeSet", "RealNodeSpec",
-    "container_pids", "missing_requirements", "node_ready", "pause_image", "requirements_message",
-    "start_real_nodes", "stop_real_nodes", "sweep_stale_real_nodes",
+    "container_pids", "crash_container", "missing_requirements", "node_ready", "pause_image",
+    "requirements_message", "start_real_nodes", "stop_real_nodes", "sweep_stale_real_nodes",
 ]
 
 log = logging.getLogger("ringwright.devcluster.realnode")
@@ -122,6 +124,18 @@ def container_pids(pod: Obj, container: int = 0, proc: Path = Path("/proc")) -> 
             except OSError:  # gone meanwhile
                 continue
     return sorted(pids)
+
+
+def crash_container(pod: Obj, container: int = 0, sig: int = signal.SIGKILL,
+                    proc: Path = Path("/proc")) -> list[int]:
+    """Signal every process of ``pod``'s container number ``container`` (a fault inside
+    the container: the kubelet sees it exit and restarts it in the same pod); the ids
+    signalled, none when the container does not run on this machine."""
+    pids = container_pids(pod, container, proc)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+            os.kill(pid, sig)
+    return pids
 
 
 def _image_cache() -> Path:

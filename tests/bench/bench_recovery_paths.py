@@ -62,7 +62,7 @@ from ringwright.devcluster.demo_real import NODES  # noqa: E402
 from ringwright.devcluster.install import install_api  # noqa: E402
 from ringwright.devcluster.podhost import PodHost  # noqa: E402
 from ringwright.devcluster.realnode import (  # noqa: E402
-    container_pids,
+    crash_container,
     missing_requirements,
     requirements_message,
     start_real_nodes,
@@ -208,12 +208,8 @@ def realnode_path(cluster: Cluster, kube: KubeClient, work: Path, trials: int) -
                                            folder)) as namespace:
 
             def kill(pod: str) -> None:
-                pids = container_pids(kube.get(api_path("v1", "pods", namespace, pod)))
-                if not pids:
+                if not crash_container(kube.get(api_path("v1", "pods", namespace, pod))):
                     raise BaselineFailed(f"no process of {pod}'s container on this host")
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
 
             return cluster_trials(kube, namespace, folder / "trace", trials, kill)
     finally:

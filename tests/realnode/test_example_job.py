@@ -23,7 +23,6 @@ a deleted worker's replacement can rejoin (seen: the job Succeeded at a world of
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import signal
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ import pytest
 import yaml
 
 from ringwright.devcluster.example import LONG_EPOCHS, example, training_container, with_epochs
-from ringwright.devcluster.realnode import RealNodeSet, container_pids
+from ringwright.devcluster.realnode import RealNodeSet, crash_container
 from ringwright.devcluster.realnode_only import real_nodes_only as plain_real_nodes
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
@@ -183,10 +182,7 @@ def test_the_example_trains_in_real_containers_and_survives_pod_and_container_lo
         step = _trained_step(kube, namespace)
         target = healed.members[0].pod
         before = _pod(kube, namespace, target)
-        pids = container_pids(before)
-        assert pids, f"no process of {target}'s container found"
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        assert crash_container(before), f"no process of {target}'s container found"
         wait_for(lambda: _pod(kube, namespace, target)["status"]["containerStatuses"][0]
                  .get("restartCount", 0) >= 1, "the kubelet to restart the container", timeout=300)
         after = _pod(kube, namespace, target)
