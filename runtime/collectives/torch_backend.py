@@ -115,12 +115,13 @@ class TorchDistributedBackend:
         with collective(f"creating the {self.name} group of generation {world.generation}"):
             if self._device.type == "cuda":
                 torch.cuda.set_device(self._device)
+            forming = forming_timeout(self.name, s.group_init_timeout_s)
             init_default_group(
                 backend=self.name,
                 store=PrefixStore("group/", store),
                 rank=rank,
                 world_size=world.size,
-                timeout=timedelta(seconds=s.group_init_timeout_s),
+                timeout=forming,
                 device_id=self._device if self._device.type == "cuda" else None,
             )
             self._joined = True
@@ -130,8 +131,7 @@ class TorchDistributedBackend:
             # Bounded like the default group's init: a peer that left after the barrier
             # must not keep the others in the subgroups' connection mesh for the long
             # collective timeout.
-            self._racks = (RackGroups(plan, rank, timedelta(seconds=s.group_init_timeout_s))
-                           if plan is not None else None)
+            self._racks = (RackGroups(plan, rank, forming) if plan is not None else None)
             with self._lock:
                 if self._sockets is not None:
                     self._sockets.formed()
@@ -263,6 +263,21 @@ def abort_group(group: Abortable | None) -> str:
     except RuntimeError as err:
         return f"abort failed: {err}"
     return "communicators aborted"
+
+
+# Gloo waits for a peer's first connection five times the group's timeout (its
+# passive side of a pair has no other deadline, and no socket an abort could shut),
+# so a peer that died between the join barrier and the connection would hold the
+# others for five times group_init_timeout_s: five minutes at the default.
+GLOO_CONNECT_WAIT_FACTOR = 5
+
+
+def forming_timeout(backend: str, group_init_timeout_s: float) -> timedelta:
+    """The timeout to create a ``backend`` process group with, so that forming it ends
+    within ``group_init_timeout_s`` however a peer fails."""
+    if backend == "gloo":
+        return timedelta(seconds=group_init_timeout_s / GLOO_CONNECT_WAIT_FACTOR)
+    return timedelta(seconds=group_init_timeout_s)
 
 
 def init_default_group(backend: str, store: Store, rank: int, world_size: int,

@@ -345,7 +345,7 @@ class LocalJob:
             # Died while starting: it never joined, so there is nothing to republish.
             code = self._pods[name].process.returncode
             log_event(_log, logging.WARNING, "pod_failed_starting", pod=name, exit_code=code)
-            if self.restart and code != 0:
+            if self._restarts() and code != 0:
                 self._restart(name, code)
             else:
                 self._joining.remove(name)
@@ -365,6 +365,7 @@ class LocalJob:
                 # A member that finished training; its peers finish at the same step.
                 # Processes still starting up would wait for a world that never forms.
                 self._finished[name] = code
+                log_event(_log, logging.INFO, "pod_finished", pod=name)
                 for late in self._joining:
                     self._pods[late].process.terminate()
                 self._joining = []
@@ -372,7 +373,7 @@ class LocalJob:
             self._failed[name] = code
             self._pending_since = self._pending_since or self._clock()
             log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
-            if self.restart:
+            if self._restarts():
                 self._restart(name, code)
                 self._joining.append(name)
         self._follow_reports(reports)
@@ -396,6 +397,12 @@ class LocalJob:
         world = self._world
         stay = [m for m in self._members if m not in self._failed]
         return world is not None and all_waiting(world, reports, stay)
+
+    def _restarts(self) -> bool:
+        """Whether a crashed process is started again: not once a member finished, as the
+        operator's completion rule admits no one then (its peers are exiting, so a
+        restarted process would wait for a world that never forms)."""
+        return self.restart and not self._finished
 
     def _restart(self, name: str, code: int) -> None:
         """Start ``name``'s process again, as the kubelet restarts a crashed container."""

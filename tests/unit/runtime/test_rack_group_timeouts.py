@@ -1,7 +1,7 @@
 """The rack groups of a hierarchical world form within the group-init timeout, as the
 default group does, and only then get the long collective timeout: a peer that left
 after the join barrier must not hold the others in the subgroups' connection mesh for
-the collective timeout (minutes)."""
+the collective timeout (minutes), nor gloo hold them for five times the init timeout."""
 
 from __future__ import annotations
 
@@ -61,12 +61,24 @@ class Stores:
 def test_the_backend_forms_rack_groups_within_the_init_timeout(
         groups: list[Group], monkeypatch: pytest.MonkeyPatch) -> None:
     default = Group(timedelta(seconds=7))
-    monkeypatch.setattr(torch_backend, "init_default_group", lambda **kwargs: None)
+    given: list[timedelta] = []
+    monkeypatch.setattr(torch_backend, "init_default_group",
+                        lambda **kwargs: given.append(kwargs["timeout"]))
     monkeypatch.setattr(torch_backend, "_default_group", lambda: default)
     settings = RuntimeSettings(group_init_timeout_s=7, collective_timeout_s=900)
     backend = torch_backend.TorchDistributedBackend(torch.device("cpu"), settings)
     backend._stores = Stores()  # type: ignore[assignment]
     backend.init(world("aabb", ON), 0, lambda: False, lambda failure: None)
     assert groups, "no rack groups formed"
-    assert all(g.timeouts == [timedelta(seconds=7), timedelta(seconds=900)] for g in groups)
+    # gloo (CPU) waits five times its timeout for a first connection.
+    forming = timedelta(seconds=7 / 5)
+    assert given == [forming]
+    assert all(g.timeouts == [forming, timedelta(seconds=900)] for g in groups)
     assert default.timeouts[-1] == timedelta(seconds=900)
+
+
+def test_gloo_groups_form_within_the_init_timeout_nccl_groups_with_it() -> None:
+    # Gloo's passive side of a pair waits 5 x the group's timeout for its peer.
+    gloo = torch_backend.forming_timeout("gloo", 60)
+    assert gloo * torch_backend.GLOO_CONNECT_WAIT_FACTOR == timedelta(seconds=60)
+    assert torch_backend.forming_timeout("nccl", 60) == timedelta(seconds=60)
