@@ -41,6 +41,23 @@ Index = Mapping[Any, Iterable[Any]]
 """A kopf index as the cache reads it: key -> the values of every object under it."""
 
 
+def snapshot(values: Iterable[Any]) -> list[Any]:
+    """The values of one key of a kopf index, as one consistent list.
+
+    The event loop updates the index while rounds read it from their threads, and no
+    read of a kopf store is atomic (``list()`` asks the store's ``__len__``, Python code,
+    after taking the iterator of its dict): an update in between fails the read with
+    "dictionary changed size during iteration". Such a read is taken again; an
+    update is rare next to a read, so this ends at once.
+    """
+    while True:
+        try:
+            return list(values)
+        except RuntimeError as err:
+            if "changed size" not in str(err):
+                raise
+
+
 class Cache(Protocol):
     """The observe step's questions; answered from memory."""
 
@@ -158,15 +175,12 @@ class IndexCache:
         self._ix, self._ledger, self._written = indices, ledger, written
 
     def _one(self, index: str, key: Any) -> Any:
-        return next(iter(self._ix[index].get(key, ())), None)
+        values = snapshot(self._ix[index].get(key, ()))
+        return values[0] if values else None
 
     def job_pods(self, namespace: str, job: str) -> list[Obj]:
         """Every pod labelled for ``job`` (the pods-by-job index)."""
-        # The event loop updates the index while rounds read it from their threads:
-        # list() takes the store's dict in one step under the GIL, where a Python loop
-        # over it can be interrupted by an update ("dictionary changed size during
-        # iteration", a failed round and kopf's 5 s retry).
-        return [dict(p) for p in list(self._ix[PODS_BY_JOB].get((namespace, job), ()))]
+        return [dict(p) for p in snapshot(self._ix[PODS_BY_JOB].get((namespace, job), ()))]
 
     def configmap(self, namespace: str, name: str) -> Obj | None:
         """The indexed ConfigMap or our newer write of it."""
@@ -201,12 +215,11 @@ class IndexCache:
         seen: Obj | None = self._one(watched(kind).index, (namespace, name))
         return newer(seen, self._written.get(kind, namespace, name))
 
-    def workload(self, namespace: str, name: str) -> Obj | None:
-        """The Kueue Workload ``name`` (None when there is none, or Kueue is not watched)."""
+    def workloads(self, namespace: str, job: str) -> list[Obj]:
+        """The Kueue Workloads labelled for ``job`` (none when Kueue is not watched)."""
         if WORKLOADS not in self._ix:
-            return None
-        found: Obj | None = self._one(WORKLOADS, (namespace, name))
-        return found
+            return []
+        return [dict(w) for w in snapshot(self._ix[WORKLOADS].get((namespace, job), ()))]
 
     def flavor_labels(self, name: str) -> dict[str, str]:
         """The node labels of ResourceFlavor ``name``."""

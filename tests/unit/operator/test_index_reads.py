@@ -19,6 +19,7 @@ from ringwright.operator.observe.cache import (
     PRIORITIES,
     IndexCache,
     Written,
+    snapshot,
 )
 from ringwright.operator.observe.ledger import CapacityLedger
 
@@ -63,3 +64,31 @@ def test_a_round_reads_a_jobs_pods_while_their_events_change_the_index() -> None
         stop.set()
         loop.join()
     assert sizes <= {199, 200, 201}
+
+
+class ChangedOnce:
+    """A store whose first read meets an update, as a round's read can."""
+
+    def __init__(self, values: list[str]) -> None:
+        self.values, self.reads = values, 0
+
+    def __iter__(self) -> Iterator[str]:
+        self.reads += 1
+        if self.reads == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return iter(self.values)
+
+
+def test_a_read_that_meets_an_update_is_taken_again() -> None:
+    store = ChangedOnce(["a", "b"])
+    assert snapshot(store) == ["a", "b"]
+    assert store.reads == 2
+
+
+def test_other_errors_of_a_read_are_not_swallowed() -> None:
+    class Broken:
+        def __iter__(self) -> Iterator[str]:
+            raise RuntimeError("broken")
+
+    with pytest.raises(RuntimeError, match="broken"):
+        snapshot(Broken())
