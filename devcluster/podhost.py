@@ -114,6 +114,8 @@ class HostedPod:
     log: IO[bytes]
     health_file: Path
     started: float
+    grace_s: float = 30.0
+    """The pod's terminationGracePeriodSeconds (its object may be gone when it is used)."""
     restarts: int = 0
     ready: bool = True
     exit_codes: list[int] = field(default_factory=list)
@@ -125,8 +127,13 @@ class PodHost:
 
     def __init__(self, kube: KubeClient, namespace: str, job: str, command: Sequence[str],
                  workdir: Path, *, extra_env: dict[str, str] | None = None,
-                 readiness_grace: float = 30.0) -> None:
+                 readiness_grace: float = 30.0, graceful: bool = False) -> None:
         self.kube, self.namespace, self.job = kube, namespace, job
+        self.graceful = graceful
+        """Stop a deleted pod's process as a kubelet does: SIGTERM, and SIGKILL only after
+        the pod's grace period. Off: SIGKILL at once, as most tests want (KWOK removes a
+        deleted pod's object at once, so its process would otherwise outlive it)."""
+        self._terminating: list[tuple[HostedPod, float]] = []
         self.command = list(command)
         self.workdir = workdir
         self.extra_env = extra_env or {}
@@ -150,10 +157,14 @@ class PodHost:
             pod = pods.get(name)
             if pod is None or pod["metadata"]["uid"] != hosted.uid \
                     or pod["metadata"].get("deletionTimestamp"):
-                log.info("pod %s deleted: killing its process", name)
-                self._stop(hosted, signal.SIGKILL)
+                if self.graceful:
+                    self._terminate(hosted)
+                else:
+                    log.info("pod %s deleted: killing its process", name)
+                    self._stop(hosted, signal.SIGKILL)
                 continue
             self._check(pod, hosted)
+        self._reap()
         for name, pod in pods.items():
             status = pod.get("status") or {}
             if name in self.pods or pod["metadata"].get("deletionTimestamp") \
@@ -169,6 +180,10 @@ class PodHost:
     def close(self) -> None:
         for hosted in list(self.pods.values()):
             self._stop(hosted, signal.SIGKILL)
+        for hosted, _ in self._terminating:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(hosted.proc.pid, signal.SIGKILL)
+        self._reap()
 
     # -- one pod ---------------------------------------------------------------------
 
@@ -191,15 +206,41 @@ class PodHost:
         log.info("pod %s: started pid %d at %s", name, proc.pid, pod["status"]["podIP"])
         return HostedPod(name=name, uid=pod["metadata"]["uid"], ip=pod["status"]["podIP"],
                          proc=proc, log=out, health_file=health, started=time.monotonic(),
+                         grace_s=float(pod["spec"].get("terminationGracePeriodSeconds", 30)),
                          restarts=restarts)
 
     def _stop(self, hosted: HostedPod, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(hosted.proc.pid, sig)
+        del self.pods[hosted.name]
+        self._finish(hosted)
+
+    def _terminate(self, hosted: HostedPod) -> None:
+        """SIGTERM now; :meth:`_reap` sends SIGKILL once the grace period is over."""
+        log.info("pod %s deleted: SIGTERM, %.0f s of grace", hosted.name, hosted.grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(hosted.proc.pid, signal.SIGTERM)
+        del self.pods[hosted.name]
+        self._terminating.append((hosted, time.monotonic() + hosted.grace_s))
+
+    def _reap(self) -> None:
+        """Record the terminating processes that exited; kill those past their grace."""
+        waiting = []
+        for hosted, deadline in self._terminating:
+            if hosted.proc.poll() is None and time.monotonic() >= deadline:
+                log.info("pod %s: grace period over: SIGKILL", hosted.name)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(hosted.proc.pid, signal.SIGKILL)
+            if hosted.proc.poll() is None and time.monotonic() < deadline:
+                waiting.append((hosted, deadline))
+            else:
+                self._finish(hosted)
+        self._terminating = waiting
+
+    def _finish(self, hosted: HostedPod) -> None:
         hosted.proc.wait()
         hosted.log.close()
         self.finished.setdefault(hosted.name, []).append(hosted.proc.returncode)
-        del self.pods[hosted.name]
 
     def _check(self, pod: Obj, hosted: HostedPod) -> None:
         code = hosted.proc.poll()
