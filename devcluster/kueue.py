@@ -241,8 +241,10 @@ def running_kueue(cluster: Cluster, folder: Path, timeout: float = 180.0) -> Ite
         try:
             server.start(
                 [str(binary), f"--config={config}", "--zap-log-level=info",
-                 # Its on-demand visibility API server would listen on every interface.
-                 "--feature-gates=VisibilityOnDemand=false"],
+                 # Its on-demand visibility API server would listen on every interface;
+                 # workload slices let a queued job grow and shrink (alpha in v0.17).
+                 "--feature-gates=VisibilityOnDemand=false,"
+                 "ElasticJobsViaWorkloadSlices=true"],
                 f"http://127.0.0.1:{health_port}/readyz", timeout,
                 env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
             deadline = time.monotonic() + timeout

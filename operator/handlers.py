@@ -207,9 +207,9 @@ def _watch_kueue(registry: kopf.OperatorRegistry) -> None:
 
     @kopf.index(group, version, "workloads", labels={JOB_LABEL: kopf.PRESENT},
                 registry=registry, id=WORKLOADS)
-    def workloads_by_name(namespace: str | None, name: str, body: kopf.Body,
-                          **_: Any) -> dict[tuple[str, str], Obj]:
-        return {(namespace or "", name): _plain(body)}
+    def workloads_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                         **_: Any) -> dict[tuple[str, str], Obj]:
+        return {(namespace or "", labels[JOB_LABEL]): _plain(body)}
 
     @kopf.index(group, version, "workloadpriorityclasses", registry=registry,
                 id=WORKLOAD_PRIORITIES)

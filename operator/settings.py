@@ -50,6 +50,11 @@ class OperatorSettings(BaseModel):
         default=False, description="Queue jobs labelled kueue.x-k8s.io/queue-name through "
         "Kueue: each gets a Workload, and pods only once Kueue admits it (docs/kueue.md). "
         "Needs Kueue's CRDs installed.")
+    kueue_elastic: bool = Field(
+        default=False, description="With kueue: a queued job may grow and shrink after "
+        "admission, through Kueue's workload slices (a scale-up waits for quota and grows "
+        "the job when Kueue admits it; a scale-down hands quota back at once). Needs Kueue's "
+        "ElasticJobsViaWorkloadSlices feature gate (docs/kueue.md).")
     operator_namespace: str = Field(
         default="", description="Namespace of the operator's pods, admitted by each job's "
         "NetworkPolicy to the readiness port. Default: the leader-election Lease's namespace "

@@ -45,6 +45,9 @@ from tests.xdist_groups import assign_groups, lane_seconds, plain_nodeid
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+pytest_plugins = ("tests.queueing",)
+"""Kueue's fixtures, for the modules that queue jobs through it."""
+
 # No deadline: a per-example time limit is a wall-clock assertion, and fails on a loaded
 # machine. In CI the examples are derived from each test (derandomize), so a failure
 # there fails again on every rerun; elsewhere they are random, and a failure prints the

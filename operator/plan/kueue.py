@@ -13,6 +13,13 @@ Why a Workload and not Kueue's pod-group integration: a pod group is admitted wh
 pods exist (gated); an elastic job's pods come and go, and the gang, the flavor and the
 count must be decided before ringwright places anything. The Workload is what Kueue's own
 job integrations write, and it carries ``minCount``.
+
+Elastic within the quota (the operator's ``kueueElastic``, with Kueue's
+``ElasticJobsViaWorkloadSlices`` gate): the Workload is a chain of *slices*. A job that
+wants more workers than its admitted slice holds asks with a new slice that names the old
+one as the one it replaces; Kueue admits it (counting the old slice's quota as free) when
+the quota allows at least one more worker, and finishes the old slice. Fewer workers
+shrink the admitted slice in place, which hands the quota back at once.
 """
 
 from __future__ import annotations
@@ -35,6 +42,12 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 """Names the WorkloadPriorityClass of a queued job (Kueue's label for every job kind)."""
 API_VERSION = "kueue.x-k8s.io/v1beta2"
+ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
+"""Marks a Workload whose pod counts may change (Kueue's workload slices)."""
+REPLACES_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
+"""On a new slice: ``<namespace>/<name>`` of the slice it replaces once admitted."""
+SLICE_ANNOTATION = "ringwright.dev/workload-slice"
+"""The slice's number in the job's chain (0: the first Workload)."""
 WORKERS, PS = "workers", "ps"
 _POD_FIELDS = ("containers", "initContainers", "nodeSelector", "tolerations", "affinity",
                "overhead", "priorityClassName")
@@ -48,11 +61,17 @@ def queue_name(job: Obj) -> str | None:
     return str(name) if name else None
 
 
-def workload_name(job: Obj) -> str:
-    """The job's Workload: its name plus a piece of its uid, so a job recreated under the
-    same name never inherits the old one's admission."""
+def workload_name(job: Obj, slice_number: int = 0) -> str:
+    """The job's Workload (its slice ``slice_number``): its name plus a piece of its uid,
+    so a job recreated under the same name never inherits the old one's admission."""
     meta = job["metadata"]
-    return f"trainingjob-{meta['name']}-{str(meta.get('uid', ''))[:5]}"
+    base = f"trainingjob-{meta['name']}-{str(meta.get('uid', ''))[:5]}"
+    return f"{base}-{slice_number}" if slice_number else base
+
+
+def slice_number(wl: Obj) -> int:
+    """The number of Workload slice ``wl`` in its job's chain."""
+    return int(((wl.get("metadata") or {}).get("annotations") or {}).get(SLICE_ANNOTATION, 0))
 
 
 def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any],
@@ -79,10 +98,11 @@ def priority_class(job: Obj) -> str | None:
 
 
 def workload(job: Obj, queue: str, policy: SchedulingPolicySpec,
-             priority: int | None = None) -> Obj | Admission:
+             priority: int | None = None, elastic: bool = False) -> Obj | Admission:
     """The Workload that asks Kueue for the job's whole demand; ``priority`` is the value
     of the WorkloadPriorityClass the job names. A class that does not exist (yet) is an
     :class:`Admission` saying so: a Workload without it would queue at the wrong priority.
+    ``elastic``: the first slice of a chain whose counts may change.
     """
     spec = TrainingJobSpec.model_validate(job["spec"])
     meta = job["metadata"]
@@ -112,6 +132,8 @@ def workload(job: Obj, queue: str, policy: SchedulingPolicySpec,
         "metadata": {
             "name": workload_name(job), "namespace": meta["namespace"],
             "labels": {JOB_LABEL: meta["name"]},
+            **({"annotations": {ELASTIC_ANNOTATION: "true", SLICE_ANNOTATION: "0"}}
+               if elastic else {}),
             "ownerReferences": [{"apiVersion": JOB_API_VERSION, "kind": "TrainingJob",
                                  "name": meta["name"], "uid": meta.get("uid", ""),
                                  "controller": True, "blockOwnerDeletion": True}],
@@ -201,9 +223,7 @@ def requeue_evicted(wl: Obj, now: float) -> Obj | None:
     if generation is not None:
         conditions = [{**c, "observedGeneration": generation} if c["type"] in replaced else c
                       for c in conditions]
-    # Over the version read: a Workload Kueue changed meanwhile is looked at again.
-    return {"metadata": {"resourceVersion": (wl.get("metadata") or {}).get(
-                "resourceVersion", "")},
+    return {"metadata": _version_of(wl),
             "status": {"admission": None, "conditions": conditions}}
 
 
@@ -226,3 +246,117 @@ def effective_job(job: Obj, given: Admission,
         if admitted is not None and admitted < int(role_spec.get("replicas", 0)):
             role_spec["replicas"] = admitted
     return out
+
+
+@dataclass(frozen=True)
+class SliceChange:
+    """What the chain of a job's Workload slices needs this round (all optional)."""
+
+    create: Obj | None = None
+    """A new slice asking for a different number of workers."""
+    delete: tuple[str, ...] = ()
+    """Slices still waiting that ask for a number the job no longer wants."""
+    resize: Obj | None = None
+    """A merge patch of a slice's ``spec.podSets`` (and the version it was read at)."""
+    waiting: str = ""
+    """Why the job runs fewer workers than it asks for (a slice waits), else empty."""
+
+
+def _workers(wl: Obj) -> Obj:
+    return next(ps for ps in wl["spec"]["podSets"] if ps["name"] == WORKERS)
+
+
+def _with_workers(wl: Obj, count: int, min_count: int | None) -> list[Obj]:
+    """``wl``'s pod sets with the workers' count (and minCount) changed."""
+    pod_sets: list[Obj] = copy.deepcopy(wl["spec"]["podSets"])
+    for ps in pod_sets:
+        if ps["name"] == WORKERS:
+            ps["count"] = count
+            ps.pop("minCount", None)
+            if min_count is not None and min_count < count:
+                ps["minCount"] = min_count
+    return pod_sets
+
+
+def _with_count(wl: Obj, count: int) -> Obj:
+    """The merge patch of ``wl``'s pod sets with only the workers' count changed (an
+    admitted slice's minCount is fixed; it never exceeds ``count`` here)."""
+    pod_sets: list[Obj] = copy.deepcopy(wl["spec"]["podSets"])
+    for ps in pod_sets:
+        if ps["name"] == WORKERS:
+            ps["count"] = count
+    return {"metadata": _version_of(wl), "spec": {"podSets": pod_sets}}
+
+
+def _version_of(wl: Obj) -> Obj:
+    """The metadata a patch of ``wl`` carries: its name (where the apply layer sends it)
+    and the version it was read at (a Workload Kueue changed meanwhile is refused)."""
+    meta = wl.get("metadata") or {}
+    return {"name": meta.get("name", ""), "resourceVersion": meta.get("resourceVersion", "")}
+
+
+def _replacement(job: Obj, base: Obj, number: int, count: int, min_count: int | None) -> Obj:
+    """Slice ``number`` of ``job``'s chain, asking for ``count`` workers (at least
+    ``min_count`` of them); admitted, it replaces ``base``."""
+    meta = base["metadata"]
+    return {
+        "apiVersion": API_VERSION, "kind": "Workload",
+        "metadata": {
+            "name": workload_name(job, number), "namespace": meta["namespace"],
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": {ELASTIC_ANNOTATION: "true", SLICE_ANNOTATION: str(number),
+                            REPLACES_ANNOTATION: f"{meta['namespace']}/{meta['name']}"},
+            "ownerReferences": copy.deepcopy(meta.get("ownerReferences") or []),
+        },
+        "spec": {**{k: copy.deepcopy(v) for k, v in base["spec"].items() if k != "podSets"},
+                 "podSets": _with_workers(base, count, min_count)},
+    }
+
+
+def resize_slices(job: Obj, base: Obj, waiting: Obj | None, given: Admission,
+                  next_number: int) -> SliceChange:
+    """How the chain follows ``spec.workers.replicas`` once ``base`` (the oldest slice
+    not finished) is admitted with ``given``; ``waiting`` is a newer slice not admitted
+    yet. At most one slice waits at a time: one asking for another number goes first.
+
+    - More workers than admitted: a new slice replacing ``base``, admitted only with at
+      least one worker more than now (``minCount``), so Kueue never swaps a slice for
+      one of the same size; it waits while the quota is short and is admitted when the
+      quota frees (the job grows then).
+    - Fewer: ``base`` shrinks in place (its quota is released at once), or, below the
+      slice's own ``minCount`` (which Kueue keeps fixed), a replacing slice of that size.
+    """
+    spec = TrainingJobSpec.model_validate(job["spec"])
+    want, has = spec.workers.replicas, given.counts.get(WORKERS, 0)
+    if waiting is not None:
+        if _workers(waiting)["count"] != want:
+            return SliceChange(delete=(waiting["metadata"]["name"],))
+        return SliceChange(waiting=_waiting_reason(waiting, want, has) if want > has else "")
+    if want > has:
+        return SliceChange(create=_replacement(job, base, next_number, want, has + 1),
+                           waiting=f"asking Kueue for {want} workers ({has} admitted)")
+    floor = _workers(base).get("minCount")
+    if floor is not None and want < floor:
+        return SliceChange(create=_replacement(job, base, next_number, want, spec.workers.min))
+    if want < _workers(base)["count"]:
+        return SliceChange(resize=_with_count(base, want))
+    return SliceChange()
+
+
+def _waiting_reason(waiting: Obj, want: int, has: int) -> str:
+    told = admission(waiting)
+    return (f"asking Kueue for {want} workers ({has} admitted): {told.reason}: "
+            f"{told.message}")
+
+
+def resize_queued(job: Obj, base: Obj) -> Obj | None:
+    """The merge patch that makes a Workload not admitted yet ask for the job's current
+    workers and gang (pod sets may change until Kueue reserves quota); None if it does."""
+    spec = TrainingJobSpec.model_validate(job["spec"])
+    status = base.get("status") or {}
+    if status.get("admission") is not None or _true(_condition(base, "QuotaReserved")):
+        return None
+    pod_sets = _with_workers(base, spec.workers.replicas, spec.workers.min)
+    if pod_sets == base["spec"]["podSets"]:
+        return None
+    return {"metadata": _version_of(base), "spec": {"podSets": pod_sets}}

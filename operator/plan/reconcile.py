@@ -13,7 +13,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..settings import OperatorSettings
-from .kueue import Admission, admission, effective_job, queue_name, requeue_evicted, workload
+from .kueue import (
+    Admission,
+    admission,
+    effective_job,
+    queue_name,
+    requeue_evicted,
+    resize_queued,
+    resize_slices,
+    workload,
+)
 from .phases import TERMINAL
 from .round.conditions import checkpoints, crash_loops, policy_found, templates
 from .round.counts import counts
@@ -29,7 +38,7 @@ from .round.lifecycle import (
 )
 from .round.measures import measurements, stragglers
 from .round.placement import backoff, gang_timeout, resize
-from .round.queue import queue
+from .round.queue import queue, quota_wait
 from .round.state import Round
 from .round.world import world
 from .types import Event, Observed, Placement, Placer, Plan
@@ -62,15 +71,26 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
         given = admission(observed.workload)
         if observed.workload is None and observed.policy is not None:
             published = workload(observed.job, queued, observed.policy,
-                                 observed.workload_priority)
+                                 observed.workload_priority, elastic=settings.kueue_elastic)
             if isinstance(published, Admission):
                 given = published  # it cannot be published yet: say why
             else:
                 d.plan.workload = published
         if d.take(queue(r, d.status, given)).stop:
-            if not r.pods and observed.workload is not None:
-                d.plan.workload_requeue = requeue_evicted(observed.workload, now)
+            if observed.workload is not None:
+                if not r.pods:
+                    d.plan.workload_requeue = requeue_evicted(observed.workload, now)
+                d.plan.workload_resize = resize_queued(observed.job, observed.workload)
+            if observed.waiting_slice is not None:  # one request at a time, once admitted
+                d.plan.workload_delete.append(observed.waiting_slice["metadata"]["name"])
             return _close(r, d)
+        if settings.kueue_elastic and observed.workload is not None:
+            change = resize_slices(observed.job, observed.workload, observed.waiting_slice,
+                                   given, observed.next_slice)
+            d.plan.workload = change.create
+            d.plan.workload_delete.extend(change.delete)
+            d.plan.workload_resize = change.resize
+            d.take(quota_wait(d.status, change.waiting))
         effective = replace(observed, job=effective_job(observed.job, given,
                                                         observed.flavor_labels))
         r = Round.of(effective, settings, now, placer)
@@ -97,5 +117,7 @@ def _close(r: Round, d: Draft) -> Plan:
         d.take(clean_up(r, d.status))
         if r.obs.workload is not None and not admission(r.obs.workload).finished:
             d.plan.workload_finished = f"TrainingJob {d.phase}"
+            d.plan.finish_workloads = [wl["metadata"]["name"] for wl in
+                                       (r.obs.workload, r.obs.waiting_slice) if wl is not None]
     d.take(counts(r, d.plan))
     return d.done()

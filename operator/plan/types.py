@@ -62,7 +62,12 @@ class Observed:
     node_down_since: Mapping[str, float] = field(default_factory=dict)
     """The job's pods' nodes that are NotReady, and since when."""
     workload: Obj | None = None
-    """The job's Kueue Workload (only for a job labelled with a queue name)."""
+    """The job's Kueue Workload (only for a job labelled with a queue name): the oldest
+    slice of its chain not finished."""
+    waiting_slice: Obj | None = None
+    """A newer slice of the chain, asking for another number of workers, not admitted."""
+    next_slice: int = 1
+    """The number the chain's next slice gets."""
     flavor_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Node labels of the ResourceFlavors the Workload was admitted with, by flavor."""
     workload_priority: int | None = None
@@ -100,12 +105,20 @@ class Plan:
     requeue_after: float | None = None
     delete_job: bool = False
     workload: Obj | None = None
-    """The Kueue Workload to create when the job has none yet."""
+    """The Kueue Workload (or slice of it) to create."""
+    workload_delete: list[str] = field(default_factory=list)
+    """Slices not admitted that ask for a number of workers the job no longer wants."""
+    workload_resize: Obj | None = None
+    """A merge patch of one slice's pod sets (``metadata.name`` names it): fewer or more
+    workers asked for."""
     workload_finished: str = ""
-    """Why the job ended: the Workload is marked Finished, which releases its quota."""
+    """Why the job ended: its Workload slices are marked Finished, which releases quota."""
+    finish_workloads: list[str] = field(default_factory=list)
+    """The slices marked Finished with ``workload_finished``."""
     workload_requeue: Obj | None = None
-    """A merge patch of the Workload's status that hands an evicted Workload back to the
-    queue once the job's pods are gone (what Kueue's job integrations do)."""
+    """A merge patch of the Workload's status (``metadata.name`` names it) that hands an
+    evicted Workload back to the queue once the job's pods are gone (what Kueue's job
+    integrations do)."""
 
     def soon(self, seconds: float) -> None:
         """Ask to be run again within ``seconds``."""

@@ -1,139 +1,28 @@
-"""TrainingJobs queued through the real Kueue (v0.17, built from its Go module).
-
-Kueue runs once for this module against the session's cluster, and an operator with the
-Kueue integration on replaces the session's operator meanwhile. Each test makes its own
-ResourceFlavor per GPU model (node labels: the model label), a ClusterQueue with a GPU
-quota and a LocalQueue in its namespace.
+"""TrainingJobs queued through the real Kueue (v0.17, built from its Go module), on KWOK
+nodes (the pods run no training; tests/e2e/test_kueue_preemption_job.py trains through a
+preemption). The Kueue fixtures and queues: tests/queueing.py.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 
-from ringwright.devcluster.control_plane import Cluster
-from ringwright.devcluster.kueue import API_VERSION, running_kueue
 from ringwright.kube import KubeClient, api_path
 from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOURCE
-from ringwright.operator.plan.kueue import PRIORITY_LABEL, QUEUE_LABEL
+from ringwright.operator.plan.kueue import API_VERSION
 from tests.cluster.test_placement_cluster import (
     SLOW,
     cluster_facts,
     condition,
-    job,
     pods_of,
     wait_quiet,
     wait_running,
 )
-from tests.jobs import OperatorProcess, get_status, instead_of, reconciled, tj_path
+from tests.jobs import get_status, reconciled, tj_path
+from tests.queueing import Queues, queued_job, slices_of, wait_condition, workload_of
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The real Kueue, running for this module's tests; yields its folder (log)."""
-    folder = tmp_path_factory.mktemp("kueue")
-    with running_kueue(cluster, folder):
-        yield folder
-
-
-@pytest.fixture(scope="module")
-def queueing_operator(cluster: Cluster, kueue: Path, operator: OperatorProcess,
-                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """The operator with RINGWRIGHT_KUEUE on, instead of the session's for this module
-    (both would take the same Lease; the session's is back afterwards)."""
-    own = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-op") / "operator.log",
-                          settings={**operator.settings, "RINGWRIGHT_KUEUE": "true"})
-    with instead_of(operator, own):
-        yield own
-
-
-class Queues:
-    """A ClusterQueue over one flavor per GPU model, and a LocalQueue in the namespace."""
-
-    def __init__(self, kube: KubeClient, namespace: str, gpus: int) -> None:
-        self.kube, self.namespace = kube, namespace
-        suffix = uuid.uuid4().hex[:6]
-        self.models = sorted({n.model for n in cluster_facts(kube).values() if n.model})
-        self.flavors = {m: f"t-{suffix}-{i}" for i, m in enumerate(self.models)}
-        self.cluster_queue = f"t-cq-{suffix}"
-        self.local_queue = "team"
-        for model, flavor in self.flavors.items():
-            self._apply("resourceflavors", {"kind": "ResourceFlavor",
-                                            "metadata": {"name": flavor},
-                                            "spec": {"nodeLabels": {GPU_MODEL_LABEL: model}}})
-        # Only the first model's flavor has GPU quota: admission picks the model.
-        groups = [{"coveredResources": ["cpu", "memory", GPU_RESOURCE], "flavors": [
-            {"name": self.flavors[self.models[0]], "resources": [
-                {"name": "cpu", "nominalQuota": "1000"},
-                {"name": "memory", "nominalQuota": "10000Gi"},
-                {"name": GPU_RESOURCE, "nominalQuota": str(gpus)}]}]}]
-        self._apply("clusterqueues", {"kind": "ClusterQueue",
-                                      "metadata": {"name": self.cluster_queue},
-                                      "spec": {"namespaceSelector": {},
-                                               "preemption": {
-                                                   "withinClusterQueue": "LowerPriority"},
-                                               "resourceGroups": groups}})
-        self.priorities = {"low": f"t-low-{suffix}", "high": f"t-high-{suffix}"}
-        for value, name in ((100, self.priorities["low"]), (1000, self.priorities["high"])):
-            self._apply("workloadpriorityclasses", {"kind": "WorkloadPriorityClass",
-                                                    "metadata": {"name": name},
-                                                    "value": value})
-        self._apply("localqueues", {"kind": "LocalQueue",
-                                    "metadata": {"name": self.local_queue,
-                                                 "namespace": namespace},
-                                    "spec": {"clusterQueue": self.cluster_queue}})
-
-    def _apply(self, plural: str, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        self.kube.apply(api_path(API_VERSION, plural, meta.get("namespace"), meta["name"]),
-                        {"apiVersion": API_VERSION, **obj})
-
-    def cleanup(self) -> None:
-        self.kube.delete(api_path(API_VERSION, "localqueues", self.namespace, self.local_queue))
-        self.kube.delete(api_path(API_VERSION, "clusterqueues", name=self.cluster_queue))
-        for flavor in self.flavors.values():
-            self.kube.delete(api_path(API_VERSION, "resourceflavors", name=flavor))
-        for name in self.priorities.values():
-            self.kube.delete(api_path(API_VERSION, "workloadpriorityclasses", name=name))
-
-
-@pytest.fixture()
-def queues(kube: KubeClient, namespace: str, queueing_operator: OperatorProcess
-           ) -> Iterator[Queues]:
-    handle = Queues(kube, namespace, gpus=16)
-    yield handle
-    handle.cleanup()
-
-
-def queued_job(name: str, workers: int, gpus: int, queue: str,
-               priority: str | None = None) -> dict[str, Any]:
-    manifest = job(name, workers, gpus)
-    manifest["metadata"]["labels"] = {QUEUE_LABEL: queue}
-    if priority is not None:
-        manifest["metadata"]["labels"][PRIORITY_LABEL] = priority
-    return manifest
-
-
-def workload_of(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
-    found = [w for w in kube.list(api_path(API_VERSION, "workloads", ns))
-             if w["metadata"].get("labels", {}).get("ringwright.dev/job") == name]
-    return found[0] if found else None
-
-
-def wait_condition(kube: KubeClient, ns: str, name: str, type_: str, status: str
-                   ) -> dict[str, Any]:
-    def seen() -> dict[str, Any] | None:
-        c = condition(kube, ns, name, type_)
-        return c if c is not None and c["status"] == status else None
-
-    return wait_for(seen, f"{name}: condition {type_}={status}", timeout=SLOW)
 
 
 def test_admitted_job_runs_on_the_flavors_model_after_admission(
@@ -246,3 +135,54 @@ def test_a_job_larger_than_the_quota_runs_as_many_workers_as_kueue_admits(
     # Rounds go on and never exceed what was admitted.
     reconciled(kube, namespace, "partial", timeout=SLOW)
     assert len(pods_of(kube, namespace, "partial")) == 4
+
+
+def gpus_in_use(kube: KubeClient, queues: Queues) -> float:
+    """The GPUs the ClusterQueue counts as used (its status's flavorsUsage)."""
+    cq = kube.get(api_path(API_VERSION, "clusterqueues", name=queues.cluster_queue))
+    return sum(float(r.get("total", 0)) for f in (cq.get("status") or {}).get("flavorsUsage") or ()
+               for r in f.get("resources") or () if r["name"] == GPU_RESOURCE)
+
+
+def test_a_job_grows_within_its_quota_waits_for_more_and_shrinks_at_once(
+    kube: KubeClient, namespace: str, queues: Queues
+) -> None:
+    ns = namespace
+    wait_quiet(kube, ns)
+
+    def scale(replicas: int) -> None:
+        kube.merge_patch(tj_path(ns, "elastic", "scale"), {"spec": {"replicas": replicas}})
+
+    # 8 + 4 of 16 GPUs.
+    kube.create(tj_path(ns), queued_job("elastic", 2, 4, queues.local_queue))
+    kube.create(tj_path(ns), queued_job("other", 1, 4, queues.local_queue))
+    wait_running(kube, ns, "elastic", 2)
+    other, _ = wait_running(kube, ns, "other", 1)
+
+    # A third worker fits: a new slice is admitted in place of the first.
+    scale(3)
+    wait_running(kube, ns, "elastic", 3)
+    first, grown = slices_of(kube, ns, "elastic")[:2]
+    finished = next(c for c in first["status"]["conditions"] if c["type"] == "Finished")
+    assert (finished["status"], finished["reason"]) == ("True", "WorkloadSliceReplaced")
+    assert grown["status"]["admission"]["podSetAssignments"][0]["count"] == 3
+
+    # A fourth does not (16 + 4 > 16): the job runs three and says why.
+    scale(4)
+    waiting = wait_condition(kube, ns, "elastic", "WaitingForQuota", "True")
+    assert "4 workers (3 admitted)" in waiting["message"], waiting
+    reconciled(kube, ns, "elastic", timeout=SLOW)
+    assert len(pods_of(kube, ns, "elastic")) == 3
+
+    # The other job ends: its quota frees and the waiting slice is admitted.
+    kube.merge_patch(api_path("v1", "pods", ns, other.members[0].pod, "status"),
+                     {"status": {"phase": "Succeeded"}})
+    wait_running(kube, ns, "elastic", 4)
+    wait_condition(kube, ns, "elastic", "WaitingForQuota", "False")
+
+    # Down to two: the admitted slice shrinks in place and hands 8 GPUs back at once.
+    scale(2)
+    wait_running(kube, ns, "elastic", 2)
+    wait_for(lambda: gpus_in_use(kube, queues) == 8, "the ClusterQueue to count 8 GPUs",
+             timeout=SLOW)
+    assert workload_of(kube, ns, "elastic")["spec"]["podSets"][0]["count"] == 2  # type: ignore[index]

@@ -122,7 +122,8 @@ def verbose_and_extras(objs: list[Obj]) -> None:
 SETTINGS: Obj = {"settleSeconds": 2.5, "drainSeconds": 45, "belowMinGraceSeconds": 600,
                  "psExitGraceSeconds": 15, "backoffBaseSeconds": 2, "backoffCapSeconds": 120,
                  "resyncSeconds": 20, "scaffoldResyncSeconds": 900, "storePort": 29500,
-                 "networkPolicy": False, "operatorNamespace": "ops", "kueue": True}
+                 "networkPolicy": False, "operatorNamespace": "ops", "kueue": True,
+                 "kueueElastic": True}
 
 
 def kueue_rules(objs: list[Obj]) -> dict[str, set[str]]:
@@ -139,9 +140,9 @@ def kueue_rules(objs: list[Obj]) -> dict[str, set[str]]:
 def settings(objs: list[Obj]) -> None:
     parsed = OperatorSettings.from_env(env(objs))
     assert {to_camel(k): v for k, v in parsed.model_dump().items()} == SETTINGS
-    # The Kueue integration on: the operator may create and watch Workloads, mark them
-    # Finished, and read ResourceFlavors.
-    assert kueue_rules(objs) == {"workloads": {"list", "watch", "create"},
+    # The Kueue integration on: the operator may create, watch, resize and withdraw
+    # Workloads, mark them Finished, and read ResourceFlavors.
+    assert kueue_rules(objs) == {"workloads": {"list", "watch", "create", "patch", "delete"},
                                  "workloads/status": {"patch"},
                                  "resourceflavors": {"list", "watch"},
                                  "workloadpriorityclasses": {"list", "watch"}}

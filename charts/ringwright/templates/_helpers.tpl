@@ -121,12 +121,13 @@ this, so `helm template`, `helm lint` and `helm install` all refuse bad values.
     resources: [events]
     verbs: [create, patch]
   {{- if eq (toString (.Values.operator.settings.kueue | default false)) "true" }}
-  # Kueue (settings.kueue): each queued job's Workload, created once and watched;
-  # its status patched when the job ends (Finished, which frees the quota) and when
-  # an evicted job's pods are gone (back to the queue).
+  # Kueue (settings.kueue): each queued job's Workload, created and watched; its
+  # counts patched while it waits (and, with kueueElastic, its slices created, shrunk
+  # and withdrawn); its status patched when the job ends (Finished, which frees the
+  # quota) and when an evicted job's pods are gone (back to the queue).
   - apiGroups: [kueue.x-k8s.io]
     resources: [workloads]
-    verbs: [list, watch, create]
+    verbs: [list, watch, create, patch, delete]
   - apiGroups: [kueue.x-k8s.io]
     resources: [workloads/status]
     verbs: [patch]

@@ -11,6 +11,7 @@ from .state import Move, Outcome, Round, SetCondition, event
 from .status import find_condition
 
 QUEUED, ADMITTED = "Queued", "Admitted"
+WAITING_FOR_QUOTA = "WaitingForQuota"
 POLL_SECONDS = 2.0
 """How soon a waiting job looks at its Workload again (a Workload event wakes it sooner)."""
 
@@ -53,3 +54,21 @@ def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
         moves=(Move(JobPhase.SUSPENDED, given.reason,
                     f"evicted by Kueue ({message}); pods stop with their grace period, "
                     "restarts are kept, and the job resumes once admitted again"),))
+
+
+def quota_wait(status: TrainingJobStatus, waiting: str) -> Outcome:
+    """Condition WaitingForQuota while the job asks Kueue for more workers than it was
+    admitted with (``waiting`` says how many and Kueue's answer); cleared once admitted.
+
+    Sets: condition WaitingForQuota (only on a job that has or needs it), an event when
+    the wait begins."""
+    current = find_condition(status, WAITING_FOR_QUOTA)
+    was_waiting = current is not None and current.status == ConditionStatus.TRUE
+    if waiting:
+        return Outcome(conditions=(SetCondition(WAITING_FOR_QUOTA, True, "ScaleUpQueued",
+                                                waiting),),
+                       events=() if was_waiting else (event(WAITING_FOR_QUOTA, waiting),))
+    if was_waiting:
+        return Outcome(conditions=(SetCondition(WAITING_FOR_QUOTA, False, "Admitted",
+                                                "Kueue admitted every worker asked for"),))
+    return Outcome()

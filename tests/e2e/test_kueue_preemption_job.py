@@ -1,0 +1,127 @@
+"""Preempted by Kueue without losing work: a training job whose quota a higher-priority
+job takes writes its checkpoint on the SIGTERM its pods get, waits in the queue, and
+resumes from that checkpoint when Kueue admits it again: every sample of every data
+epoch trained exactly once across the two admissions.
+
+The pod host runs the preempted job's pods and stops them as a kubelet does (SIGTERM,
+then the pod's grace period); the other job's pods run nothing (KWOK). The real Kueue
+and the queues: tests/queueing.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ringwright.devcluster.podhost import PodHost
+from ringwright.kube import KubeClient, api_path
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
+from tests.cluster.test_placement_cluster import SLOW, pods_of, wait_quiet, wait_running
+from tests.e2e.test_elastic_job import HostThread
+from tests.jobs import get_status, tj_path
+from tests.queueing import Queues, queued_job, workload_of
+from tests.runtime.elastic_traces import assert_every_sample_once, assert_params_identical
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
+SAMPLES, EPOCHS, BATCH = 512, 2, 4
+HELD_AT = 24
+"""The step the preempted job's workers wait at (a commit) until Kueue evicted it, so
+the eviction finds it training whatever the machine's speed."""
+
+
+class EvictionSeen:
+    """The wall-clock time this test first saw the job's Workload evicted (polled every
+    0.1 s, so at most that much after Kueue set the condition)."""
+
+    def __init__(self, kube: KubeClient, ns: str, job: str) -> None:
+        self.at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, args=(kube, ns, job), daemon=True)
+        self._thread.start()
+
+    def _poll(self, kube: KubeClient, ns: str, job: str) -> None:
+        while self.at is None and not self._stop.wait(0.1):
+            workload = workload_of(kube, ns, job) or {}
+            if any(c["type"] == "Evicted" and c["status"] == "True"
+                   for c in (workload.get("status") or {}).get("conditions") or []):
+                self.at = time.time()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_preempted_job_checkpoints_requeues_and_resumes_with_every_sample_once(
+        kube: KubeClient, namespace: str, queues: Queues, tmp_path: Path) -> None:
+    ns, root, gate = namespace, tmp_path / "checkpoints", tmp_path / "held"
+    wait_quiet(kube, ns)
+    # 2 pods of 4 GPUs (one CPU rank each) at priority 100, of a 16-GPU quota.
+    low = queued_job("low", 2, 4, queues.local_queue, queues.priorities["low"])
+    low["spec"]["workers"]["numProcPerNode"] = 1
+    low["spec"]["checkpoint"] = {"path": str(root), "intervalSteps": 8}
+    kube.create(tj_path(ns), low)
+    gate.touch()
+    env = {"TRACE_DIR": str(tmp_path / "pods" / "trace"), "EPOCHS": str(EPOCHS),
+           "SAMPLES": str(SAMPLES), "BATCH": str(BATCH), "COMMIT_EVERY": "4",
+           "STEP_SLEEP": "0.05", "OMP_NUM_THREADS": "1",
+           "GATE_FILE": str(gate), "GATE_STEP": str(HELD_AT)}
+    runner = HostThread(PodHost(kube, ns, "low", [sys.executable, str(WORKER)],
+                                tmp_path / "pods", extra_env=env, readiness_grace=120,
+                                graceful=True))
+    evicted = EvictionSeen(kube, ns, "low")
+    try:
+        world, _ = wait_running(kube, ns, "low", 2)
+        wait_for(lambda: runner.traces().max_step() >= HELD_AT, f"low: training to step {HELD_AT}",
+                 timeout=SLOW)
+
+        # 8 more GPUs at priority 1000 do not fit beside low's 8: Kueue preempts low.
+        kube.create(tj_path(ns), queued_job("high", 3, 4, queues.local_queue,
+                                            queues.priorities["high"]))
+        wait_for(lambda: evicted.at, "low: its Workload evicted", timeout=SLOW)
+        gate.unlink()
+        wait_for(lambda: get_status(kube, ns, "low").get("phase") == "Suspended"
+                 and not pods_of(kube, ns, "low") and set(world.pods) <= set(runner.host.finished),
+                 "low: Suspended, its pods gone and their processes ended", timeout=SLOW)
+        # Each worker exited on the SIGTERM, after rank 0 wrote the last commit.
+        assert {p: runner.host.finished[p] for p in world.pods} == {
+            p: [128 + signal.SIGTERM] for p in world.pods}
+        ended = dict(runner.traces().events("terminated"))
+        (writer,) = [r for r in ended.values() if r["rank"] == 0]
+        assert writer["flushed"], "rank 0 exited before its final checkpoint was written"
+        assert Checkpointer(LocalStorage(root)).steps()[-1] == writer["step"] >= HELD_AT
+        durable_s = writer["t"] - evicted.at
+        print(f"eviction -> checkpoint durable: {durable_s:.2f} s "
+              f"(step {writer['step']}; eviction seen within 0.1 s)")
+
+        # high finishes: low is admitted again and resumes from that checkpoint.
+        high, _ = wait_running(kube, ns, "high", 3)
+        kube.merge_patch(api_path("v1", "pods", ns, high.members[0].pod, "status"),
+                         {"status": {"phase": "Succeeded"}})
+        wait_for(lambda: get_status(kube, ns, "low").get("phase") == "Succeeded",
+                 "low: readmitted and trained to the end", timeout=2 * SLOW)
+        t = runner.traces()
+        resumed = [g for g in t.generations() if g > world.generation]
+        assert resumed, "low never trained again"
+        assert {r["step"] for r in t.starts(resumed[0]).values()} == {writer["step"]}
+        assert_every_sample_once(t, SAMPLES, EPOCHS)
+        assert_params_identical(t)
+        status = get_status(kube, ns, "low")
+        assert status.get("restarts", 0) == 0, status
+        phases = [p["phase"] for p in status["phaseHistory"]]
+        assert phases[-4:] == ["Suspended", "Pending", "Running", "Succeeded"], phases
+    except BaseException:
+        print(runner.tails(30))
+        print("low:", get_status(kube, ns, "low"))
+        raise
+    finally:
+        evicted.close()
+        runner.close()

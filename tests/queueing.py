@@ -1,0 +1,136 @@
+"""Kueue for the tests that queue jobs through it: the real Kueue (v0.17, built from its
+Go module) running for one test module, an operator with the Kueue integration on
+instead of the session's meanwhile, and per test a ResourceFlavor per GPU model (node
+labels: the model label), a ClusterQueue with a GPU quota and a LocalQueue in the test's
+namespace. Loaded as a plugin by tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.kueue import API_VERSION, running_kueue
+from ringwright.kube import KubeClient, api_path
+from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOURCE
+from ringwright.operator.plan.kueue import PRIORITY_LABEL, QUEUE_LABEL, admission, slice_number
+from ringwright.operator.plan.manifests import JOB_LABEL
+from tests.cluster.test_placement_cluster import SLOW, cluster_facts, condition, job
+from tests.jobs import OperatorProcess, instead_of
+from tests.waiting import wait_for
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The real Kueue, running for this module's tests; yields its folder (log)."""
+    folder = tmp_path_factory.mktemp("kueue")
+    with running_kueue(cluster, folder):
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def queueing_operator(cluster: Cluster, kueue: Path, operator: OperatorProcess,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator with RINGWRIGHT_KUEUE (and its workload slices) on, instead of the
+    session's for this module (both would take the same Lease; the session's is back
+    afterwards)."""
+    own = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-op") / "operator.log",
+                          settings={**operator.settings, "RINGWRIGHT_KUEUE": "true",
+                                    "RINGWRIGHT_KUEUE_ELASTIC": "true"})
+    with instead_of(operator, own):
+        yield own
+
+
+class Queues:
+    """A ClusterQueue over one flavor per GPU model, and a LocalQueue in the namespace."""
+
+    def __init__(self, kube: KubeClient, namespace: str, gpus: int) -> None:
+        self.kube, self.namespace = kube, namespace
+        suffix = uuid.uuid4().hex[:6]
+        self.models = sorted({n.model for n in cluster_facts(kube).values() if n.model})
+        self.flavors = {m: f"t-{suffix}-{i}" for i, m in enumerate(self.models)}
+        self.cluster_queue = f"t-cq-{suffix}"
+        self.local_queue = "team"
+        for model, flavor in self.flavors.items():
+            self._apply("resourceflavors", {"kind": "ResourceFlavor",
+                                            "metadata": {"name": flavor},
+                                            "spec": {"nodeLabels": {GPU_MODEL_LABEL: model}}})
+        # Only the first model's flavor has GPU quota: admission picks the model.
+        groups = [{"coveredResources": ["cpu", "memory", GPU_RESOURCE], "flavors": [
+            {"name": self.flavors[self.models[0]], "resources": [
+                {"name": "cpu", "nominalQuota": "1000"},
+                {"name": "memory", "nominalQuota": "10000Gi"},
+                {"name": GPU_RESOURCE, "nominalQuota": str(gpus)}]}]}]
+        self._apply("clusterqueues", {"kind": "ClusterQueue",
+                                      "metadata": {"name": self.cluster_queue},
+                                      "spec": {"namespaceSelector": {},
+                                               "preemption": {
+                                                   "withinClusterQueue": "LowerPriority"},
+                                               "resourceGroups": groups}})
+        self.priorities = {"low": f"t-low-{suffix}", "high": f"t-high-{suffix}"}
+        for value, name in ((100, self.priorities["low"]), (1000, self.priorities["high"])):
+            self._apply("workloadpriorityclasses", {"kind": "WorkloadPriorityClass",
+                                                    "metadata": {"name": name},
+                                                    "value": value})
+        self._apply("localqueues", {"kind": "LocalQueue",
+                                    "metadata": {"name": self.local_queue,
+                                                 "namespace": namespace},
+                                    "spec": {"clusterQueue": self.cluster_queue}})
+
+    def _apply(self, plural: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.kube.apply(api_path(API_VERSION, plural, meta.get("namespace"), meta["name"]),
+                        {"apiVersion": API_VERSION, **obj})
+
+    def cleanup(self) -> None:
+        self.kube.delete(api_path(API_VERSION, "localqueues", self.namespace, self.local_queue))
+        self.kube.delete(api_path(API_VERSION, "clusterqueues", name=self.cluster_queue))
+        for flavor in self.flavors.values():
+            self.kube.delete(api_path(API_VERSION, "resourceflavors", name=flavor))
+        for name in self.priorities.values():
+            self.kube.delete(api_path(API_VERSION, "workloadpriorityclasses", name=name))
+
+
+@pytest.fixture()
+def queues(kube: KubeClient, namespace: str, queueing_operator: OperatorProcess
+           ) -> Iterator[Queues]:
+    handle = Queues(kube, namespace, gpus=16)
+    yield handle
+    handle.cleanup()
+
+
+def queued_job(name: str, workers: int, gpus: int, queue: str,
+               priority: str | None = None) -> dict[str, Any]:
+    manifest = job(name, workers, gpus)
+    manifest["metadata"]["labels"] = {QUEUE_LABEL: queue}
+    if priority is not None:
+        manifest["metadata"]["labels"][PRIORITY_LABEL] = priority
+    return manifest
+
+
+def slices_of(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
+    """Job ``name``'s Workload slices, in order."""
+    found = [w for w in kube.list(api_path(API_VERSION, "workloads", ns))
+             if w["metadata"].get("labels", {}).get(JOB_LABEL) == name]
+    return sorted(found, key=slice_number)
+
+
+def workload_of(kube: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
+    """Job ``name``'s Workload: the oldest slice not finished (else the last)."""
+    chain = slices_of(kube, ns, name)
+    going = [w for w in chain if not admission(w).finished]
+    return going[0] if going else (chain[-1] if chain else None)
+
+
+def wait_condition(kube: KubeClient, ns: str, name: str, type_: str, status: str
+                   ) -> dict[str, Any]:
+    def seen() -> dict[str, Any] | None:
+        c = condition(kube, ns, name, type_)
+        return c if c is not None and c["status"] == status else None
+
+    return wait_for(seen, f"{name}: condition {type_}={status}", timeout=SLOW)
