@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
 SAMPLES, EPOCHS, BATCH = 512, 2, 4
 HELD_AT = 24
-"""The step the preempted job's workers wait at (a commit) until Kueue evicted it, so
-the eviction finds it training whatever the machine's speed."""
+"""The step the preempted job's workers wait at (a commit) until their pods are being
+deleted, so the preemption finds the job training whatever the machine's speed."""
 
 
 class EvictionSeen:
@@ -87,6 +87,11 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_with_every_sample_once
         kube.create(tj_path(ns), queued_job("high", 3, 4, queues.local_queue,
                                             queues.priorities["high"]))
         wait_for(lambda: evicted.at, "low: its Workload evicted", timeout=SLOW)
+        # The gate holds training until the pods are being deleted (their SIGTERM is
+        # then handled at the next commit), so the job cannot finish first.
+        wait_for(lambda: all(p["metadata"].get("deletionTimestamp")
+                             for p in pods_of(kube, ns, "low")), "low: its pods deleted",
+                 timeout=SLOW)
         gate.unlink()
         wait_for(lambda: get_status(kube, ns, "low").get("phase") == "Suspended"
                  and not pods_of(kube, ns, "low") and set(world.pods) <= set(runner.host.finished),
