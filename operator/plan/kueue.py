@@ -48,6 +48,12 @@ REPLACES_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
 """On a new slice: ``<namespace>/<name>`` of the slice it replaces once admitted."""
 SLICE_ANNOTATION = "ringwright.dev/workload-slice"
 """The slice's number in the job's chain (0: the first Workload)."""
+TOPOLOGY_ANNOTATIONS = {
+    "kueue.x-k8s.io/podset-required-topology": "required",
+    "kueue.x-k8s.io/podset-preferred-topology": "preferred",
+}
+"""Kueue's own annotations of a pod template asking for topology-aware scheduling (the
+level, a node label key), and the field of the pod set's ``topologyRequest`` each sets."""
 WORKERS, PS = "workers", "ps"
 _POD_FIELDS = ("containers", "initContainers", "nodeSelector", "tolerations", "affinity",
                "overhead", "priorityClassName")
@@ -74,8 +80,16 @@ def slice_number(wl: Obj) -> int:
     return int(((wl.get("metadata") or {}).get("annotations") or {}).get(SLICE_ANNOTATION, 0))
 
 
+def topology_request(template: Mapping[str, Any]) -> Obj | None:
+    """The pod set's ``topologyRequest`` from Kueue's annotations on a pod ``template``."""
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    asked = {field: str(annotations[key]) for key, field in TOPOLOGY_ANNOTATIONS.items()
+             if annotations.get(key)}
+    return asked or None
+
+
 def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any],
-             min_count: int | None = None) -> Obj:
+             min_count: int | None = None, topology: Obj | None = None) -> Obj:
     spec = {k: copy.deepcopy(pod_spec[k]) for k in _POD_FIELDS if k in pod_spec}
     spec["containers"] = [{"name": c["name"], "image": c.get("image", ""),
                            "resources": copy.deepcopy(c.get("resources") or {})}
@@ -87,6 +101,8 @@ def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any],
     out: Obj = {"name": name, "count": count, "template": {"spec": spec}}
     if min_count is not None and min_count < count:
         out["minCount"] = min_count
+    if topology is not None:
+        out["topologyRequest"] = topology
     return out
 
 
@@ -123,10 +139,13 @@ def workload(job: Obj, queue: str, policy: SchedulingPolicySpec,
         # against the flavors' node labels.
         workers["nodeSelector"] = {**(workers.get("nodeSelector") or {}),
                                    policy.node_labels.gpu_model: spec.gpu_model}
-    pod_sets = [_pod_set(WORKERS, spec.workers.replicas, workers, min_count=spec.workers.min)]
+    templates = job["spec"]
+    pod_sets = [_pod_set(WORKERS, spec.workers.replicas, workers, min_count=spec.workers.min,
+                         topology=topology_request(templates["workers"]["template"]))]
     if spec.ps is not None and spec.ps.replicas:
         pod_sets.append(_pod_set(PS, spec.ps.replicas, ps_pod_spec(
-            spec.ps.template.spec.to_wire(), policy.ps_pinning)))
+            spec.ps.template.spec.to_wire(), policy.ps_pinning),
+            topology=topology_request(templates["ps"]["template"])))
     return {
         "apiVersion": API_VERSION, "kind": "Workload",
         "metadata": {
@@ -156,6 +175,10 @@ class Admission:
     """Admitted pods per pod set."""
     flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The ResourceFlavors assigned per pod set."""
+    topology: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]] = field(
+        default_factory=dict)
+    """Per pod set with a topology assignment: (node label, the values assigned) for each
+    level of it, highest first."""
     finished: bool = False
 
 
@@ -183,8 +206,10 @@ def admission(wl: Obj | None) -> Admission:
         counts = {a["name"]: int(a.get("count", 0)) for a in assignments}
         flavors = {a["name"]: tuple(sorted(set((a.get("flavors") or {}).values())))
                    for a in assignments}
+        topology = {a["name"]: assigned_domains(a["topologyAssignment"])
+                    for a in assignments if a.get("topologyAssignment")}
         return Admission(True, str((admitted or {}).get("reason", "Admitted")),
-                         str((admitted or {}).get("message", "")), counts, flavors)
+                         str((admitted or {}).get("message", "")), counts, flavors, topology)
     if _true(evicted):
         return Admission(False, str((evicted or {}).get("reason", "Evicted")),
                          str((evicted or {}).get("message", "")))
@@ -193,6 +218,23 @@ def admission(wl: Obj | None) -> Admission:
         return Admission(False, str(reserved.get("reason", "Pending")),
                          str(reserved.get("message", "")))
     return Admission(False, "Pending", "waiting for Kueue to consider the Workload")
+
+
+def assigned_domains(assignment: Obj) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The values assigned at each level of a Kueue ``topologyAssignment`` (its compact
+    form: slices of domains whose value at a level is one ``universal`` value or
+    ``prefix + root + suffix`` per domain), as (node label, sorted values) per level."""
+    levels = [str(level) for level in assignment.get("levels") or ()]
+    values: list[set[str]] = [set() for _ in levels]
+    for piece in assignment.get("slices") or ():
+        for at, level in enumerate(piece.get("valuesPerLevel") or ()):
+            if level.get("universal") is not None:
+                values[at].add(str(level["universal"]))
+            else:
+                each = level.get("individual") or {}
+                values[at].update(f"{each.get('prefix') or ''}{root}{each.get('suffix') or ''}"
+                                  for root in each.get("roots") or ())
+    return tuple((level, tuple(sorted(v))) for level, v in zip(levels, values, strict=True))
 
 
 def requeue_evicted(wl: Obj, now: float) -> Obj | None:
@@ -242,10 +284,26 @@ def effective_job(job: Obj, given: Admission,
         template = role_spec["template"].setdefault("spec", {})
         if labels:
             template["nodeSelector"] = {**(template.get("nodeSelector") or {}), **labels}
+        assigned = given.topology.get(pod_set)
+        if assigned:
+            _within(template, assigned)
         admitted = given.counts.get(pod_set)
         if admitted is not None and admitted < int(role_spec.get("replicas", 0)):
             role_spec["replicas"] = admitted
     return out
+
+
+def _within(template: Obj, assigned: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """Narrow a pod template's required node affinity to the topology domains Kueue
+    assigned (every term of it: the terms are alternatives, each must stay inside)."""
+    inside = [{"key": level, "operator": "In", "values": list(values)}
+              for level, values in assigned]
+    required = template.setdefault("affinity", {}).setdefault("nodeAffinity", {}) \
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**term, "matchExpressions": [*(term.get("matchExpressions") or []), *inside]}
+        for term in terms]
 
 
 @dataclass(frozen=True)
@@ -328,6 +386,10 @@ def resize_slices(job: Obj, base: Obj, waiting: Obj | None, given: Admission,
     """
     spec = TrainingJobSpec.model_validate(job["spec"])
     want, has = spec.workers.replicas, given.counts.get(WORKERS, 0)
+    if WORKERS in given.topology:
+        # A new slice would get a topology of its own, unrelated to the running pods'
+        # (Kueue v0.17 keeps it only for unconstrained requests, behind an alpha gate).
+        return SliceChange()
     if waiting is not None:
         if _workers(waiting)["count"] != want:
             return SliceChange(delete=(waiting["metadata"]["name"],))

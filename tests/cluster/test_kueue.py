@@ -5,11 +5,15 @@ preemption). The Kueue fixtures and queues: tests/queueing.py.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from ringwright.kube import KubeClient, api_path
-from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOURCE
-from ringwright.operator.plan.kueue import API_VERSION
+from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOURCE, RACK_LABEL
+from ringwright.operator.plan.kueue import API_VERSION, assigned_domains
 from tests.cluster.test_placement_cluster import (
     SLOW,
     cluster_facts,
@@ -23,6 +27,8 @@ from tests.queueing import Queues, queued_job, slices_of, wait_condition, worklo
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
+
+HOSTNAME = "kubernetes.io/hostname"
 
 
 def test_admitted_job_runs_on_the_flavors_model_after_admission(
@@ -186,3 +192,60 @@ def test_a_job_grows_within_its_quota_waits_for_more_and_shrinks_at_once(
     wait_for(lambda: gpus_in_use(kube, queues) == 8, "the ClusterQueue to count 8 GPUs",
              timeout=SLOW)
     assert workload_of(kube, ns, "elastic")["spec"]["podSets"][0]["count"] == 2  # type: ignore[index]
+
+
+@pytest.fixture()
+def rack_topology(kube: KubeClient, namespace: str, queues: Queues) -> Iterator[str]:
+    """A Kueue Topology of the SchedulingPolicy's rack label over hosts, one flavor of the
+    first GPU model that uses it, and a ClusterQueue + LocalQueue ("racks") over it."""
+    suffix = uuid.uuid4().hex[:6]
+    made: list[tuple[str, str, dict[str, Any]]] = [("topologies", f"t-top-{suffix}", {
+                "spec": {"levels": [{"nodeLabel": RACK_LABEL}, {"nodeLabel": HOSTNAME}]}}),
+            ("resourceflavors", f"t-tas-{suffix}", {
+                "spec": {"nodeLabels": {GPU_MODEL_LABEL: queues.models[0]},
+                         "topologyName": f"t-top-{suffix}"}}),
+            ("clusterqueues", f"t-tas-cq-{suffix}", {"spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE],
+                                    "flavors": [{"name": f"t-tas-{suffix}", "resources": [
+                                        {"name": "cpu", "nominalQuota": "1000"},
+                                        {"name": "memory", "nominalQuota": "10000Gi"},
+                                        {"name": GPU_RESOURCE, "nominalQuota": "64"}]}]}]}})]
+    kinds = {"topologies": "Topology", "resourceflavors": "ResourceFlavor",
+             "clusterqueues": "ClusterQueue"}
+    for plural, name, body in made:
+        kube.apply(api_path(API_VERSION, plural, name=name),
+                   {"apiVersion": API_VERSION, "kind": kinds[plural], "metadata": {"name": name},
+                    **body})
+    local = api_path(API_VERSION, "localqueues", namespace, "racks")
+    kube.apply(local, {"apiVersion": API_VERSION, "kind": "LocalQueue",
+                       "metadata": {"name": "racks", "namespace": namespace},
+                       "spec": {"clusterQueue": f"t-tas-cq-{suffix}"}})
+    yield "racks"
+    kube.delete(local)
+    for plural, name, _ in reversed(made):
+        kube.delete(api_path(API_VERSION, plural, name=name))
+
+
+def test_a_job_asking_kueue_for_one_rack_lands_on_the_hosts_kueue_assigned(
+    kube: KubeClient, namespace: str, rack_topology: str
+) -> None:
+    ns = namespace
+    wait_quiet(kube, ns)
+    # 3 workers of 4 GPUs: two 8-GPU hosts, in one rack whichever the planner would pick.
+    manifest = queued_job("racked", 3, 4, rack_topology)
+    manifest["spec"]["workers"]["template"]["metadata"] = {
+        "annotations": {"kueue.x-k8s.io/podset-required-topology": RACK_LABEL}}
+    kube.create(tj_path(ns), manifest)
+    wait_condition(kube, ns, "racked", "Admitted", "True")
+    wait_running(kube, ns, "racked", 3)
+    wl = workload_of(kube, ns, "racked")
+    assert wl is not None and wl["spec"]["podSets"][0]["topologyRequest"] == {
+        "required": RACK_LABEL}
+    domains = dict(assigned_domains(
+        wl["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]))
+    assert len(domains[RACK_LABEL]) == 1, domains
+    facts = cluster_facts(kube)
+    placed = {p["spec"]["nodeName"] for p in pods_of(kube, ns, "racked")}
+    assert placed <= set(domains[HOSTNAME]), (placed, domains)
+    assert {facts[n].rack for n in placed} == set(domains[RACK_LABEL])
