@@ -3,9 +3,11 @@ SIGKILL only once the pod's terminationGracePeriodSeconds is over."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -59,51 +61,40 @@ def sync_until(host: PodHost, done: Any, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def host_of(kube: FakeKube, tmp_path: Path, out: Path, graceful: bool,
-            ignore: bool = False) -> PodHost:
+@contextlib.contextmanager
+def deleted(tmp_path: Path, grace: int, graceful: bool,
+            ignore: bool = False) -> Iterator[tuple[PodHost, Path]]:
+    """A pod host running pod w0's process, right after w0 was deleted; yields the host
+    and the file the process writes on SIGTERM."""
+    kube, out = FakeKube(), tmp_path / "w0"
+    kube.pods["w0"] = pod("w0", grace=grace)
     env = {"IGNORE": "1"} if ignore else {}
-    return PodHost(kube, "ns", "job", [sys.executable, "-c", CONTAINER, str(out)],  # type: ignore[arg-type]
+    host = PodHost(kube, "ns", "job", [sys.executable, "-c", CONTAINER, str(out)],  # type: ignore[arg-type]
                    tmp_path / "pods", extra_env=env, graceful=graceful)
+    try:
+        sync_until(host, lambda: Path(f"{out}.up").exists())
+        del kube.pods["w0"]
+        host.sync()
+        yield host, out
+    finally:
+        host.close()
 
 
 def test_a_deleted_pods_process_gets_sigterm_and_its_grace(tmp_path: Path) -> None:
-    kube, out = FakeKube(), tmp_path / "w0"
-    kube.pods["w0"] = pod("w0", grace=60)
-    host = host_of(kube, tmp_path, out, graceful=True)
-    try:
-        sync_until(host, lambda: Path(f"{out}.up").exists())
-        del kube.pods["w0"]
+    with deleted(tmp_path, grace=60, graceful=True) as (host, out):
         sync_until(host, lambda: "w0" in host.finished)
         assert host.finished["w0"] == [143]
         assert out.read_text() == "flushed"
-    finally:
-        host.close()
 
 
 def test_a_process_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
-    kube, out = FakeKube(), tmp_path / "w0"
-    kube.pods["w0"] = pod("w0", grace=1)
-    host = host_of(kube, tmp_path, out, graceful=True, ignore=True)
-    try:
-        sync_until(host, lambda: Path(f"{out}.up").exists())
-        del kube.pods["w0"]
-        host.sync()
+    with deleted(tmp_path, grace=1, graceful=True, ignore=True) as (host, _):
         assert "w0" not in host.finished, "killed before its grace period was over"
         sync_until(host, lambda: "w0" in host.finished)
         assert host.finished["w0"] == [-signal.SIGKILL]
-    finally:
-        host.close()
 
 
 def test_without_grace_a_deleted_pods_process_is_killed_at_once(tmp_path: Path) -> None:
-    kube, out = FakeKube(), tmp_path / "w0"
-    kube.pods["w0"] = pod("w0", grace=60)
-    host = host_of(kube, tmp_path, out, graceful=False)
-    try:
-        sync_until(host, lambda: Path(f"{out}.up").exists())
-        del kube.pods["w0"]
-        host.sync()
+    with deleted(tmp_path, grace=60, graceful=False) as (host, out):
         assert host.finished["w0"] == [-signal.SIGKILL]
         assert not out.exists()
-    finally:
-        host.close()
