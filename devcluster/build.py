@@ -64,16 +64,17 @@ def _go() -> str:
 
 def _build(component: Component, dest: Path) -> None:
     ldflags = " ".join(("-s", "-w", *component.ldflags))
+    tags = ["-tags", ",".join(component.tags)] if component.tags else []
     with tempfile.TemporaryDirectory(dir=dest.parent.parent) as tmp:
         out = Path(tmp) / component.name
         env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
         if component.module_dir:
-            cmd = [_go(), "build", "-trimpath", "-ldflags", ldflags, "-o", str(out),
+            cmd = [_go(), "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(out),
                    component.package]
             cwd = GO_DIR / component.module_dir
         else:
             # `go install pkg@version` builds the upstream module as its own main module.
-            cmd = [_go(), "install", "-trimpath", "-ldflags", ldflags, component.package]
+            cmd = [_go(), "install", "-trimpath", *tags, "-ldflags", ldflags, component.package]
             env["GOBIN"] = tmp
             cwd = Path(tmp)
         log.info("building %s %s (first run only; cached afterwards)", component.name,

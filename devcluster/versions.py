@@ -41,10 +41,12 @@ class Component:
     control_plane: bool = True
     """Needed to start the local cluster; False for what only some tests run (Prometheus,
     the kubelet of real nodes)."""
+    tags: tuple[str, ...] = ()
+    """Go build tags."""
 
     def key(self) -> str:
         """Version plus a digest of our build inputs, so editing them rebuilds."""
-        digest = hashlib.sha256("\n".join((self.package, *self.ldflags)).encode())
+        digest = hashlib.sha256("\n".join((self.package, *self.ldflags, *self.tags)).encode())
         if self.module_dir:
             for f in sorted((GO_DIR / self.module_dir).rglob("*")):
                 if f.is_file():
@@ -82,9 +84,12 @@ COMPONENTS: tuple[Component, ...] = (
     Component("kubelet", KUBERNETES, "kube", "./cmd/kubelet", _kube_ldflags(),
               control_plane=False),
     # A real Prometheus for the metrics tests. Its module carries replace directives,
-    # which `go install pkg@version` refuses, so it builds inside our own go.mod.
+    # which `go install pkg@version` refuses, so it builds inside our own go.mod. Of its
+    # service discoveries only Kubernetes' is used: the others (cloud SDKs, most of its
+    # compile time) are left out by its own build tags.
     Component("prometheus", PROMETHEUS, "prometheus",
-              "github.com/prometheus/prometheus/cmd/prometheus", control_plane=False),
+              "github.com/prometheus/prometheus/cmd/prometheus", control_plane=False,
+              tags=("remove_all_sd", "enable_kubernetes_sd")),
     # A real S3-compatible server for the tests of checkpoints in object storage.
     Component("minio", MINIO, "", f"github.com/minio/minio@{MINIO}", control_plane=False),
     # Kueue's manager, for the tests of queueing TrainingJobs (devcluster/kueue.py).
