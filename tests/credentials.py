@@ -12,8 +12,9 @@ import yaml
 EXEC_PLUGIN = '''\
 import json, pathlib, sys
 token = pathlib.Path(sys.argv[1]).read_text().strip()
-calls = pathlib.Path(sys.argv[1] + ".calls")
-calls.write_text(str(int(calls.read_text() or "0") + 1) if calls.exists() else "1")
+# One line per call, appended: clients of one process may run the plugin at once.
+with open(sys.argv[1] + ".calls", "a") as calls:
+    calls.write("called\n")
 print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
                   "status": {"token": token}}))
 '''
@@ -22,7 +23,7 @@ print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "Exec
 def exec_calls(token_file: Path) -> int:
     """How many times the exec plugin reading ``token_file`` has run."""
     calls = token_file.with_name(token_file.name + ".calls")
-    return int(calls.read_text()) if calls.exists() else 0
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
 
 
 def kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any],
