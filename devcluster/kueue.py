@@ -181,14 +181,22 @@ def _established(kube: KubeClient, name: str) -> bool:
                for c in (crd.get("status") or {}).get("conditions") or ())
 
 
-def uninstall(kube: KubeClient) -> None:
+def uninstall(kube: KubeClient, timeout: float = 120.0) -> None:
     """Remove the webhook configurations (nothing may call a stopped Kueue) and the
-    namespace. The CRDs stay: the next start applies them again."""
+    namespace, and wait until the namespace is gone: a Kueue started while it is still
+    terminating would see its certificate Secret deleted under it. The CRDs stay: the
+    next start applies them again."""
     for kind, name in WEBHOOK_CONFIGS.items():
         plural = ("mutatingwebhookconfigurations" if kind.startswith("Mutating")
                   else "validatingwebhookconfigurations")
         kube.delete(api_path("admissionregistration.k8s.io/v1", plural, name=name))
-    kube.delete(api_path("v1", "namespaces", name=NAMESPACE))
+    namespace = api_path("v1", "namespaces", name=NAMESPACE)
+    kube.delete(namespace)
+    deadline = time.monotonic() + timeout
+    while kube.get_or_none(namespace) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"namespace {NAMESPACE} still terminating after {timeout:.0f}s")
+        time.sleep(0.5)
 
 
 def _webhooks_answer(kube: KubeClient) -> bool:

@@ -313,7 +313,9 @@ class ElasticRuntime:
                     state.stop_if_signalled(committed=True)
                 after = manager.generation
         except LeftWorld as left:
-            log_event(_log, logging.INFO, "left_world", pod=self.pod, message=left.message)
+            flushed = self._checkpoint_when_the_job_stops(state, left.world)
+            log_event(_log, logging.INFO, "left_world", pod=self.pod, message=left.message,
+                      **({} if flushed is None else {"checkpoint_flushed": flushed}))
             self.reporter.report(ReportKind.LEFT, max(manager.generation, 0), left.message)
             raise
         except Fenced as fenced:
@@ -328,6 +330,19 @@ class ElasticRuntime:
             state.stop = None
             if stop is not None:
                 stop.uninstall()
+
+    def _checkpoint_when_the_job_stops(self, state: State, world: World) -> bool | None:
+        """A world without members stops the whole job (suspended, or evicted by a queue,
+        before its pods get SIGTERM): the member that writes checkpoints writes the last
+        commit, so the job resumes where it stopped. Whether the write finished within the
+        termination grace; None when this member wrote nothing."""
+        guard = state.checkpoints
+        if world.members or guard is None or state.synced_rank != 0:
+            return None
+        # Left at a commit: written already if the interval fell on it.
+        if state.checkpointed_step != state.step and not state.save_checkpoint():
+            return False
+        return guard.flush(timeout=self.settings.termination_grace_s)
 
     def _leave_stuck_inits(self, backend: CollectiveBackend, state: State) -> None:
         """Have a Horovod backend that finds a peer dead inside ``hvd.init()`` save the

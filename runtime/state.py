@@ -367,6 +367,11 @@ class State:
         self._last_checkpoint = (self.step, self._clock())
         return True
 
+    @property
+    def checkpointed_step(self) -> int:
+        """The step of the newest checkpoint this process started writing or restored."""
+        return self._last_checkpoint[0]
+
     def save_checkpoint(self, *, writer: bool | None = None) -> bool:
         """Checkpoint the last commit now; True when a write started.
 

@@ -14,7 +14,7 @@ import json, pathlib, sys
 token = pathlib.Path(sys.argv[1]).read_text().strip()
 # One line per call, appended: clients of one process may run the plugin at once.
 with open(sys.argv[1] + ".calls", "a") as calls:
-    calls.write("called\n")
+    calls.write("called\\n")
 print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
                   "status": {"token": token}}))
 '''

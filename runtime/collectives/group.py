@@ -63,6 +63,7 @@ class LeftWorld(SystemExit):
 
     def __init__(self, pod: str, world: World) -> None:
         super().__init__(0)
+        self.world = world
         self.message = (
             f"ringwright: pod {pod} is not a member of world generation {world.generation} "
             f"(size {world.size}); leaving the job cleanly"

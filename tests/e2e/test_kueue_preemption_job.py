@@ -33,9 +33,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
 SAMPLES, EPOCHS, BATCH = 512, 2, 4
-HELD_AT = 24
-"""The step the preempted job's workers wait at (a commit) until their pods are being
-deleted, so the preemption finds the job training whatever the machine's speed."""
+HELD_AT = 20
+"""The step the preempted job's workers wait at (a commit, between two checkpoint
+intervals of 8) until their pods are being deleted, so the preemption finds the job
+training whatever the machine's speed."""
 
 
 class EvictionSeen:
@@ -96,16 +97,20 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_with_every_sample_once
         wait_for(lambda: get_status(kube, ns, "low").get("phase") == "Suspended"
                  and not pods_of(kube, ns, "low") and set(world.pods) <= set(runner.host.finished),
                  "low: Suspended, its pods gone and their processes ended", timeout=SLOW)
-        # Each worker exited on the SIGTERM, after rank 0 wrote the last commit.
-        assert {p: runner.host.finished[p] for p in world.pods} == {
-            p: [128 + signal.SIGTERM] for p in world.pods}
-        ended = dict(runner.traces().events("terminated"))
-        (writer,) = [r for r in ended.values() if r["rank"] == 0]
-        assert writer["flushed"], "rank 0 exited before its final checkpoint was written"
-        assert Checkpointer(LocalStorage(root)).steps()[-1] == writer["step"] >= HELD_AT
-        durable_s = writer["t"] - evicted.at
-        print(f"eviction -> checkpoint durable: {durable_s:.2f} s "
-              f"(step {writer['step']}; eviction seen within 0.1 s)")
+        # Each worker left at a commit when the world was emptied (exit 0), or took its
+        # SIGTERM first (143), or was reached by it on its way out; either way rank 0
+        # wrote where it stopped: no training is lost but the steps of the last commit.
+        assert all(runner.host.finished[p][0] in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+                   for p in world.pods), runner.host.finished
+        t = runner.traces()
+        stopped = max([r["step"] for _, r in t.events("commit")
+                       if r["generation"] == world.generation and r["rank"] == 0]
+                      + [r["step"] for _, r in t.events("terminated") if r["rank"] == 0])
+        assert Checkpointer(LocalStorage(root)).steps()[-1] == stopped >= HELD_AT
+        durable = max(f.stat().st_mtime for f in root.rglob("*") if f.is_file())
+        assert evicted.at is not None
+        print(f"eviction -> checkpoint durable: {durable - evicted.at:.2f} s "
+              f"(step {stopped}; eviction seen within 0.1 s)")
 
         # high finishes: low is admitted again and resumes from that checkpoint.
         high, _ = wait_running(kube, ns, "high", 3)
@@ -116,7 +121,7 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_with_every_sample_once
         t = runner.traces()
         resumed = [g for g in t.generations() if g > world.generation]
         assert resumed, "low never trained again"
-        assert {r["step"] for r in t.starts(resumed[0]).values()} == {writer["step"]}
+        assert {r["step"] for r in t.starts(resumed[0]).values()} == {stopped}
         assert_every_sample_once(t, SAMPLES, EPOCHS)
         assert_params_identical(t)
         status = get_status(kube, ns, "low")

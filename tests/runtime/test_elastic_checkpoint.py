@@ -87,3 +87,27 @@ def test_sigterm_flushes_a_final_checkpoint_and_a_full_restart_resumes_identical
     assert {r["hash"] for r in starts.values()} == {final["hash"]}
     steps_per_data_epoch = 192 // (4 * 2)
     assert max(r["step"] for _, r in resumed.events("stepped")) == 2 * steps_per_data_epoch
+
+
+def test_an_emptied_world_has_rank_zero_checkpoint_the_last_commit_before_leaving(
+        tmp_path: Path) -> None:
+    """A job being suspended (or evicted by a queue) first gets a world without members,
+    before its pods get SIGTERM: the members leave cleanly at a commit, and rank 0 writes
+    that commit first (no interval is set here, so nothing else would write it)."""
+    checkpoints, gate = tmp_path / "checkpoints", tmp_path / "gate"
+    gate.touch()
+    held = {**env(tmp_path / "trace", checkpoints), "GATE_FILE": str(gate), "GATE_STEP": "12"}
+    with LocalJob([sys.executable, str(WORKER)], tmp_path / "job", env=held) as job:
+        job.start(2)
+        wait_until("training held at step 12", lambda: max(
+            (r["step"] for _, r in Traces.load(tmp_path / "trace").events("stepped")),
+            default=0) >= 12)
+        job.scale(0)
+        gate.unlink()
+        codes = job.wait(DEADLINE_S)
+    assert set(codes.values()) == {0}, codes
+    commits = [r["step"] for _, r in Traces.load(tmp_path / "trace").events("commit")
+               if r["rank"] == 0]
+    restored = Checkpointer(LocalStorage(checkpoints)).restore_latest()
+    assert restored is not None, "nothing was checkpointed before the members left"
+    assert restored.payload["step"] == max(commits) >= 12

@@ -1,6 +1,7 @@
 """When a job is done: a pure rule per mode, read from the pods and the world.
 
-Ring mode: the job succeeds when rank 0 exits 0; the other ranks end with it.
+Ring mode: the job succeeds when rank 0 exits 0; the other ranks end with it (one that
+exits 0 first is done, not lost: nothing is replaced while rank 0 ends).
 
 ParameterServer mode: a worker exits 0 only when the data-shard service says the last
 generation is done (a planned leave carries the leaving annotation), so such a worker is
@@ -79,4 +80,11 @@ def _ring(world: World | None, workers: Sequence[PodView]) -> Completion:
     rank0 = world.members[0].pod
     if any(w.name == rank0 and finished(w) for w in workers):
         return Completion(succeeded=True, message=f"rank 0 ({rank0}) exited successfully")
+    # The members finish training at the same step: one that exited 0 before rank 0 is
+    # done, not lost (replacing it would re-form a world whose training has ended).
+    members = {m.pod for m in world.members}
+    done = sorted(w.name for w in workers if w.name in members and finished(w))
+    if done:
+        return Completion(finishing=True, message=f"{', '.join(done)} finished training; "
+                          f"waiting for rank 0 ({rank0})")
     return Completion()

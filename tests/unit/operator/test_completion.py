@@ -80,13 +80,24 @@ def test_lingering_servers_ask_to_be_checked_when_the_grace_ends() -> None:
     assert got.wait == pytest.approx(GRACE - 10)
 
 
-@pytest.mark.parametrize(("states", "succeeded"), [((S, R), True), ((R, S), False),
-                                                    ((R, R), False)])
+@pytest.mark.parametrize(("states", "succeeded", "finishing"), [
+    ((S, R), True, False),
+    ((R, S), False, True),  # rank 1 ended first: done, not lost; rank 0 follows
+    ((R, R), False, False),
+    ((R, F), False, False),
+])
 def test_ring_mode_completes_when_rank0_exits_0(states: tuple[PodState, ...],
-                                                succeeded: bool) -> None:
+                                                succeeded: bool, finishing: bool) -> None:
     workers = [worker(i, s) for i, s in enumerate(states)]
     got = completion(Mode.ALL_REDUCE, world_of([0, 1]), workers, [], None, NOW, GRACE)
-    assert got.succeeded is succeeded and not got.finishing
+    assert (got.succeeded, got.finishing) == (succeeded, finishing)
+
+
+def test_planner_does_not_replace_a_ring_member_that_finished_before_rank0() -> None:
+    result = run(job(replicas=2, minimum=2, status={"phase": "Running"}),
+                 pods=[pod(0), pod(1, phase="Succeeded")], world=world_of([0, 1]))
+    assert result.create == [] and result.world is None
+    assert result.status["phase"] == "Running"
 
 
 def ps_job(status: Obj) -> Obj:
