@@ -139,6 +139,10 @@ def workload(job: Obj, queue: str, policy: SchedulingPolicySpec,
         # against the flavors' node labels.
         workers["nodeSelector"] = {**(workers.get("nodeSelector") or {}),
                                    policy.node_labels.gpu_model: spec.gpu_model}
+    elif policy.allowed_gpu_models and spec.gpus_per_worker:
+        # Kueue matches required node affinity too: no flavor of a model the policy
+        # refuses can be assigned (the planner would refuse to place there).
+        _narrowed(workers, ((policy.node_labels.gpu_model, tuple(policy.allowed_gpu_models)),))
     templates = job["spec"]
     pod_sets = [_pod_set(WORKERS, spec.workers.replicas, workers, min_count=spec.workers.min,
                          topology=topology_request(templates["workers"]["template"]))]
@@ -286,19 +290,20 @@ def effective_job(job: Obj, given: Admission,
             template["nodeSelector"] = {**(template.get("nodeSelector") or {}), **labels}
         assigned = given.topology.get(pod_set)
         if assigned:
-            _within(template, assigned)
+            _narrowed(template, assigned)
         admitted = given.counts.get(pod_set)
         if admitted is not None and admitted < int(role_spec.get("replicas", 0)):
             role_spec["replicas"] = admitted
     return out
 
 
-def _within(template: Obj, assigned: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
-    """Narrow a pod template's required node affinity to the topology domains Kueue
-    assigned (every term of it: the terms are alternatives, each must stay inside)."""
-    inside = [{"key": level, "operator": "In", "values": list(values)}
-              for level, values in assigned]
-    required = template.setdefault("affinity", {}).setdefault("nodeAffinity", {}) \
+def _narrowed(pod_spec: Obj, allowed: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """Narrow a pod spec's required node affinity to nodes whose label has one of the
+    allowed values, per label (every term of it: the terms are alternatives, each must
+    stay inside); e.g. the topology domains Kueue assigned."""
+    inside = [{"key": label, "operator": "In", "values": list(values)}
+              for label, values in allowed]
+    required = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {}) \
         .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
     required["nodeSelectorTerms"] = [

@@ -233,3 +233,26 @@ def test_effective_job_merges_flavor_labels_over_the_users_selector() -> None:
     assert out["spec"]["workers"]["template"]["spec"]["nodeSelector"] == {
         "disk": "ssd", "pool": "b"}
     assert body["spec"]["workers"]["template"]["spec"]["nodeSelector"]["pool"] == "x"
+
+
+def test_the_policys_allowed_models_keep_kueue_off_other_flavors() -> None:
+    policy = SchedulingPolicySpec(allowedGpuModels=["A100", "H100"])
+    body = queued()
+    body["spec"]["workers"]["template"]["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]}}}
+    wl = workload(body, "team-a", policy)
+    assert not isinstance(wl, Admission)
+    spec = wl["spec"]["podSets"][0]["template"]["spec"]
+    (term,) = spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "disk", "operator": "In", "values": ["ssd"]},
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A100", "H100"]}]
+    # A job naming its model already selects it; one without GPUs asks for no model.
+    named = workload(queued(gpuModel="H100"), "team-a", policy)
+    assert not isinstance(named, Admission)
+    assert "affinity" not in named["spec"]["podSets"][0]["template"]["spec"]
+    cpu = workload(job(2, 1, gpusPerWorker=0), "team-a", policy)
+    assert not isinstance(cpu, Admission)
+    assert "affinity" not in cpu["spec"]["podSets"][0]["template"]["spec"]
