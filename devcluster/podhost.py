@@ -183,7 +183,8 @@ class PodHost:
         for hosted, _ in self._terminating:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(hosted.proc.pid, signal.SIGKILL)
-        self._reap()
+            self._finish(hosted)
+        self._terminating = []
 
     # -- one pod ---------------------------------------------------------------------
 
@@ -227,14 +228,14 @@ class PodHost:
         """Record the terminating processes that exited; kill those past their grace."""
         waiting = []
         for hosted, deadline in self._terminating:
-            if hosted.proc.poll() is None and time.monotonic() >= deadline:
+            if hosted.proc.poll() is None:
+                if time.monotonic() < deadline:
+                    waiting.append((hosted, deadline))
+                    continue
                 log.info("pod %s: grace period over: SIGKILL", hosted.name)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(hosted.proc.pid, signal.SIGKILL)
-            if hosted.proc.poll() is None and time.monotonic() < deadline:
-                waiting.append((hosted, deadline))
-            else:
-                self._finish(hosted)
+            self._finish(hosted)
         self._terminating = waiting
 
     def _finish(self, hosted: HostedPod) -> None:

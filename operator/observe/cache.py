@@ -178,9 +178,13 @@ class IndexCache:
         values = snapshot(self._ix[index].get(key, ()))
         return values[0] if values else None
 
+    def _all(self, index: str, key: Any) -> list[Obj]:
+        """Shallow copies of every object under ``key`` of ``index``."""
+        return [dict(v) for v in snapshot(self._ix[index].get(key, ()))]
+
     def job_pods(self, namespace: str, job: str) -> list[Obj]:
         """Every pod labelled for ``job`` (the pods-by-job index)."""
-        return [dict(p) for p in snapshot(self._ix[PODS_BY_JOB].get((namespace, job), ()))]
+        return self._all(PODS_BY_JOB, (namespace, job))
 
     def configmap(self, namespace: str, name: str) -> Obj | None:
         """The indexed ConfigMap or our newer write of it."""
@@ -219,7 +223,7 @@ class IndexCache:
         """The Kueue Workloads labelled for ``job`` (none when Kueue is not watched)."""
         if WORKLOADS not in self._ix:
             return []
-        return [dict(w) for w in snapshot(self._ix[WORKLOADS].get((namespace, job), ()))]
+        return self._all(WORKLOADS, (namespace, job))
 
     def flavor_labels(self, name: str) -> dict[str, str]:
         """The node labels of ResourceFlavor ``name``."""

@@ -329,25 +329,27 @@ def _workers(wl: Obj) -> Obj:
     return next(ps for ps in wl["spec"]["podSets"] if ps["name"] == WORKERS)
 
 
+def _counted(wl: Obj, count: int) -> tuple[list[Obj], Obj]:
+    """A copy of ``wl``'s pod sets with the workers' count set, and the workers' set in it."""
+    pod_sets: list[Obj] = copy.deepcopy(wl["spec"]["podSets"])
+    workers = _workers({"spec": {"podSets": pod_sets}})
+    workers["count"] = count
+    return pod_sets, workers
+
+
 def _with_workers(wl: Obj, count: int, min_count: int | None) -> list[Obj]:
     """``wl``'s pod sets with the workers' count (and minCount) changed."""
-    pod_sets: list[Obj] = copy.deepcopy(wl["spec"]["podSets"])
-    for ps in pod_sets:
-        if ps["name"] == WORKERS:
-            ps["count"] = count
-            ps.pop("minCount", None)
-            if min_count is not None and min_count < count:
-                ps["minCount"] = min_count
+    pod_sets, workers = _counted(wl, count)
+    workers.pop("minCount", None)
+    if min_count is not None and min_count < count:
+        workers["minCount"] = min_count
     return pod_sets
 
 
 def _with_count(wl: Obj, count: int) -> Obj:
     """The merge patch of ``wl``'s pod sets with only the workers' count changed (an
     admitted slice's minCount is fixed; it never exceeds ``count`` here)."""
-    pod_sets: list[Obj] = copy.deepcopy(wl["spec"]["podSets"])
-    for ps in pod_sets:
-        if ps["name"] == WORKERS:
-            ps["count"] = count
+    pod_sets, _ = _counted(wl, count)
     return {"metadata": _version_of(wl), "spec": {"podSets": pod_sets}}
 
 
