@@ -42,6 +42,9 @@ SERVER_OPTIONS = [
     # data (a sync pull waiting for a straggler): allow it, never answer with GOAWAY.
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 100),
     ("grpc.http2.max_ping_strikes", 0),
+    # A second server on this port fails to bind instead of silently taking half of the
+    # new connections (gRPC shares ports by default): a PS's clients must reach it alone.
+    ("grpc.so_reuseport", 0),
 ]
 
 
@@ -168,10 +171,12 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
     control = grpc.server(pool, options=SERVER_OPTIONS)
     control.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE,
                                                                            method_handlers)])
-    port = control.add_insecure_port(address)
-    if port == 0:
+    try:
+        port = control.add_insecure_port(address)
+    except RuntimeError as exc:  # gRPC's way of saying the bind failed
         data.stop()
-        raise OSError(f"cannot listen on {address}")
+        raise OSError(f"cannot listen on {address} ({exc}): is another process on this "
+                      "port? Stop it or give this server another port") from exc
     server = PSServer(control, data)
     server.start()
     return server, port

@@ -45,14 +45,14 @@ class GatedServer(ParameterServer):
         return super().push(header, tensors)
 
 
-def _reserve(port: int) -> socket.socket:
-    """A socket that holds ``port`` on loopback, never listening (a connection there is
-    refused while its server is stopped). SO_REUSEPORT without SO_REUSEADDR: only
-    another SO_REUSEPORT socket of this user may bind the port beside it (gRPC's servers
-    set it), and the kernel hands it to no ``bind(0)`` or ``connect``."""
+def _reserve() -> socket.socket:
+    """A socket that holds a free port on loopback, never listening (a connection there
+    is refused while its server is stopped). With SO_REUSEADDR on both, a server may
+    bind and listen on the port beside it (gRPC's servers set it), and the kernel hands
+    it to no ``bind(0)`` or ``connect``."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
     return sock
 
 
@@ -61,19 +61,17 @@ class Servers:
 
     def __init__(self) -> None:
         self.ps = [GatedServer(0), GatedServer(1)]
-        self.running: list[grpc.Server | None] = []
-        self.ports: list[int] = []
-        for ps in self.ps:
-            server, port = serve(ps, "127.0.0.1:0")
-            self.running.append(server)
-            self.ports.append(port)
-        # A stopped server's port stays this fixture's until it serves again: the
-        # system would hand a freed port to any other socket on the machine (in a full
-        # run one took it within the 1.5 s a server was down, and the restart failed
-        # to bind). A PS pod's port is its own, in its own network namespace.
-        self.reserved = [_reserve(port) for port in self.ports]
+        # Each port stays this fixture's while its server is stopped: the system would
+        # hand a freed port to any other socket on the machine (in a full run one took
+        # it within the 1.5 s a server was down, and the restart failed to bind). A PS
+        # pod's port is its own, in its own network namespace.
+        self.reserved = [_reserve() for _ in self.ps]
+        self.ports: list[int] = [sock.getsockname()[1] for sock in self.reserved]
+        self.running: list[grpc.Server | None] = [
+            serve(ps, f"127.0.0.1:{port}")[0] for ps, port in zip(self.ps, self.ports, strict=True)]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.start_failed: list[Exception] = []
+        self.timers: list[threading.Timer] = []
         self.replicators = [Replicator(ps, 2) for ps in self.ps]
 
     def stop(self, i: int) -> None:
@@ -99,6 +97,7 @@ class Servers:
 
         timer = threading.Timer(delay, start)
         timer.start()
+        self.timers.append(timer)
         return timer
 
     def replicate(self) -> None:
@@ -110,6 +109,11 @@ class Servers:
         return {s: v["role"] for s, v in self.ps[i].status()["shards"].items()}
 
     def close(self) -> None:
+        # A timer left to fire would serve on a port no longer reserved, beside whatever
+        # server took it since, for as long as the test process lives.
+        for timer in self.timers:
+            timer.cancel()
+            timer.join()
         for ps in self.ps:
             ps.release.set()
         for server in self.running:

@@ -120,6 +120,16 @@ def test_the_data_journal_travels_over_grpc_and_a_stopped_replica_refuses_it() -
             server.stop(0)
 
 
+def test_a_second_server_on_a_port_in_use_fails_to_start() -> None:
+    # Shared, the port would hand the second server half of the first one's clients.
+    first, port = serve(ParameterServer(0), "127.0.0.1:0")
+    try:
+        with pytest.raises(OSError, match="is another process on this port"):
+            serve(ParameterServer(1), f"127.0.0.1:{port}")
+    finally:
+        first.stop(0)
+
+
 FROZEN_SERVER = """
 import sys, time
 from ringwright.runtime.ps.serving.server import ParameterServer
