@@ -137,7 +137,17 @@ def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
 
     before = _holder(kube, namespace)
     kube.delete(api_path("v1", "pods", namespace, leader["metadata"]["name"]))
-    wait_for(lambda: _pod_holding([standby], _holder(kube, namespace)),
-             f"the standby {standby['metadata']['name']} to take the Lease from {before}",
-             timeout=180)
+    try:
+        wait_for(lambda: _pod_holding([standby], _holder(kube, namespace)),
+                 f"the standby {standby['metadata']['name']} to take the Lease from {before}",
+                 timeout=180)
+    except AssertionError as err:
+        # Who holds it instead, and what the standby said meanwhile.
+        name = standby["metadata"]["name"]
+        log = kube.get_text(api_path("v1", "pods", namespace, name, subresource="log"))
+        pods = [(p["metadata"]["name"], p["status"].get("phase"))
+                for p in kube.list(api_path("v1", "pods", namespace),
+                                   labelSelector=OPERATOR_SELECTOR)]
+        raise AssertionError(f"{err}\nholder now {_holder(kube, namespace)!r}, pods {pods}\n"
+                             f"--- {name}\n" + "\n".join(log.splitlines()[-40:])) from err
     assert _pod_holding([leader], _holder(kube, namespace)) is None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -140,6 +141,21 @@ time.sleep(600)
 """
 
 
+def _states(pid: int) -> str:
+    """The scheduler state of each thread of process ``pid`` (``T``: stopped)."""
+    tasks = sorted(Path(f"/proc/{pid}/task").iterdir())
+    return "".join((t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks)
+
+
+def _freeze(server: subprocess.Popen[str]) -> None:
+    """SIGSTOP ``server`` and wait until every one of its threads has stopped."""
+    server.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while not set(_states(server.pid)) <= {"T", "t"}:
+        assert time.monotonic() < deadline, f"threads not stopped: {_states(server.pid)}"
+        time.sleep(0.01)
+
+
 def test_a_call_to_a_frozen_server_fails_when_its_pings_go_unanswered() -> None:
     # A stopped process: its kernel still accepts and acknowledges TCP, nothing else.
     server = subprocess.Popen([sys.executable, "-c", FROZEN_SERVER], stdout=subprocess.PIPE,
@@ -148,11 +164,11 @@ def test_a_call_to_a_frozen_server_fails_when_its_pings_go_unanswered() -> None:
         assert server.stdout is not None
         stub = Stub(f"127.0.0.1:{server.stdout.readline().strip()}")
         stub.call("Status", {}, timeout=30)
-        server.send_signal(signal.SIGSTOP)
+        _freeze(server)
         with pytest.raises(grpc.RpcError) as failed:
             stub.call("Status", {}, timeout=60)
         # Not the call's deadline: the transport gave up on the silent peer.
-        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE, _states(server.pid)
         stub.close()
     finally:
         server.kill()
@@ -169,11 +185,13 @@ def test_a_data_call_to_a_frozen_server_fails_when_its_heartbeats_go_unanswered(
         with pytest.raises(grpc.RpcError) as refused:
             stub.call("Pull", {"shard": 5}, timeout=30)
         assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-        server.send_signal(signal.SIGSTOP)
+        _freeze(server)
         with pytest.raises(grpc.RpcError) as failed:
             stub.call("Pull", {"shard": 5}, timeout=60)
-        # Not the call's deadline: the data plane gave up on the silent peer.
-        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+        # Not the call's deadline: the data plane gave up on the silent peer. (Should a
+        # stopped server answer, the message says whether it still was stopped.)
+        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE, (
+            f"server threads {_states(server.pid)}, data plane {stub.data._endpoint}")
         stub.close()
     finally:
         server.kill()
