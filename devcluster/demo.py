@@ -217,6 +217,24 @@ def recovery(lines: list[LogLine], failure_at: float, smaller: int, whole: int) 
     return Recovery(since(smaller), since(whole))
 
 
+def stand_still(lines: list[LogLine], generation: int) -> dict[str, float]:
+    """Seconds each member that trained before world ``generation`` stood still for it:
+    from agreeing at a commit to leave its world for ``generation`` (its
+    ``world_change_agreed``) to training in it (its ``world_ready``): group formation,
+    state transfer, and whatever it waited for a newcomer. By pod (the log's source)."""
+    agreed: dict[str, float] = {}
+    still: dict[str, float] = {}
+    for line in lines:
+        change = fields(line.text, "world_change_agreed")
+        if change is not None and int(change.get("next_generation", -1)) == generation:
+            agreed.setdefault(line.source, line.at)
+        ready = fields(line.text, "world_ready")
+        if ready is not None and int(ready.get("generation", -1)) == generation \
+                and line.source in agreed and line.source not in still:
+            still[line.source] = line.at - agreed[line.source]
+    return still
+
+
 def show_merged(lines: list[LogLine], since: float) -> None:
     """The lines worth reading from ``since`` on, every process's, in time order."""
     for line in lines:
@@ -465,6 +483,11 @@ def drive(cluster: Cluster, kube: KubeClient, pods: Pods, manifest: Obj, scenari
     show_metrics(run)
     if scenario.measured_on and run.recovery is not None:
         say(run.recovery.show(scenario.measured_on))
+    still = stand_still(logs, healed.generation)
+    if still:
+        say(f"the rejoin stopped the {len(still)} members training meanwhile for "
+            f"{min(still.values()):.2f}-{max(still.values()):.2f} s each (from agreeing "
+            "on the new world at a commit to training in it)")
 
     timeline = read_timeline(logs, scenario.samples)
     draw(timeline, run.png, failure_at=failure_at, rejoin_generation=healed.generation,

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import yaml
 
@@ -125,6 +125,14 @@ class HostedPod:
 class PodHost:
     """Keeps one process per Running pod of ``job``; call :meth:`sync` repeatedly."""
 
+    _serving: ClassVar[set[tuple[str, str]]] = set()
+    """(namespace, job) of every pod host not closed yet, in this process."""
+
+    @classmethod
+    def serves(cls, namespace: str, job: str) -> bool:
+        """Whether a pod host of this process runs the pods of ``job``."""
+        return (namespace, job) in cls._serving
+
     def __init__(self, kube: KubeClient, namespace: str, job: str, command: Sequence[str],
                  workdir: Path, *, extra_env: dict[str, str] | None = None,
                  readiness_grace: float = 30.0, graceful: bool = False) -> None:
@@ -146,6 +154,7 @@ class PodHost:
         still reads Running in a listing taken before its Succeeded patch."""
         """Processes started per pod name: 1 while a pod's first process lives."""
         workdir.mkdir(parents=True, exist_ok=True)
+        PodHost._serving.add((namespace, job))
 
     # -- the loop --------------------------------------------------------------------
 
@@ -178,6 +187,7 @@ class PodHost:
         self.pods[pod].proc.send_signal(sig)
 
     def close(self) -> None:
+        PodHost._serving.discard((self.namespace, self.job))
         for hosted in list(self.pods.values()):
             self._stop(hosted, signal.SIGKILL)
         for hosted, _ in self._terminating:

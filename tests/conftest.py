@@ -41,6 +41,7 @@ from ringwright.kube import KubeClient
 from tests.jobs import OperatorProcess, fresh_namespace
 from tests.s3 import S3Bucket, new_bucket
 from tests.seeds import SEED_VAR, run_seed, seed_generators, seed_of_test
+from tests.standin import JoiningStandIn
 from tests.xdist_groups import assign_groups, lane_seconds, plain_nodeid
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -174,16 +175,20 @@ def _horovod_present(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """A real control plane (etcd, apiserver, controller-manager, scheduler, KWOK)."""
+    """A real control plane (etcd, apiserver, controller-manager, scheduler, KWOK), with a
+    stand-in for the one report a KWOK pod's runtime would write (:mod:`tests.standin`)."""
     reason = _cannot_build_reason()
     if reason and not IN_CI:
         pytest.skip(reason)
     root = Path(tempfile.mkdtemp(prefix="ringwright-test-cluster-"))
     handle = Cluster(name="ringwright-test", root=root)
+    stand_in = JoiningStandIn(handle.client)
     try:
         handle.up("default")
+        stand_in.start()
         yield handle
     finally:
+        stand_in.stop()
         handle.down()
         shutil.rmtree(root, ignore_errors=True)
 

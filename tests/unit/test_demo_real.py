@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ringwright.devcluster.demo import first_ready, recovery
+from ringwright.devcluster.demo import first_ready, recovery, stand_still
 from ringwright.devcluster.demo_real import RELEASE, helm_owned
 from ringwright.devcluster.example import (
     EXAMPLE,
@@ -85,6 +85,22 @@ def test_a_world_never_seen_after_the_delete_is_said_so_not_guessed() -> None:
     assert "smaller size not seen" in got.show("here")
     assert first_ready(lines, 2) == T0 + 30.0  # a later generation also means "trained"
     assert first_ready(lines, 4) is None
+
+
+def test_members_stand_still_from_agreeing_on_the_new_world_to_training_in_it() -> None:
+    def agreed(at: float, pod: str, nxt: int) -> LogLine:
+        return LogLine(T0 + at, pod, f"ringwright.runtime world_change_agreed generation=2 "
+                                     f"next_generation={nxt}")
+
+    lines = sorted([
+        agreed(20.0, "a", 3), agreed(20.1, "b", 3), agreed(25.0, "b", 4),
+        ready(20.4, 3, 4, "a"), ready(20.6, 3, 4, "b"),
+        ready(20.5, 3, 4, "new"),  # the newcomer trained in no world before: not counted
+        ready(25.5, 4, 4, "b"),
+    ])
+    got = stand_still(lines, 3)
+    assert got.keys() == {"a", "b"}
+    assert got["a"] == pytest.approx(0.4) and got["b"] == pytest.approx(0.5)
 
 
 def test_the_real_node_taint_comes_off_and_goes_back_alone() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from ringwright.eviction import all_waiting, needs_new_generation
+from ringwright.joining import ready_to_join
 from ringwright.world import (
     CheckpointSettings,
     JobRef,
     LRScaling,
+    Mode,
     ReportKind,
     TopologySettings,
     World,
@@ -47,9 +49,15 @@ def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcom
 
     ``doomed``: the pods earlier steps delete or mark leaving. Sets: status.candidate, then
     what :func:`publish`, :func:`mirror` and :func:`below_min` set."""
+    current = r.obs.world
     ready = [p for p in r.workers if p.state == PodState.READY and p.name not in doomed
              and p.leaving_since is None]
-    current = r.obs.world
+    if r.spec.mode == Mode.ALL_REDUCE:
+        # A ring waits for each member at its next commit: a newcomer enters only once it
+        # said it is ready to take part, so the members train on while its process starts.
+        # (A PS job's workers do not wait for each other.)
+        announced = set(ready_to_join(current, r.obs.reports, [p.name for p in ready]))
+        ready = [p for p in ready if p.name in announced]
     # Members waiting for a world that only a bump would bring: one restarted
     # without state, or a collective failed and no member was found dead.
     verdict_wait = r.spec.fault_tolerance.failure_detect_seconds + VERDICT_MARGIN_S

@@ -17,6 +17,7 @@ from ringwright.operator.plan.generations import (
 )
 from ringwright.operator.plan.manifests import world_configmap
 from ringwright.operator.plan.reconcile import Observed, Plan, plan
+from ringwright.world import Report, ReportKind
 from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer, job, pod, world_of
 
 
@@ -55,7 +56,10 @@ def test_the_world_configmap_carries_its_generation_as_an_annotation() -> None:
 def _plan(world_generation: int | None, annotation: int, status: Obj, version: str) -> Plan:
     body = job(status=status)
     world = world_of([0, 1, 2], generation=world_generation) if world_generation else None
-    observed = Observed(job=body, pods=[pod(i) for i in range(4)], world=world, reports={},
+    # Worker 3 asks to join the world read, so a world with it goes out.
+    reports = {"tj-worker-3": Report(kind=ReportKind.JOINING, generation=world_generation,
+                                     at=NOW)} if world_generation else {}
+    observed = Observed(job=body, pods=[pod(i) for i in range(4)], world=world, reports=reports,
                         policy=SchedulingPolicySpec(), inventory=NODES,
                         world_annotation_generation=annotation, world_version=version)
     return plan(observed, SETTINGS, NOW, FakePlacer())

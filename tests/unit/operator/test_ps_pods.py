@@ -131,6 +131,14 @@ def test_an_unchanged_ps_membership_publishes_nothing() -> None:
     assert decided.world is None
 
 
+def test_a_ready_ps_worker_joins_without_an_announcement() -> None:
+    # Its peers do not wait for it (each pushes to the servers on its own), and a PS
+    # worker waits for a world that lists it without reporting.
+    decided = _plan([_pod(PS, 0, "p0"), _pod(PS, 1, "p1")],
+                    _world(["p0", "p1"]).model_copy(update={"members": world_of([0]).members}))
+    assert decided.world is not None and decided.world.size == 2
+
+
 def _slow_ps(started: float, ready_changed: float) -> Obj:
     """tj-ps-1 Running and not Ready since its ``ps`` container started at ``started``."""
     body = _pod(PS, 1, "p1", ready=False)

@@ -398,10 +398,42 @@ def test_first_world_after_a_loss_records_the_recovery_once() -> None:
     assert shrunk.world is not None and shrunk.world.size == 3
     assert shrunk.status["lastRecovery"] == {"failureTime": lost.status["lastFailureTime"],
                                              "seconds": 2.5}
+    back = joining(2, shrunk.world.generation)
     grown = run(job(status=shrunk.status), pods=[pod(i) for i in range(4)],
-                world=shrunk.world, now=NOW + 9)
+                world=shrunk.world, reports=back, now=NOW + 9)
     assert grown.world is not None and grown.world.size == 4
     assert grown.status["lastRecovery"]["seconds"] == 2.5
+
+
+def joining(index: int, generation: int) -> dict[str, Report]:
+    """Worker ``index`` started, read world ``generation`` without it, and asks in."""
+    return {f"tj-worker-{index}": Report(kind=ReportKind.JOINING, generation=generation,
+                                         at=NOW - 1)}
+
+
+def test_a_ready_newcomer_enters_the_ring_only_once_it_asks_to_join() -> None:
+    # Ready (its container is up) but still starting: the ring trains on without it,
+    # rather than stopping at its next commit to wait for torch's import.
+    running = job(status={"phase": "Running"})
+    pods = [pod(i) for i in range(4)]
+    starting = run(running, pods=pods, world=world_of([0, 1, 2], generation=5))
+    assert starting.world is None
+    asks = run(running, pods=pods, world=world_of([0, 1, 2], generation=5),
+               reports=joining(3, 5))
+    assert asks.world is not None and asks.world.pods == tuple(f"tj-worker-{i}" for i in range(4))
+
+
+def test_a_joining_report_for_an_older_world_does_not_count() -> None:
+    # Written before world 5 went out: the process may have joined and died since.
+    stale = run(job(status={"phase": "Running"}), pods=[pod(i) for i in range(4)],
+                world=world_of([0, 1, 2], generation=5), reports=joining(3, 4))
+    assert stale.world is None
+
+
+def test_the_first_world_waits_for_no_announcement() -> None:
+    # Nobody trains yet, so nobody waits for a starting process.
+    first = run(job(), pods=[pod(i) for i in range(4)])
+    assert first.world is not None and first.world.size == 4
 
 
 def _unbound(index: int, created: str) -> Obj:
