@@ -145,9 +145,9 @@ def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
         # Who holds it instead, and what the standby said meanwhile.
         name = standby["metadata"]["name"]
         log = kube.get_text(api_path("v1", "pods", namespace, name, subresource="log"))
-        pods = [(p["metadata"]["name"], p["status"].get("phase"))
+        phases = [(p["metadata"]["name"], p["status"].get("phase"))
                 for p in kube.list(api_path("v1", "pods", namespace),
                                    labelSelector=OPERATOR_SELECTOR)]
-        raise AssertionError(f"{err}\nholder now {_holder(kube, namespace)!r}, pods {pods}\n"
+        raise AssertionError(f"{err}\nholder now {_holder(kube, namespace)!r}, pods {phases}\n"
                              f"--- {name}\n" + "\n".join(log.splitlines()[-40:])) from err
     assert _pod_holding([leader], _holder(kube, namespace)) is None
