@@ -12,6 +12,7 @@ process runs (under a pod host or a real kubelet) speak for themselves.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from ringwright.objects import Obj
 from ringwright.operator.api.base import API_VERSION
 from ringwright.operator.plan.isolation import report_key
 from ringwright.operator.plan.manifests import JOB_LABEL, ROLE_LABEL, WORKER
-from ringwright.report_seal import seal
+from ringwright.report_seal import seal, written_by
 from ringwright.world import (
     Mode,
     Report,
@@ -33,6 +34,8 @@ from ringwright.world import (
     reports_configmap_name,
     world_configmap_name,
 )
+
+log = logging.getLogger("tests.standin")
 
 PERIOD_S = 0.25
 """How often it looks; a runtime reports within its world-wait poll of this order."""
@@ -58,9 +61,15 @@ class JoiningStandIn:
     def _run(self) -> None:
         with self._client() as kube:
             while not self._stop.wait(PERIOD_S):
-                # The API may be restarting under a test; the next look tries again.
-                with contextlib.suppress(ApiError, OSError):
+                try:
                     self.look(kube)
+                except (ApiError, OSError) as err:
+                    # The API may be restarting under a test; the next look tries again.
+                    log.debug("joining stand-in: %s", err)
+                except Exception:
+                    # A look that breaks must not end the thread: tests would wait for
+                    # joins that nobody asks for.
+                    log.exception("joining stand-in")
 
     def look(self, kube: KubeClient) -> None:
         """One pass over every job: announce the workers that cannot announce themselves."""
@@ -81,8 +90,9 @@ class JoiningStandIn:
                 continue
             pods = kube.list(api_path("v1", "pods", ns),
                              labelSelector=f"{JOB_LABEL}={name},{ROLE_LABEL}={WORKER}")
-            outside = [p for p in pods if p["spec"].get("nodeName") in kwok
-                       and _ready(p) and p["metadata"]["name"] not in world.pods]
+            outside = [p for p in pods if p["spec"].get("nodeName") in kwok and _ready(p)
+                       and not p["metadata"].get("deletionTimestamp")
+                       and p["metadata"]["name"] not in world.pods]
             if outside:
                 _announce(kube, ns, name, world, outside)
 
@@ -103,14 +113,16 @@ def _announce(kube: KubeClient, ns: str, name: str, world: World, pods: list[Obj
     written = (kube.get_or_none(path) or {}).get("data") or {}
     data: dict[str, str] = {}
     for pod in pods:
-        pod_name = pod["metadata"]["name"]
+        pod_name, key = pod["metadata"]["name"], report_key(pod) or ""
         if pod_name in written:
+            # Under the same name there may be a report of an earlier pod (its key).
             old = Report.model_validate_json(written[pod_name])
-            if old.kind is ReportKind.JOINING and old.generation == world.generation:
+            if old.kind is ReportKind.JOINING and old.generation == world.generation \
+                    and (not key or written_by(pod_name, old, key)):
                 continue
         report = Report(kind=ReportKind.JOINING, generation=world.generation, at=time.time(),
                         detail="started and waiting for a world that includes it")
-        data[pod_name] = seal(pod_name, report, report_key(pod) or "").to_json()
+        data[pod_name] = seal(pod_name, report, key).to_json()
     if data:
         with contextlib.suppress(ApiError):  # the job may be going: nothing to ask for
             kube.merge_patch(path, {"data": data})
