@@ -30,6 +30,7 @@ from ringwright.world import (
     Report,
     ReportKind,
     World,
+    parse_report,
     parse_world,
     reports_configmap_name,
     world_configmap_name,
@@ -73,14 +74,13 @@ class JoiningStandIn:
 
     def look(self, kube: KubeClient) -> None:
         """One pass over every job: announce the workers that cannot announce themselves."""
-        kwok = {n["metadata"]["name"] for n in kube.list(api_path("v1", "nodes"))
-                if (n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION)}
         try:
             jobs = kube.list(api_path(API_VERSION, "trainingjobs"))
         except ApiError as err:
             if err.status == 404:  # the CRDs are not installed yet
                 return
             raise
+        kwok: set[str] | None = None  # listed once a job needs it
         for job in jobs:
             ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
             if job["spec"].get("mode") == Mode.PARAMETER_SERVER or PodHost.serves(ns, name):
@@ -88,6 +88,9 @@ class JoiningStandIn:
             world = _world(kube, ns, name)
             if world is None:
                 continue
+            if kwok is None:
+                kwok = {n["metadata"]["name"] for n in kube.list(api_path("v1", "nodes"))
+                        if (n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION)}
             pods = kube.list(api_path("v1", "pods", ns),
                              labelSelector=f"{JOB_LABEL}={name},{ROLE_LABEL}={WORKER}")
             outside = [p for p in pods if p["spec"].get("nodeName") in kwok and _ready(p)
@@ -116,7 +119,7 @@ def _announce(kube: KubeClient, ns: str, name: str, world: World, pods: list[Obj
         pod_name, key = pod["metadata"]["name"], report_key(pod) or ""
         if pod_name in written:
             # Under the same name there may be a report of an earlier pod (its key).
-            old = Report.model_validate_json(written[pod_name])
+            old = parse_report(written[pod_name])
             if old.kind is ReportKind.JOINING and old.generation == world.generation \
                     and (not key or written_by(pod_name, old, key)):
                 continue
