@@ -36,6 +36,7 @@ from ringwright.objects import Obj
 from ringwright.operator.api.base import API_VERSION
 from ringwright.world import (
     DEFAULT_METRICS_PORT,
+    WORLD_KEY,
     ReportKind,
     World,
     parse_world,
@@ -61,6 +62,8 @@ SHOWN = ("rolled_back", "lr_rescale", "world_ready", "left_world", "published wo
 """Log lines worth reading in the merged log (runtime events and operator decisions)."""
 OPERATOR_SETTINGS = {"RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15"}
 """The operator's settings in the demo (the rest are the defaults)."""
+RUNTIME_SCRAPE_PATIENCE_S = 15.0
+"""How long the demo asks a training process for its metrics before reporting none."""
 T = TypeVar("T")
 
 
@@ -88,8 +91,9 @@ def wait(probe: Callable[[], T | None], what: str, sync: Callable[[], None] | No
 
 
 def current_world(kube: KubeClient, namespace: str, name: str) -> World | None:
+    """Job ``name``'s world as the operator last published it; None before the first."""
     cm = kube.get_or_none(api_path("v1", "configmaps", namespace, world_configmap_name(name)))
-    text = ((cm or {}).get("data") or {}).get("world.json")
+    text = ((cm or {}).get("data") or {}).get(WORLD_KEY)
     return parse_world(text) if text else None
 
 
@@ -476,8 +480,10 @@ def drive(cluster: Cluster, kube: KubeClient, pods: Pods, manifest: Obj, scenari
                   recovery=recovery(logs, failure_at, shrunk.generation, healed.generation))
     say("the recovery in Prometheus metrics (runtime on each pod, and the operator)")
     for pod, url in pods.metrics_urls().items():
-        got = scrape(url)
-        if got is not None:
+        got = scrape(url, patience=RUNTIME_SCRAPE_PATIENCE_S)
+        if got is None:
+            say(f"{pod}: no metrics at {url} within {RUNTIME_SCRAPE_PATIENCE_S:.0f} s")
+        else:
             run.runtime[pod] = got
     run.operator = operator_metrics() if operator_metrics else None
     show_metrics(run)

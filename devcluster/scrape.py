@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -31,12 +32,17 @@ def parse(text: str) -> Scrape:
                         for s in family.samples))
 
 
-def scrape(url: str, timeout: float = 3.0) -> Scrape | None:
-    """GET ``url`` and parse it; None when nothing answers there."""
-    try:
-        resp = httpx.get(url, timeout=timeout)
-    except httpx.HTTPError:
-        return None
-    if resp.status_code != 200:
-        return None
-    return parse(resp.text)
+def scrape(url: str, timeout: float = 3.0, patience: float = 0.0) -> Scrape | None:
+    """GET ``url`` and parse it; None when nothing answers there. With ``patience``, asks
+    again for that many seconds: a busy process's metrics thread can miss one timeout."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            resp = httpx.get(url, timeout=timeout)
+            if resp.status_code == 200:
+                return parse(resp.text)
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
