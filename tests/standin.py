@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ringwright.devcluster.demo import current_world
 from ringwright.devcluster.inventory import KWOK_NODE_ANNOTATION
 from ringwright.devcluster.podhost import PodHost
 from ringwright.kube import ApiError, KubeClient, api_path
@@ -31,9 +32,7 @@ from ringwright.world import (
     ReportKind,
     World,
     parse_report,
-    parse_world,
     reports_configmap_name,
-    world_configmap_name,
 )
 
 log = logging.getLogger("tests.standin")
@@ -85,7 +84,7 @@ class JoiningStandIn:
             ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
             if job["spec"].get("mode") == Mode.PARAMETER_SERVER or PodHost.serves(ns, name):
                 continue
-            world = _world(kube, ns, name)
+            world = current_world(kube, ns, name)
             if world is None:
                 continue
             if kwok is None:
@@ -98,12 +97,6 @@ class JoiningStandIn:
                        and p["metadata"]["name"] not in world.pods]
             if outside:
                 _announce(kube, ns, name, world, outside)
-
-
-def _world(kube: KubeClient, ns: str, name: str) -> World | None:
-    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(name)))
-    text = ((cm or {}).get("data") or {}).get("world.json")
-    return parse_world(text) if text else None
 
 
 def _ready(pod: Obj) -> bool:

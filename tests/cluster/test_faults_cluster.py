@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from ringwright.devcluster.control_plane import NODE_DOWN_ANNOTATION, Cluster
+from ringwright.devcluster.demo import current_world
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.api.base import API_VERSION
 from ringwright.operator.api.schedulingpolicy import (
@@ -31,7 +32,7 @@ from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABE
 from ringwright.operator.plan.reconcile import Plan
 from ringwright.runtime.membership.kube_source import KubeMembershipSource
 from ringwright.world import ContractError, World, parse_world, world_configmap_name
-from tests.cluster.test_operator import events_of, wait_world, world_of
+from tests.cluster.test_operator import events_of, wait_world, world_now
 from tests.jobs import OperatorProcess, get_status, reconciled, tj_path, training_job
 from tests.waiting import wait_for
 
@@ -151,7 +152,7 @@ def test_a_world_write_over_a_stale_version_is_refused(
             with pytest.raises(ApiError) as refused:
                 applier.perform(job, Plan(world=other, world_version=version))
             assert refused.value.status == 409
-    after = world_of(kube, namespace, "fenced")
+    after = current_world(kube, namespace, "fenced")
     assert after is not None and after.generation == world.generation and after.size == 1
 
 
@@ -266,8 +267,7 @@ def test_a_slow_start_within_its_grace_is_kept_and_not_counted(
                                "state": {"running": {"startedAt": _ago(0)}}}]}})
     try:
         # The round that took it out of the world also judged it, past the unready limit.
-        smaller = wait_for(lambda: (w := world_of(kube, namespace, "slow")) is not None
-                           and w.generation > before.generation and w, "a new world")
+        smaller = wait_world(kube, namespace, "slow", size=None, after=before.generation)
         assert {m.pod for m in smaller.members} == {m.pod for m in before.members} - {slow.pod}
         kept = kube.get(api_path("v1", "pods", namespace, slow.pod))
         assert kept["metadata"]["uid"] == slow.pod_uid
@@ -387,7 +387,7 @@ def test_the_operator_killed_twenty_times_leaves_every_job_where_it_should_be(
     def lose_a_member() -> None:
         # A member of the world as published, whose pod is that very pod (not a
         # replacement under the same name that has not joined yet).
-        world = world_of(kube, namespace, "lose")
+        world = world_now(kube, namespace, "lose")
         uids = {p["metadata"]["name"]: p["metadata"]["uid"]
                 for p in _live_workers(kube, namespace, "lose")}
         members = [m for m in world.members if uids.get(m.pod) == m.pod_uid]
@@ -398,7 +398,7 @@ def test_the_operator_killed_twenty_times_leaves_every_job_where_it_should_be(
                 lost.append(victim.pod)
 
     def finish() -> None:
-        rank0 = world_of(kube, namespace, "done").members[0].pod
+        rank0 = world_now(kube, namespace, "done").members[0].pod
         kube.merge_patch(api_path("v1", "pods", namespace, rank0, "status"),
                          {"status": {"phase": "Succeeded"}})
 
@@ -438,7 +438,7 @@ def test_the_operator_killed_twenty_times_leaves_every_job_where_it_should_be(
             _no_orphans_or_duplicates(kube, namespace, {"grow": 5, "lose": 3})
             # Each loss counted once, however the kills fell.
             assert lost and get_status(kube, namespace, "lose")["restarts"] == len(lost)
-            assert world_of(kube, namespace, "grow").size == 5
+            assert world_now(kube, namespace, "grow").size == 5
         except AssertionError as err:
             raise AssertionError(f"{err}\nlost {lost}\noperator log:\n"
                                  f"{operator.tail(40)}") from err
@@ -465,7 +465,7 @@ def test_restarted_api_server_and_etcd_leave_running_jobs_alone_and_the_operator
             reconciled(kube, namespace, "steady", meanwhile=lambda: _supervise(operator))
             assert sorted(p["metadata"]["uid"]
                           for p in _live_workers(kube, namespace, "steady")) == uids
-            world = world_of(kube, namespace, "steady")
+            world = world_now(kube, namespace, "steady")
             assert world.generation == before.generation and world.size == 3
             # The operator follows changes again.
             kube.merge_patch(tj_path(namespace, "steady", "scale"), {"spec": {"replicas": 4}})

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ringwright.devcluster.demo import current_world
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.api.base import API_VERSION
 from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
-from ringwright.world import world_configmap_name
-from tests.cluster.test_operator import events_of, pods_of, wait_world, world_of
+from ringwright.world import World, world_configmap_name
+from tests.cluster.test_operator import events_of, pods_of, wait_world
 from tests.jobs import OperatorProcess, get_status, reconciled, tj_path, training_job
 from tests.waiting import wait_for
 
@@ -81,10 +82,12 @@ def test_a_quota_refusal_is_reported_retried_and_the_round_goes_on(
     # A member dies: it is still dropped from the world and counted in the status.
     victim = before.members[1]
     kube.delete(api_path("v1", "pods", namespace, victim.pod), grace=0)
-    after = wait_for(lambda: (w := world_of(kube, namespace, "quota")) is not None
-                     and w.generation > before.generation
-                     and victim.pod_uid not in {m.pod_uid for m in w.members} and w,
-                     "the dead member dropped from the world")
+    def without_victim() -> World | None:
+        world = current_world(kube, namespace, "quota")
+        return world if world is not None and world.generation > before.generation \
+            and victim.pod_uid not in {m.pod_uid for m in world.members} else None
+
+    after = wait_for(without_victim, "the dead member dropped from the world")
     assert after.size >= 2
     # The status follows (the loss is counted a round before the world settles).
     wait_for(lambda: (s := get_status(kube, namespace, "quota")).get("restarts", 0) >= 1
@@ -112,7 +115,7 @@ def test_a_refused_world_does_not_stop_pods_or_status_and_clears_when_allowed(
     # The rest of the round went on: pods made, the status written from them.
     status = wait_for(lambda: (s := get_status(kube, namespace, "noroom"))
                       .get("workers", {}).get("ready") == 2 and s, "2 ready workers in status")
-    assert status["phase"] == "Pending" and world_of(kube, namespace, "noroom") is None
+    assert status["phase"] == "Pending" and current_world(kube, namespace, "noroom") is None
 
     kube.delete(api_path("v1", "resourcequotas", namespace, "q"))
     wait_world(kube, namespace, "noroom", 2)
@@ -188,8 +191,7 @@ def test_suspend_is_not_failure_and_resume_keeps_restarts(
     try:
         restarts = get_status(kube, namespace, "nap").get("restarts", 0)
         kube.merge_patch(tj_path(namespace, "nap"), {"spec": {"runPolicy": {"suspend": True}}})
-        empty = wait_for(lambda: (w := world_of(kube, namespace, "nap")) is not None
-                         and w.generation > first.generation and w, "the next world")
+        empty = wait_world(kube, namespace, "nap", size=None, after=first.generation)
         assert empty.size == 0  # members learn they are out before their pods go
         terminating = wait_for(lambda: (p := kube.get(held_path))["metadata"].get(
             "deletionTimestamp") and p, "the held pod deleted")
@@ -235,7 +237,7 @@ def test_a_foreign_pod_with_the_job_label_is_not_a_member(
     # other membership waits out its settle window to be published later.
     status = reconciled(kube, namespace, "victim")
     assert not status.get("candidate"), status
-    after = world_of(kube, namespace, "victim")
+    after = current_world(kube, namespace, "victim")
     assert after is not None and after.generation == before.generation
     assert "intruder" not in {m.pod for m in after.members}
     assert status["workers"]["ready"] == 2
@@ -265,7 +267,7 @@ def test_a_job_recreated_under_the_same_name_starts_clean(
         kube.create(tj_path(namespace), training_job("again", replicas=2, minimum=1))
         new_job = kube.get(tj_path(namespace, "again"))["metadata"]["uid"]
         assert new_job != old_job
-        fresh = wait_for(lambda: (w := world_of(kube, namespace, "again")) is not None
+        fresh = wait_for(lambda: (w := current_world(kube, namespace, "again")) is not None
                          and w.job.uid == new_job and w, "the new job's world", timeout=120)
         assert fresh.generation == 1 < old.generation  # a new job, a new history
         assert not {m.pod_uid for m in fresh.members} & old_uids
@@ -273,7 +275,7 @@ def test_a_job_recreated_under_the_same_name_starts_clean(
         for path in held:
             if kube.get_or_none(path) is not None:
                 kube.merge_patch(path, {"metadata": {"finalizers": None}})
-    wait_for(lambda: (w := world_of(kube, namespace, "again")) is not None and w.size == 2
+    wait_for(lambda: (w := current_world(kube, namespace, "again")) is not None and w.size == 2
              and w.job.uid == new_job and not {m.pod_uid for m in w.members} & old_uids,
              "both new workers in the world", timeout=120)
     status = get_status(kube, namespace, "again")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.demo import current_world
 from ringwright.kube import KubeClient, api_path
 from ringwright.operator.plan.manifests import (
     INDEX_LABEL,
@@ -17,7 +18,7 @@ from ringwright.operator.plan.manifests import (
     LEAVING_ANNOTATION,
     ROLE_LABEL,
 )
-from ringwright.world import parse_world, world_configmap_name
+from ringwright.world import World
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job
 from tests.waiting import wait_for
 
@@ -29,17 +30,23 @@ def pods_of(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
                      labelSelector=f"{JOB_LABEL}={name},{ROLE_LABEL}=worker")
 
 
-def world_of(kube: KubeClient, ns: str, name: str) -> Any:
-    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(name)))
-    text = ((cm or {}).get("data") or {}).get("world.json")
-    return parse_world(text) if text else None
+def wait_world(kube: KubeClient, ns: str, name: str, size: int | None, after: int = 0,
+               timeout: float = 60) -> World:
+    """Job ``name``'s first world past generation ``after`` of ``size`` members (any size
+    when None)."""
+    def grown() -> World | None:
+        world = current_world(kube, ns, name)
+        return world if world is not None and size in (None, world.size) \
+            and world.generation > after else None
+
+    return wait_for(grown, f"world of size {size} after generation {after}", timeout=timeout)
 
 
-def wait_world(kube: KubeClient, ns: str, name: str, size: int, after: int = 0,
-               timeout: float = 60) -> Any:
-    return wait_for(lambda: (w := world_of(kube, ns, name)) is not None and w.size == size
-                    and w.generation > after and w,
-                    f"world of size {size} after generation {after}", timeout=timeout)
+def world_now(kube: KubeClient, ns: str, name: str) -> World:
+    """Job ``name``'s published world; fails the test when there is none yet."""
+    world = current_world(kube, ns, name)
+    assert world is not None, f"{ns}/{name} has no published world"
+    return world
 
 
 def events_of(kube: KubeClient, ns: str, name: str) -> list[str]:
@@ -191,7 +198,7 @@ def test_operator_killed_mid_scale_up_converges_without_duplicates(
     wait_for(lambda: victim["uid"] not in
              [p["metadata"]["uid"] for p in pods_of(kube, namespace, "crash")],
              "the failed worker to be gone")
-    down_world = world_of(kube, namespace, "crash")
+    down_world = world_now(kube, namespace, "crash")
     down_pods = {p["metadata"]["name"] for p in pods_of(kube, namespace, "crash")}
     restarted = operator.log_offset()
     operator.start()

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from ringwright.devcluster.control_plane import Cluster
+from ringwright.devcluster.demo import current_world
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.api.base import API_VERSION
 from ringwright.operator.api.schedulingpolicy import (
@@ -31,7 +32,7 @@ from ringwright.operator.api.schedulingpolicy import (
 )
 from ringwright.operator.plan.manifests import INDEX_LABEL, JOB_LABEL, ROLE_LABEL
 from ringwright.operator.plan.placement.resources import millicores, whole
-from ringwright.world import World, parse_world, world_configmap_name
+from ringwright.world import World
 from tests.jobs import OperatorProcess, get_status, reconciled, tj_path, training_job
 from tests.waiting import wait_for
 
@@ -171,12 +172,6 @@ def all_pods_of(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
     return kube.list(api_path("v1", "pods", ns), labelSelector=f"{JOB_LABEL}={name}")
 
 
-def world_of(kube: KubeClient, ns: str, name: str) -> World | None:
-    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(name)))
-    text = ((cm or {}).get("data") or {}).get("world.json")
-    return parse_world(text) if text else None
-
-
 def wait_running(kube: KubeClient, ns: str, name: str, size: int) -> tuple[World, dict[str, Any]]:
     """The job's world once it holds ``size`` pods and the status mirrors that generation.
 
@@ -184,7 +179,7 @@ def wait_running(kube: KubeClient, ns: str, name: str, size: int) -> tuple[World
     (``numProcPerNode: auto``), and placement is about pods."""
 
     def settled() -> tuple[World, dict[str, Any]] | None:
-        world = world_of(kube, ns, name)
+        world = current_world(kube, ns, name)
         if world is None or len({m.pod for m in world.members}) != size:
             return None
         status = get_status(kube, ns, name)

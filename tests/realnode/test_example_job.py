@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ringwright.devcluster.demo import current_world
 from ringwright.devcluster.example import LONG_EPOCHS, example, training_container, with_epochs
 from ringwright.devcluster.realnode import RealNodeSet, crash_container
 from ringwright.devcluster.realnode_only import real_nodes_only as plain_real_nodes
@@ -242,12 +243,6 @@ def _job(name: str, image: str, policy: str, command: list[str], backend: str = 
     }
 
 
-def _job_world(kube: KubeClient, ns: str, job: str) -> World | None:
-    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(job)))
-    text = ((cm or {}).get("data") or {}).get("world.json")
-    return parse_world(text) if text else None
-
-
 def _pod_uids(kube: KubeClient, ns: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"]
             for p in kube.list(api_path("v1", "pods", ns))}
@@ -270,7 +265,7 @@ def test_a_worker_sleeping_before_training_joins_late_and_is_never_lost(
 
     first = wait_for(running_pods, "both slow workers' containers to run", timeout=600)
     def world_of_two() -> World | None:
-        world = _job_world(kube, namespace, "slow")
+        world = current_world(kube, namespace, "slow")
         return world if world is not None and world.size == 2 else None
 
     world = wait_for(world_of_two, "the slow workers to form a world of 2",
@@ -318,11 +313,13 @@ def test_a_suspended_job_flushes_its_checkpoint_to_a_shared_volume_and_resumes_f
     training_image: str, real_nodes_only: None, tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
-    """`spec.runPolicy.suspend: true`: the kubelet's SIGTERM makes every worker write its
-    final checkpoint (exit 143) to a volume both nodes see (a hostPath of one folder of
-    this host, as an RWX claim is on a real cluster); `suspend: false` recreates the pods,
-    which restore from it. Periodic checkpoints are off, so the only checkpoint is the
-    one SIGTERM flushed."""
+    """`spec.runPolicy.suspend: true`: the operator publishes an empty world, then deletes
+    the pods. Rank 0 writes the final checkpoint to a volume both nodes see (a hostPath of
+    one folder of this host, as an RWX claim is on a real cluster), whichever reaches it
+    first: the empty world (it leaves, exit 0) or the kubelet's SIGTERM (exit 143); a
+    worker killed at the end of its grace period would fail the test. `suspend: false`
+    recreates the pods, which restore from it. Periodic checkpoints are off, so the only
+    checkpoint is the one the stop flushed."""
     shared = tmp_path / "checkpoints"
     shared.mkdir()
     shared.chmod(0o777)  # the image runs as uid 10001; a hostPath gets no fsGroup
@@ -339,7 +336,7 @@ def test_a_suspended_job_flushes_its_checkpoint_to_a_shared_volume_and_resumes_f
     kube.create(tj_path(namespace), job)
 
     def world_of(size: int, after: int) -> World | None:
-        world = _job_world(kube, namespace, "suspended")
+        world = current_world(kube, namespace, "suspended")
         return world if world and world.size == size and world.generation > after else None
 
     first = wait_for(lambda: world_of(2, -1), "a world of 2", timeout=900)
@@ -352,9 +349,9 @@ def test_a_suspended_job_flushes_its_checkpoint_to_a_shared_volume_and_resumes_f
                      {"spec": {"runPolicy": {"suspend": True}}})
     codes = {pod: _exit_code_until_gone(kube, namespace, pod, version)
              for pod, version in versions.items()}
-    assert codes == dict.fromkeys(versions, SIGTERM_EXIT), codes
+    assert set(codes.values()) <= {0, SIGTERM_EXIT}, codes
     flushed = Checkpointer(storage_for(str(shared))).steps()
-    assert flushed and flushed[-1] > 0, f"no checkpoint flushed on SIGTERM: {flushed}"
+    assert flushed and flushed[-1] > 0, f"no checkpoint flushed when the job stopped: {flushed}"
     assert get_status(kube, namespace, "suspended").get("phase") == "Suspended"
 
     kube.merge_patch(tj_path(namespace, "suspended"),
@@ -394,7 +391,7 @@ def test_the_horovod_images_job_survives_a_deleted_pod(
                backend="horovod", replicas=3, max=3)
 
     def world_of(size: int, after: int) -> World | None:
-        world = _job_world(kube, namespace, "hvd")
+        world = current_world(kube, namespace, "hvd")
         return world if world and world.size == size and world.generation > after else None
 
     with diagnosed(kube, namespace):
