@@ -94,7 +94,8 @@ class RuntimeSettings(BaseModel):
 
     stats_interval_s: Annotated[float, Field(gt=0)] = 30.0
     """How often a pod sends its measurements (step times, time per phase, checkpoint
-    interval) beside its reports; each one wakes the operator's round for the job."""
+    interval) beside its reports, once past shorter gaps at start-up; each one wakes the
+    operator's round for the job."""
 
     @model_validator(mode="after")
     def _detection_before_timeout(self) -> RuntimeSettings:

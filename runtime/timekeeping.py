@@ -124,20 +124,34 @@ class TimeKeeper:
         })
 
 
+FIRST_GAPS = 8
+"""The first gap between two sends is the interval over this; each gap doubles until it
+reaches the interval."""
+
+
 class StatsSender:
-    """Sends a :class:`TimeKeeper`'s stats through ``send`` at most every ``every_s``."""
+    """Sends a :class:`TimeKeeper`'s stats through ``send``: at the first step, then at gaps
+    that double from ``every_s / FIRST_GAPS`` up to ``every_s``.
+
+    The first send covers start-up alone (mostly re-forming), so a job's goodput would read
+    near zero for a whole interval; the short early gaps replace it with a figure that
+    covers training within seconds, and the later ones keep the operator's rounds rare.
+    """
 
     def __init__(self, keeper: TimeKeeper, send: Callable[[MemberStats], None],
                  every_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._keeper, self._send, self._every = keeper, send, every_s
         self._clock = clock
         self._last: float | None = None
+        self._gap = every_s / FIRST_GAPS
 
     def maybe_send(self, **extra: float | int | None) -> bool:
-        """Send now when ``every_s`` passed since the last time; True when sent."""
+        """Send now when the current gap passed since the last send; True when sent."""
         now = self._clock()
-        if self._last is not None and now - self._last < self._every:
-            return False
+        if self._last is not None:
+            if now - self._last < self._gap:
+                return False
+            self._gap = min(self._gap * 2, self._every)
         self._last = now
         self._send(self._keeper.stats(**extra))
         return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from ringwright.runtime.timekeeping import STEP_WINDOW, StatsSender, TimeKeeper
@@ -80,15 +82,36 @@ def test_a_new_world_times_its_steps_afresh() -> None:
     assert (stats.steps_timed, stats.compute_seconds) == (3, 0.25)
 
 
-def test_stats_go_out_at_most_every_interval_and_read_back() -> None:
+def test_stats_go_out_at_the_first_step_then_at_gaps_widening_to_the_interval() -> None:
     clock = FakeClock()
     sent: list[MemberStats] = []
-    sender = StatsSender(TimeKeeper(clock=clock), sent.append, 10.0, clock=clock)
+    sender = StatsSender(TimeKeeper(clock=clock), sent.append, 80.0, clock=clock)
     assert sender.maybe_send(checkpointIntervalSteps=240, mtbfSeconds=None)
-    clock.now += 9.0
-    assert not sender.maybe_send()
-    clock.now += 1.0
-    assert sender.maybe_send()
-    assert [s.checkpoint_interval_steps for s in sent] == [240, 0]
+    sends = [clock.now]
+    for _ in range(3000):
+        clock.now += 0.25
+        if sender.maybe_send():
+            sends.append(clock.now)
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert gaps[:6] == [10.0, 20.0, 40.0, 80.0, 80.0, 80.0]
+    assert len(sent) == len(sends)
+    assert [s.checkpoint_interval_steps for s in sent[:2]] == [240, 0]
     assert sent[0].mtbf_seconds is None
     assert parse_stats(sent[0].to_json()) == sent[0]
+
+
+def test_a_short_job_reports_goodput_that_covers_its_training() -> None:
+    """Start-up takes 2 s, then 20 s of steps: the last stats sent say most of the time
+    trained (with a send only every 30 s, the first, at 2 s, would be the last)."""
+    clock = FakeClock()
+    sent: list[MemberStats] = []
+    keeper = TimeKeeper(clock=clock)
+    sender = StatsSender(keeper, sent.append, 30.0, clock=clock)
+    clock.now += 2.0
+    keeper.world_ready(1, 0)
+    for step in range(200):
+        clock.now += 0.1
+        keeper.stepped(step + 1)
+        sender.maybe_send()
+    last = sent[-1].seconds
+    assert last[Phase.TRAINING] / sum(last.values()) > 0.8, last
