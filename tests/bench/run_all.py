@@ -5,7 +5,7 @@ sequences them and says which failed. Pass names to run a subset:
 
     python tests/bench/run_all.py [placement] [checkpoint] [recovery] [recovery_paths]
                                   [operator] [network] [ps] [sampler] [dataloader]
-                                  [local_ranks] [straggler]
+                                  [local_ranks] [straggler] [join]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ BENCHES = {
     "dataloader": "bench_dataloader.py",
     "local_ranks": "bench_local_ranks.py",
     "straggler": "bench_straggler.py",
+    "join": "bench_join.py",
 }
 
 
