@@ -92,9 +92,11 @@ class JoiningStandIn:
                         if (n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION)}
             pods = kube.list(api_path("v1", "pods", ns),
                              labelSelector=f"{JOB_LABEL}={name},{ROLE_LABEL}={WORKER}")
+            # A pod created again under a member's name is outside too (its uid is new).
+            members = {(m.pod, m.pod_uid) for m in world.members}
             outside = [p for p in pods if p["spec"].get("nodeName") in kwok and _ready(p)
                        and not p["metadata"].get("deletionTimestamp")
-                       and p["metadata"]["name"] not in world.pods]
+                       and (p["metadata"]["name"], p["metadata"]["uid"]) not in members]
             if outside:
                 _announce(kube, ns, name, world, outside)
 

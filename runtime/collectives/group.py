@@ -175,18 +175,22 @@ class GroupManager:
     def _entry(self, world: World) -> Member | None:
         """This process's entry in ``world``, or None when it is not a member.
 
-        A pod replaced under the same name (deleted while its process still ran: the
-        grace period, a node cut off from the API server) finds its name in the world with
-        its successor's uid: that entry belongs to the successor, and this process fences
-        itself rather than take its place.
+        An entry under this pod's name with another uid is never this process's. A
+        process that has trained finds there its successor (its pod was deleted while it
+        still ran: the grace period, a node cut off from the API server) and fences
+        itself rather than take its place. A process that never joined cannot tell its
+        predecessor's entry (a replacement starting before the world without the deleted
+        pod is out) from its successor's: it is not a member, and waits like a newcomer.
         """
         me = world.member(self.pod, self.local_rank)
-        if me is not None and self._namesake(me):
-            self._backend.shutdown()
-            raise Fenced(self.pod, f"world generation {world.generation} gives this pod's name "
-                                   f"to its successor (uid {me.pod_uid}, this pod's is "
-                                   f"{self.pod_uid}): this pod was deleted")
-        return me
+        if me is None or not self._namesake(me):
+            return me
+        if not self._ever_joined:
+            return None
+        self._backend.shutdown()
+        raise Fenced(self.pod, f"world generation {world.generation} gives this pod's name "
+                               f"to its successor (uid {me.pod_uid}, this pod's is "
+                               f"{self.pod_uid}): this pod was deleted")
 
     def join(self, after_generation: int) -> World:
         """Form the group of the newest world after ``after_generation`` that includes this pod.

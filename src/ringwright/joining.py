@@ -22,20 +22,31 @@ from .world import Report, ReportKind, World
 
 
 def ready_to_join(world: World | None, reports: Mapping[str, Report],
-                  pods: Iterable[str]) -> list[str]:
+                  pods: Iterable[str], uids: Mapping[str, str] | None = None) -> list[str]:
     """Those of ``pods`` (in their order) that may enter the world after ``world``.
 
     A member of ``world`` may (it needs no announcement), and so does every pod before
     the first world (nobody trains yet, so nobody waits); any other pod only when its
     newest report in ``reports`` (by pod) is ``joining`` for ``world``'s generation.
+
+    ``uids`` (pod name to uid, where known) tells a member from a replacement created
+    under its name: a pod whose uid is not its namesake member's starts from nothing,
+    so it is a newcomer like any other.
     """
     if world is None:
         return list(pods)
-    members = set(world.pods)
+    members = {m.pod: m.pod_uid for m in world.members}
+    known = uids or {}
+
+    def member(pod: str) -> bool:
+        if pod not in members:
+            return False
+        uid, was = known.get(pod, ""), members[pod]
+        return not uid or not was or uid == was
 
     def announced(pod: str) -> bool:
         report = reports.get(pod)
         return report is not None and report.kind is ReportKind.JOINING \
             and report.generation == world.generation
 
-    return [pod for pod in pods if pod in members or announced(pod)]
+    return [pod for pod in pods if member(pod) or announced(pod)]

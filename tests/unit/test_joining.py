@@ -7,7 +7,8 @@ from ringwright.world import JobRef, Member, Report, ReportKind, StoreAddress, W
 
 
 def world(pods: list[str], generation: int = 3) -> World:
-    members = tuple(Member(rank=i, pod=p, ip=f"127.0.0.{10 + i}") for i, p in enumerate(pods))
+    members = tuple(Member(rank=i, pod=p, pod_uid=f"uid-{p}", ip=f"127.0.0.{10 + i}")
+                    for i, p in enumerate(pods))
     return World(job=JobRef(namespace="n", name="j"), generation=generation, members=members,
                  store=StoreAddress(address="127.0.0.10"))
 
@@ -35,3 +36,15 @@ def test_an_announcement_for_an_older_world_is_stale() -> None:
 def test_other_reports_are_no_announcement() -> None:
     reports = {"w2": report(ReportKind.NO_STATE, 3), "w3": report(ReportKind.LEFT, 3)}
     assert ready_to_join(world(["w0"]), reports, ["w2", "w3"]) == []
+
+
+def test_a_replacement_under_a_members_name_is_a_newcomer() -> None:
+    # The pod was deleted and created again under its name: its process starts from
+    # nothing, and the members would stop at their next commit to wait for it.
+    current = world(["w0", "w1"])
+    replaced = {"w0": "uid-w0", "w1": "uid-w1-again"}
+    assert ready_to_join(current, {}, ["w0", "w1"], replaced) == ["w0"]
+    asks = {"w1": report(ReportKind.JOINING, 3)}
+    assert ready_to_join(current, asks, ["w0", "w1"], replaced) == ["w0", "w1"]
+    # The same pod (its uid unchanged, or unknown) is the member it was.
+    assert ready_to_join(current, {}, ["w0", "w1"], {"w1": "uid-w1"}) == ["w0", "w1"]

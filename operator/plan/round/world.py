@@ -56,7 +56,8 @@ def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcom
         # A ring waits for each member at its next commit: a newcomer enters only once it
         # said it is ready to take part, so the members train on while its process starts.
         # (A PS job's workers do not wait for each other.)
-        announced = set(ready_to_join(current, r.obs.reports, [p.name for p in ready]))
+        announced = set(ready_to_join(current, r.obs.reports, [p.name for p in ready],
+                                      {p.name: p.uid for p in ready}))
         ready = [p for p in ready if p.name in announced]
     # Members waiting for a world that only a bump would bring: one restarted
     # without state, or a collective failed and no member was found dead.

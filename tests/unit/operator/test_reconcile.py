@@ -423,6 +423,22 @@ def test_a_ready_newcomer_enters_the_ring_only_once_it_asks_to_join() -> None:
     assert asks.world is not None and asks.world.pods == tuple(f"tj-worker-{i}" for i in range(4))
 
 
+def test_a_pod_replaced_under_its_name_enters_the_ring_only_once_it_asks_to_join() -> None:
+    # Worker 2 was deleted and created again (same name, new uid): the ring goes on at
+    # three while its process starts, instead of waiting for it inside a world of four.
+    pods = [pod(0), pod(1), pod(2, uid="u2-again"), pod(3)]
+    current = world_of([0, 1, 2, 3], generation=5)
+    lost = run(job(status={"phase": "Running", "restarts": 0}), pods=pods, world=current)
+    assert lost.world is None  # settling
+    without = run(job(status=lost.status), pods=pods, world=current, now=NOW + 2.5)
+    assert without.world is not None
+    assert without.world.pods == ("tj-worker-0", "tj-worker-1", "tj-worker-3")
+    asks = run(job(status=without.status), pods=pods, world=without.world,
+               reports=joining(2, without.world.generation), now=NOW + 9)
+    assert asks.world is not None and asks.world.size == 4
+    assert ("tj-worker-2", "u2-again") in {(m.pod, m.pod_uid) for m in asks.world.members}
+
+
 def test_a_joining_report_for_an_older_world_does_not_count() -> None:
     # Written before world 5 went out: the process may have joined and died since.
     stale = run(job(status={"phase": "Running"}), pods=[pod(i) for i in range(4)],

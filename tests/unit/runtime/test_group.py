@@ -293,13 +293,41 @@ def test_a_process_of_a_deleted_pod_does_not_take_its_namesakes_place() -> None:
 
 
 def test_a_newcomer_whose_name_belongs_to_another_uid_never_joins() -> None:
-    source, backend = FakeSource(), FakeBackend()
+    # The deleted pod's process that never trained: it waits as a newcomer would (its
+    # reports, sealed with the deleted pod's key, count for nobody) and never forms the
+    # group under its successor's rank.
+    source, backend, reporter = FakeSource(), FakeBackend(), FakeReporter()
     source.publish(_with_uids(make_world(3, ["w-0", ME]), {ME: "new"}))
-    m = GroupManager(source, backend, ME, RuntimeSettings(world_wait_timeout_s=5),
-                     FakeReporter(), StallWatchdog(0), pod_uid="old")
-    with pytest.raises(Fenced):
+    m = GroupManager(source, backend, ME, RuntimeSettings(world_wait_timeout_s=0.5),
+                     reporter, StallWatchdog(0), pod_uid="old")
+    with pytest.raises(WorldTimeout):
         m.join(-1)
     assert backend.inits == []
+    assert [(kind, generation) for kind, generation, _ in reporter.reports] == [
+        (ReportKind.JOINING, 3)]
+
+
+def test_a_replacement_that_starts_before_the_world_without_its_predecessor_waits_to_join(
+) -> None:
+    # The pod was deleted and created again; the new process reads the world while it
+    # still names the deleted pod (its uid): it asks to join, and joins the world that
+    # names it with its own uid.
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(_with_uids(make_world(3, ["w-0", ME]), {"w-0": "u0", ME: "old"}))
+
+    def operator(kind: ReportKind, generation: int) -> None:
+        if kind is ReportKind.JOINING and generation == 3:
+            source.publish(_with_uids(make_world(4, ["w-0"]), {"w-0": "u0"}))
+        elif kind is ReportKind.JOINING and generation == 4:
+            source.publish(_with_uids(make_world(5, ["w-0", ME]), {"w-0": "u0", ME: "new"}))
+
+    reporter = FakeReporter(on_report=operator)
+    m = GroupManager(source, backend, ME, RuntimeSettings(world_wait_timeout_s=5),
+                     reporter, StallWatchdog(0), pod_uid="new")
+    assert m.join(-1).generation == 5
+    assert [(k, g) for k, g, _ in reporter.reports] == [
+        (ReportKind.JOINING, 3), (ReportKind.JOINING, 4)]
+    assert backend.inits == [(5, 1)]
 
 
 def test_uids_unknown_on_either_side_match_by_name() -> None:
