@@ -10,6 +10,10 @@ this module the real nodes are made plain nodes (their taint removed) and the KW
 nodes are cordoned, both as `kubectl taint` and `kubectl cordon` would, and put back
 after: the job lands on real nodes through the operator's own placement.
 
+The test worker (``tests/runtime/elastic_worker.py``, staged on a hostPath with its
+traces, as the image carries no tests) takes the same two faults and runs to its end:
+every sample of every epoch is trained exactly once, and the ranks end bit-identical.
+
 Beside it, jobs of the same image under a SchedulingPolicy with a 10 s unready limit:
 workers that sleep 120 s before training join late and are never taken for lost
 members (their startupGraceSeconds covers the wait), while containers that exit at once
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +44,13 @@ from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
 from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.storage import storage_for
-from ringwright.world import World, parse_world, world_configmap_name
+from ringwright.world import World
 from tests.jobs import OperatorProcess, get_status, tj_path
+from tests.runtime.elastic_traces import (
+    Traces,
+    assert_every_sample_once,
+    assert_params_identical,
+)
 from tests.waiting import wait_for
 from tests.xdist_groups import CLUSTER_GROUP
 
@@ -60,14 +70,8 @@ def real_nodes_only(kube: KubeClient, real_nodes: RealNodeSet) -> Iterator[None]
         yield
 
 
-def _world(kube: KubeClient, ns: str) -> World | None:
-    cm = kube.get_or_none(api_path("v1", "configmaps", ns, world_configmap_name(JOB)))
-    text = ((cm or {}).get("data") or {}).get("world.json")
-    return parse_world(text) if text else None
-
-
 def _world_where(kube: KubeClient, ns: str, size: int, after: int) -> World | None:
-    world = _world(kube, ns)
+    world = current_world(kube, ns, JOB)
     return world if world and world.size == size and world.generation > after else None
 
 
@@ -406,3 +410,75 @@ def test_the_horovod_images_job_survives_a_deleted_pod(
         assert victim not in smaller.pods
         wait_for(lambda: world_of(3, smaller.generation), "a world of 3 again", timeout=600)
         _trained_past(kube, namespace, step)
+
+
+WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
+ACCOUNTED = {"EPOCHS": "2", "SAMPLES": "2304", "BATCH": "4", "COMMIT_EVERY": "4",
+             "STEP_SLEEP": "0.2", "OMP_NUM_THREADS": "1"}
+"""About 190 steps per epoch at three workers: the job outlasts both faults and their
+rejoins, then ends by itself."""
+
+
+def test_every_sample_is_trained_once_through_a_deleted_pod_and_a_killed_container(
+    kube: KubeClient, namespace: str, operator: OperatorProcess, real_nodes: RealNodeSet,
+    training_image: str, real_nodes_only: None, tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    folder = tmp_path / "bench"
+    traces = folder / "trace"
+    traces.mkdir(parents=True)
+    shutil.copy(WORKER, folder / "elastic_worker.py")
+    for path in (folder, traces):
+        path.chmod(0o777)  # the image runs as uid 10001; a hostPath gets no fsGroup
+    policy = hostpath_policy(kube, namespace, folder)
+    request.addfinalizer(lambda: kube.delete(
+        api_path("ringwright.dev/v1alpha1", "schedulingpolicies", name=policy)))
+    job = _job("accounted", training_image, policy, ["python", "/bench/elastic_worker.py"],
+               replicas=3, max=3)
+    template = job["spec"]["workers"]["template"]["spec"]
+    container = template["containers"][0]
+    container["env"] = [{"name": k, "value": v}
+                        for k, v in {**ACCOUNTED, "TRACE_DIR": "/bench/trace"}.items()]
+    container["volumeMounts"] = [{"name": "bench", "mountPath": "/bench"}]
+    template["volumes"] = [{"name": "bench",
+                            "hostPath": {"path": str(folder), "type": "Directory"}}]
+
+    def world_of(size: int, after: int) -> World | None:
+        world = current_world(kube, namespace, "accounted")
+        return world if world and world.size == size and world.generation > after else None
+
+    def trained_in(world: World) -> None:
+        wait_for(lambda: set(world.pods) <= Traces.load(traces).trained(world.generation),
+                 f"every member training in generation {world.generation}", timeout=600)
+
+    with diagnosed(kube, namespace):
+        kube.create(tj_path(namespace), job)
+        first = wait_for(lambda: world_of(3, -1), "a world of 3", timeout=900)
+        trained_in(first)
+
+        # `kubectl delete pod`: the kubelet's SIGTERM; the others go on, the replacement
+        # (under the same name) joins.
+        victim = first.members[-1].pod
+        version = _pod(kube, namespace, victim)["metadata"]["resourceVersion"]
+        kube.delete(api_path("v1", "pods", namespace, victim))
+        assert _exit_code_until_gone(kube, namespace, victim, version) == SIGTERM_EXIT
+        smaller = wait_for(lambda: world_of(2, first.generation), "a world of 2", timeout=300)
+        healed = wait_for(lambda: world_of(3, smaller.generation), "a world of 3 again",
+                          timeout=600)
+        trained_in(healed)
+
+        # A training process killed inside its container: the kubelet restarts it.
+        target = healed.members[0].pod
+        assert crash_container(_pod(kube, namespace, target)), f"no process of {target}"
+        def rejoined() -> World | None:
+            world = world_of(3, healed.generation)
+            return world if world is not None and target in world.pods else None
+
+        back = wait_for(rejoined, "a world of 3 with the restarted container", timeout=600)
+        trained_in(back)
+
+        wait_for(lambda: get_status(kube, namespace, "accounted").get("phase") == "Succeeded",
+                 "the job to train to its end", timeout=900, interval=2)
+    t = Traces.load(traces)
+    assert_every_sample_once(t, int(ACCOUNTED["SAMPLES"]), int(ACCOUNTED["EPOCHS"]))
+    assert_params_identical(t)
