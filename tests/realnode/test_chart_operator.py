@@ -2,7 +2,8 @@
 as the chart's Deployment (two replicas electing a leader through a Lease, the chart's
 ServiceAccount and RBAC, its metrics Service, a read-only root filesystem, non-root),
 the image already in the nodes' containerd (the chart's IfNotPresent never pulls it).
-Deleting the leader's pod hands the Lease to the other replica."""
+Deleting the leader's pod: it releases the Lease on its way out and a live replica takes
+it at once (no waiting out the lease), while the other stands by."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import yaml
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.helm import CHART, Helm
 from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
-from ringwright.kube import KubeClient, api_path
+from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
 from tests.conftest import IN_CI
 from tests.waiting import wait_for
@@ -102,7 +103,7 @@ def _pod_holding(pods: list[Obj], holder: str) -> Obj | None:
 
 
 def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
-    kube: KubeClient, namespace: str, real_nodes: RealNodeSet, release: str,
+    cluster: Cluster, kube: KubeClient, namespace: str, real_nodes: RealNodeSet, release: str,
 ) -> None:
     def two_ready() -> list[Obj] | None:
         pods = _operator_pods(kube, namespace)
@@ -120,7 +121,6 @@ def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
 
     leader = wait_for(lambda: _pod_holding(pods, _holder(kube, namespace)),
                       "one replica to take the Lease", timeout=120)
-    standby = next(p for p in pods if p is not leader)
 
     # The metrics Service's endpoints are the replicas, and each serves its metrics
     # (the host routes to pod addresses, as a Prometheus in the cluster would reach them).
@@ -135,19 +135,40 @@ def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
         body = httpx.get(f"http://{ip}:9400/metrics", timeout=10).text
         assert "ringwright_" in body
 
-    before = _holder(kube, namespace)
-    kube.delete(api_path("v1", "pods", namespace, leader["metadata"]["name"]))
+    # What the leader says on its way out: the stream ends when its container does.
+    leader_name = leader["metadata"]["name"]
+    leader_log = subprocess.Popen(
+        ["kubectl", "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace,
+         "logs", "--follow", leader_name],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: _pod_holding([standby], _holder(kube, namespace)),
-                 f"the standby {standby['metadata']['name']} to take the Lease from {before}",
-                 timeout=180)
-    except AssertionError as err:
-        # Who holds it instead, and what the standby said meanwhile.
-        name = standby["metadata"]["name"]
-        log = kube.get_text(api_path("v1", "pods", namespace, name, subresource="log"))
-        phases = [(p["metadata"]["name"], p["status"].get("phase"))
-                for p in kube.list(api_path("v1", "pods", namespace),
-                                   labelSelector=OPERATOR_SELECTOR)]
-        raise AssertionError(f"{err}\nholder now {_holder(kube, namespace)!r}, pods {phases}\n"
-                             f"--- {name}\n" + "\n".join(log.splitlines()[-40:])) from err
-    assert _pod_holding([leader], _holder(kube, namespace)) is None
+        before = _holder(kube, namespace)
+        kube.delete(api_path("v1", "pods", namespace, leader_name))
+
+        def new_holder() -> str | None:
+            holder = _holder(kube, namespace)
+            return holder if holder and holder != before else None
+
+        # The released Lease goes to whichever live replica asks first: the standby, or
+        # the Deployment's replacement for the deleted pod when that one is up by then.
+        holder = wait_for(new_holder, f"a replica to take the Lease from {before}",
+                          timeout=180)
+        said, _ = leader_log.communicate(timeout=120)
+    finally:
+        leader_log.kill()
+    assert f"released lease {namespace}/{LEASE}" in said, (
+        f"the deleted leader did not release the Lease on its way out:\n{said[-4000:]}")
+    live = _operator_pods(kube, namespace)
+    (leading,) = [p for p in live if _pod_holding([p], holder)]
+    assert leading["metadata"]["name"] != leader_name
+    for pod in live:
+        try:
+            log = kube.get_text(api_path("v1", "pods", namespace, pod["metadata"]["name"],
+                                         subresource="log"))
+        except ApiError:
+            log = ""  # the replacement's container has not started: it cannot lead
+        if pod is leading:
+            assert f"leading as {holder}" in log, log[-4000:]
+        else:
+            # Never two leaders: the other replica still stands by.
+            assert "leading as" not in log, log[-4000:]
