@@ -7,10 +7,8 @@ idempotent (a running cluster is reused), ``down`` stops every component.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import shutil
 import signal
 import socket
@@ -27,6 +25,7 @@ from ringwright.kube import ApiError, KubeClient, RetryPolicy, api_path, load_ku
 
 from .build import Binaries, ensure_binaries
 from .inventory import KWOK_NODE_ANNOTATION, load_inventory, node_manifests
+from .node.host import Proc, start_ticks, stop
 from .pki import Pki, ensure_pki
 from .realnode import stop_real_nodes
 from .versions import CONTROL_PLANE, cache_root
@@ -53,6 +52,10 @@ whose kubelet lost its runtime would; removing it brings the node back."""
 
 class ClusterError(RuntimeError):
     """The local cluster could not be started or reached."""
+
+
+CONTROL_PLANE_NODE = "control-plane"
+"""The node name the control plane's recorded processes carry (they run on no node)."""
 
 
 def free_port() -> int:
@@ -93,16 +96,22 @@ class Cluster:
         return KubeClient(load_kubeconfig(self.kubeconfig), timeout=5,
                           retry=RetryPolicy(attempts=1))
 
-    def _pids(self) -> dict[str, int]:
+    def _pids(self) -> dict[str, Proc]:
+        """The recorded components, each with its start time: a recorded pid may belong
+        to any other process by now (pids are reused within minutes on a busy machine,
+        and the file outlives a reboot), and that one must never be signalled. An entry
+        without a start time (written by an older version) matches no process."""
         if not self._pids_file.exists():
             return {}
-        pids: dict[str, int] = json.loads(self._pids_file.read_text())
-        return pids
+        recorded: dict[str, int | list[int]] = json.loads(self._pids_file.read_text())
+        return {name: Proc(name, CONTROL_PLANE_NODE, *(pid if isinstance(pid, list)
+                                                         else (pid, -1)))
+                for name, pid in recorded.items()}
 
     def running(self) -> bool:
         """True when every recorded component process is alive and the API answers."""
         pids = self._pids()
-        if not pids or not all(_alive(pid) for pid in pids.values()):
+        if not pids or not all(p.alive() for p in pids.values()):
             return False
         try:
             with self._probe() as kube:
@@ -126,7 +135,7 @@ class Cluster:
         ports = {"etcd": free_port(), "etcd-peer": free_port(), "apiserver": free_port(),
                  "kwok": free_port()}
         self._write_kubeconfig(pki, ports["apiserver"])
-        pids: dict[str, int] = {}
+        pids: dict[str, Proc] = {}
         try:
             pids["etcd"] = self._spawn("etcd", self._etcd_cmd(bins, ports))
             self._save_pids(pids)
@@ -153,14 +162,7 @@ class Cluster:
     def down(self) -> None:
         """Stop every component (TERM, then KILL after a few seconds), real nodes first."""
         stop_real_nodes(self.dir)
-        pids = self._pids()
-        for pid in pids.values():
-            _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in pids.values():
-            _signal(pid, signal.SIGKILL)
+        stop(list(self._pids().values()), grace=10)
         self._pids_file.unlink(missing_ok=True)
         self._commands_file.unlink(missing_ok=True)
 
@@ -176,14 +178,14 @@ class Cluster:
         commands: dict[str, list[str]] = json.loads(self._commands_file.read_text())
         if component not in pids or component not in commands:
             raise ClusterError(f"no running component {component!r}: {sorted(pids)}")
-        _signal(pids[component], signal.SIGKILL)
+        pids[component].signal(signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _alive(pids[component]) and time.monotonic() < deadline:
+        while pids[component].alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         pids[component] = self._spawn(component, commands[component])
         self._save_pids(pids)
         self._wait("API server /readyz", timeout, self._api_ready, component)
-        log.info("restarted %s (pid %d)", component, pids[component])
+        log.info("restarted %s (pid %d)", component, pids[component].pid)
 
     # -- component command lines -------------------------------------------------
 
@@ -268,7 +270,7 @@ class Cluster:
         self.kubeconfig.write_text(yaml.safe_dump(doc))
         self.kubeconfig.chmod(0o600)
 
-    def _spawn(self, name: str, cmd: list[str]) -> int:
+    def _spawn(self, name: str, cmd: list[str]) -> Proc:
         commands = (json.loads(self._commands_file.read_text())
                     if self._commands_file.exists() else {})
         self._commands_file.write_text(json.dumps({**commands, name: cmd}))
@@ -278,16 +280,16 @@ class Cluster:
         proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         logfile.close()
-        return proc.pid
+        return Proc(name, CONTROL_PLANE_NODE, proc.pid, start_ticks(proc.pid) or -1)
 
-    def _save_pids(self, pids: dict[str, int]) -> None:
-        self._pids_file.write_text(json.dumps(pids))
+    def _save_pids(self, pids: dict[str, Proc]) -> None:
+        self._pids_file.write_text(json.dumps({n: [p.pid, p.start] for n, p in pids.items()}))
 
     def _wait(self, what: str, timeout: float, probe: Callable[[], bool], component: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for name, pid in self._pids().items():
-                if not _alive(pid):
+            for name, proc in self._pids().items():
+                if not proc.alive():
                     raise ClusterError(f"{name} exited while waiting for {what}:\n"
                                        f"{self._tail(name)}")
             try:
@@ -332,23 +334,3 @@ def _node_ready(node: dict[str, object]) -> bool:
     status = node.get("status")
     conditions = status.get("conditions", []) if isinstance(status, dict) else []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); reap it if it is ours.
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return done == 0
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

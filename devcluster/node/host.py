@@ -79,6 +79,8 @@ class Proc:
 
     def alive(self) -> bool:
         """Whether the process still runs (a zombie child of ours is reaped, not alive)."""
+        if start_ticks(self.pid) != self.start:
+            return False  # gone, or its pid taken by another process: never reap that one
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, os.WNOHANG)
         return start_ticks(self.pid) == self.start
