@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -88,7 +87,7 @@ from tests.bench.recovery_common import (  # noqa: E402
 from tests.e2e.test_elastic_job import WORKER, HostThread  # noqa: E402
 from tests.jobs import FAST, OperatorProcess, fresh_namespace, tj_path, training_job  # noqa: E402
 from tests.realnode.conftest import image_name  # noqa: E402
-from tests.realnode.test_example_job import hostpath_policy  # noqa: E402
+from tests.realnode.staging import hostpath_policy, run_staged_worker, stage_worker  # noqa: E402
 
 PATHS = {"realnode": "real nodes (kubelet)", "podhost": "KWOK + pod host",
          "local": "local launcher"}
@@ -114,19 +113,6 @@ def job_manifest(policy: str = "default") -> Obj:
                             faultTolerance={"collectiveTimeoutSeconds": int(PG_TIMEOUT_S)})
     container = manifest["spec"]["workers"]["template"]["spec"]["containers"][0]
     container["env"] = [{"name": k, "value": v} for k, v in sorted(WORKLOAD.items())]
-    return manifest
-
-
-def on_real_nodes(manifest: Obj, image: str, folder: Path) -> Obj:
-    """``manifest`` running the worker staged in ``folder`` (a hostPath at /bench, which
-    also receives the traces) in containers of ``image``."""
-    spec = manifest["spec"]["workers"]["template"]["spec"]
-    container = spec["containers"][0]
-    container.update(image=image, command=["python", "/bench/elastic_worker.py"],
-                     volumeMounts=[{"name": "bench", "mountPath": "/bench"}])
-    container["env"].append({"name": "TRACE_DIR", "value": "/bench/trace"})
-    spec["volumes"] = [{"name": "bench", "hostPath": {"path": str(folder),
-                                                      "type": "Directory"}}]
     return manifest
 
 
@@ -196,22 +182,21 @@ def realnode_path(cluster: Cluster, kube: KubeClient, work: Path, trials: int) -
         raise BaselineFailed(requirements_message(missing))
     archive = images.build(["training"])[0].archive
     folder = work / "bench"
-    (folder / "trace").mkdir(parents=True)
-    shutil.copy(WORKER, folder / "elastic_worker.py")
-    for path in (folder, folder / "trace"):
-        path.chmod(0o777)  # the image runs as uid 10001; a hostPath gets no fsGroup
+    traces = stage_worker(folder)
     policy = hostpath_policy(kube, "bench", folder)
+    manifest = job_manifest(policy)
+    run_staged_worker(manifest["spec"]["workers"]["template"]["spec"], image_name("training"),
+                      folder, {})
     nodes = start_real_nodes(kube, cluster.dir, cluster.kubeconfig, NODES, images=[archive])
     try:
         with real_nodes_only(kube, nodes.names), \
-                job_in(kube, on_real_nodes(job_manifest(policy), image_name("training"),
-                                           folder)) as namespace:
+                job_in(kube, manifest) as namespace:
 
             def kill(pod: str) -> None:
                 if not crash_container(kube.get(api_path("v1", "pods", namespace, pod))):
                     raise BaselineFailed(f"no process of {pod}'s container on this host")
 
-            return cluster_trials(kube, namespace, folder / "trace", trials, kill)
+            return cluster_trials(kube, namespace, traces, trials, kill)
     finally:
         nodes.stop(kube)
         kube.delete(api_path("ringwright.dev/v1alpha1", "schedulingpolicies", name=policy))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +45,7 @@ from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.storage import storage_for
 from ringwright.world import World
 from tests.jobs import OperatorProcess, get_status, tj_path
+from tests.realnode.staging import hostpath_policy, run_staged_worker, stage_worker
 from tests.runtime.elastic_traces import (
     Traces,
     assert_every_sample_once,
@@ -70,8 +70,10 @@ def real_nodes_only(kube: KubeClient, real_nodes: RealNodeSet) -> Iterator[None]
         yield
 
 
-def _world_where(kube: KubeClient, ns: str, size: int, after: int) -> World | None:
-    world = current_world(kube, ns, JOB)
+def _world_where(kube: KubeClient, ns: str, size: int, after: int,
+                 job: str = JOB) -> World | None:
+    """Job ``job``'s world when it has ``size`` members and a generation past ``after``."""
+    world = current_world(kube, ns, job)
     return world if world and world.size == size and world.generation > after else None
 
 
@@ -296,18 +298,6 @@ def test_a_real_crash_loop_is_still_a_failure(
     assert status.get("restarts", 0) >= 1, status
 
 
-def hostpath_policy(kube: KubeClient, namespace: str, folder: Path) -> str:
-    """A SchedulingPolicy that lets templates mount ``folder`` (hostPath volumes are
-    refused by default); its name. The namespace's teardown does not remove it: the
-    caller's finalizer does."""
-    name = f"{namespace}-hostpath"
-    kube.create(api_path("ringwright.dev/v1alpha1", "schedulingpolicies"), {
-        "apiVersion": "ringwright.dev/v1alpha1", "kind": "SchedulingPolicy",
-        "metadata": {"name": name},
-        "spec": {"templates": {"allowedHostPaths": [str(folder)]}}})
-    return name
-
-
 WORLD_READY = re.compile(r" world_ready generation=(\d+) .*\bfrom_checkpoint=(\w+) step=(\d+)")
 """The runtime's line when a member starts training in a world."""
 
@@ -340,8 +330,7 @@ def test_a_suspended_job_flushes_its_checkpoint_to_a_shared_volume_and_resumes_f
     kube.create(tj_path(namespace), job)
 
     def world_of(size: int, after: int) -> World | None:
-        world = current_world(kube, namespace, "suspended")
-        return world if world and world.size == size and world.generation > after else None
+        return _world_where(kube, namespace, size, after, "suspended")
 
     first = wait_for(lambda: world_of(2, -1), "a world of 2", timeout=900)
     _trained_past(kube, namespace, 0, timeout=600)
@@ -395,8 +384,7 @@ def test_the_horovod_images_job_survives_a_deleted_pod(
                backend="horovod", replicas=3, max=3)
 
     def world_of(size: int, after: int) -> World | None:
-        world = current_world(kube, namespace, "hvd")
-        return world if world and world.size == size and world.generation > after else None
+        return _world_where(kube, namespace, size, after, "hvd")
 
     with diagnosed(kube, namespace):
         kube.create(tj_path(namespace), job)
@@ -412,7 +400,6 @@ def test_the_horovod_images_job_survives_a_deleted_pod(
         _trained_past(kube, namespace, step)
 
 
-WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
 ACCOUNTED = {"EPOCHS": "2", "SAMPLES": "2304", "BATCH": "4", "COMMIT_EVERY": "4",
              "STEP_SLEEP": "0.2", "OMP_NUM_THREADS": "1"}
 """About 190 steps per epoch at three workers: the job outlasts both faults and their
@@ -425,27 +412,16 @@ def test_every_sample_is_trained_once_through_a_deleted_pod_and_a_killed_contain
     request: pytest.FixtureRequest,
 ) -> None:
     folder = tmp_path / "bench"
-    traces = folder / "trace"
-    traces.mkdir(parents=True)
-    shutil.copy(WORKER, folder / "elastic_worker.py")
-    for path in (folder, traces):
-        path.chmod(0o777)  # the image runs as uid 10001; a hostPath gets no fsGroup
+    traces = stage_worker(folder)
     policy = hostpath_policy(kube, namespace, folder)
     request.addfinalizer(lambda: kube.delete(
         api_path("ringwright.dev/v1alpha1", "schedulingpolicies", name=policy)))
-    job = _job("accounted", training_image, policy, ["python", "/bench/elastic_worker.py"],
-               replicas=3, max=3)
-    template = job["spec"]["workers"]["template"]["spec"]
-    container = template["containers"][0]
-    container["env"] = [{"name": k, "value": v}
-                        for k, v in {**ACCOUNTED, "TRACE_DIR": "/bench/trace"}.items()]
-    container["volumeMounts"] = [{"name": "bench", "mountPath": "/bench"}]
-    template["volumes"] = [{"name": "bench",
-                            "hostPath": {"path": str(folder), "type": "Directory"}}]
+    job = _job("accounted", training_image, policy, [], replicas=3, max=3)
+    run_staged_worker(job["spec"]["workers"]["template"]["spec"], training_image, folder,
+                      ACCOUNTED)
 
     def world_of(size: int, after: int) -> World | None:
-        world = current_world(kube, namespace, "accounted")
-        return world if world and world.size == size and world.generation > after else None
+        return _world_where(kube, namespace, size, after, "accounted")
 
     def trained_in(world: World) -> None:
         wait_for(lambda: set(world.pods) <= Traces.load(traces).trained(world.generation),
