@@ -9,6 +9,14 @@ connect), and a host cut off the network lets the connect time out. A host where
 listens (connection refused) has no worker yet, and stays listed: horovodrun starts one
 there.
 
+Dropping a host is not enough: horovodrun does not end the worker of a host that left
+discovery, and its next rendezvous waits for every worker of the last world to report
+(ready, or failed by exiting). So the script also does what a liveness probe does: a
+worker on this machine (a loopback host) that missed :data:`MISSES_BEFORE_KILL` probes
+in a row is killed, and horovodrun sees it fail; its host stays out of the list from then
+on (whatever froze the worker may freeze the next). A host of another namespace may be cut
+off and out of reach; its worker's launch (``ssh``) ends by ssh's keep-alives instead.
+
 Probes go only to loopback or to the benchmark's own network namespaces (the subnet
 given on the command line); any other address in the inventory is an error.
 
@@ -19,8 +27,11 @@ Standard library only: horovodrun runs the script once a second.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import os
+import signal
 import socket
 import sys
 import threading
@@ -31,7 +42,11 @@ from pathlib import Path
 PROBE_TIMEOUT_S = 1.0
 """How long a probe waits for a worker's answer (connect and reply together)."""
 
-PING, PONG = b"ping\n", b"ok\n"
+MISSES_BEFORE_KILL = 3
+"""Probes in a row a local worker may miss before it is killed (a kubelet's default
+``failureThreshold``)."""
+
+PING, PONG = b"ping\n", b"ok"
 
 
 def serve(host: str, port: int) -> None:
@@ -45,24 +60,26 @@ def serve(host: str, port: int) -> None:
                 conn.settimeout(PROBE_TIMEOUT_S)
                 try:
                     if conn.recv(len(PING)):
-                        conn.sendall(PONG)
+                        conn.sendall(PONG + f" {os.getpid()}\n".encode())
                 except OSError:
                     pass
 
     threading.Thread(target=answer, name="health", daemon=True).start()
 
 
-def healthy(host: str, port: int) -> bool:
-    """Whether ``host`` should be listed: its worker answered, or none listens yet."""
+def probe(host: str, port: int) -> int | None:
+    """The pid of the worker on ``host`` that answered; 0 when none listens (no worker
+    yet); None when no answer came within PROBE_TIMEOUT_S."""
     try:
         with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S) as sock:
             sock.settimeout(PROBE_TIMEOUT_S)
             sock.sendall(PING)
-            return sock.recv(len(PONG)) == PONG
+            word, pid = sock.recv(64).split()
+            return int(pid) if word == PONG else None
     except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
+        return 0
+    except (OSError, ValueError):
+        return None
 
 
 def allowed(host: str, subnet: str) -> bool:
@@ -72,18 +89,37 @@ def allowed(host: str, subnet: str) -> bool:
 
 
 def discover(hosts_file: Path, ports: dict[str, int], subnet: str, log: Path) -> int:
-    """Print ``host:1`` for every host of ``hosts_file`` that passes :func:`healthy`,
-    probing them all at once; append what was listed, and when, to ``log``."""
+    """Print ``host:1`` for every host of ``hosts_file`` whose worker answered (or that
+    has none yet), probing them all at once; kill a local worker that missed
+    MISSES_BEFORE_KILL probes in a row. Append what was listed and killed, and when, to
+    ``log``; what the next run needs (pids, misses, hosts killed) goes beside it."""
     hosts = [line.split(":")[0] for line in hosts_file.read_text().split()]
     strangers = [h for h in hosts if not allowed(h, subnet)]
     if strangers:
         print(f"refusing to probe {strangers}: not loopback nor in {subnet}", file=sys.stderr)
         return 1
     with ThreadPoolExecutor(len(hosts) or 1) as pool:
-        answers = list(pool.map(lambda h: healthy(h, ports[h]), hosts))
-    listed = [h for h, ok in zip(hosts, answers, strict=True) if ok]
+        answers = dict(zip(hosts, pool.map(lambda h: probe(h, ports[h]), hosts), strict=True))
+    state_file = log.with_suffix(".state.json")
+    state = json.loads(state_file.read_text()) if state_file.exists() else \
+        {"pids": {}, "misses": {}, "killed": []}
+    killed: list[str] = []
+    for host, pid in answers.items():
+        if pid is not None:
+            state["misses"][host] = 0
+            state["pids"][host] = pid
+            continue
+        state["misses"][host] = misses = state["misses"].get(host, 0) + 1
+        local = ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        if local and misses == MISSES_BEFORE_KILL and state["pids"].get(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state["pids"][host], signal.SIGKILL)
+            killed.append(host)
+    state["killed"] += killed
+    state_file.write_text(json.dumps(state))
+    listed = [h for h in hosts if answers[h] is not None and h not in state["killed"]]
     with log.open("a") as out:
-        out.write(json.dumps({"t": time.time(), "listed": listed}) + "\n")
+        out.write(json.dumps({"t": time.time(), "listed": listed, "killed": killed}) + "\n")
     print("".join(f"{h}:1\n" for h in listed), end="")
     return 0
 

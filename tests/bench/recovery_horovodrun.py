@@ -15,10 +15,12 @@ benchmark's ``ssh`` (:mod:`tests.bench.namespace_ssh`) carries the command, its 
 and its exit status over the hosts' own links, so the cut silences it as it would a
 real ssh session without keep-alives.
 
-Rows: discovery that lists the inventory (``cat hosts``), and discovery that also
-probes each host's worker (:mod:`tests.bench.health_probe`): a frozen or cut-off
-worker's host leaves the list within about a second, as a careful user would arrange.
-What horovodrun then does with the survivors is what the row measures.
+Rows: discovery that lists the inventory (``cat hosts``), and what a careful user would
+arrange instead (``probe``): discovery that also probes each host's worker and kills a
+local worker that stopped answering (:mod:`tests.bench.health_probe`), and ssh with
+keep-alives (a cut-off host's ``ssh`` exits, so the driver learns that its worker is
+lost). Dropping a host from discovery alone does not free horovodrun: it neither ends
+that host's worker nor forms a new world without it until that worker has reported.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,10 +41,12 @@ import psutil
 
 from ringwright.runtime.local.launcher import free_port
 from tests.bench import health_probe
-from tests.bench.namespace_ssh import NamespaceSsh
+from tests.bench.namespace_ssh import ALIVE_ENV, NamespaceSsh
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
     KILL_AT_STEP,
+    LIVENESS_ATTEMPTS,
+    LIVENESS_INTERVAL_S,
     PG_TIMEOUT_S,
     VICTIM,
     WAIT_S,
@@ -101,6 +105,8 @@ class HorovodrunJob:
             ports = workdir / "health-ports.json"
             ports.write_text(json.dumps({h: free_port() for h in self.host_names}))
             env["HEALTH_PORTS_FILE"] = str(ports)
+            # ssh -o ServerAliveInterval=1 -o ServerAliveCountMax=3
+            env[ALIVE_ENV] = str(LIVENESS_INTERVAL_S * LIVENESS_ATTEMPTS)
             listing = (f"{sys.executable} {Path(health_probe.__file__).resolve()} discover "
                        f"{self.hosts} {ports} {SUBNET}.0/24 {self.discovery_log}")
         discover = workdir / "discover.sh"
@@ -126,19 +132,23 @@ class HorovodrunJob:
                     if r["rank"] == VICTIM), key=lambda r: r["t"])
 
     def probe_note(self, host: str, pid: int, since: float) -> str:
-        """With a probing discovery: when it first left ``host`` out after ``since``,
-        and whether the worker ``pid`` there still exists (horovodrun did not end it)."""
+        """With a probing discovery: when it first left ``host`` out and killed its
+        worker after ``since``, and whether the worker ``pid`` there still exists."""
         if not self.discovery_log.exists():
             return ""
         records = [json.loads(line) for line in self.discovery_log.read_text().splitlines()]
-        dropped = min((r["t"] for r in records if r["t"] > since and host not in r["listed"]),
-                      default=None)
-        when = "never" if dropped is None else f"after {dropped - since:.2f} s"
+
+        def first(what: str, happened: Callable[[dict[str, Any]], bool]) -> str:
+            at = min((r["t"] for r in records if r["t"] > since and happened(r)), default=None)
+            return f"{what} {'never' if at is None else f'after {at - since:.2f} s'}"
+
         try:
             fate = f"still there ({psutil.Process(pid).status()})"
         except psutil.NoSuchProcess:
             fate = "gone"
-        return f"; probe dropped {host} {when}; its worker {fate} at the end"
+        return (f"; probe: {host} {first('dropped', lambda r: host not in r['listed'])}, "
+                f"{first('its worker killed', lambda r: host in r['killed'])}; "
+                f"that worker {fate} at the end")
 
     def trained_at_full_size(self) -> bool:
         """Whether the newest completed step was taken by a world of four."""
