@@ -1,8 +1,9 @@
 """Recovery, faults and joins: ringwright against torchrun and horovodrun elastic, on loopback.
 
 Every system trains the same model on the same data with the same per-worker batch,
-simulated compute per step, commit / checkpoint interval and collective timeout, and
-is timed the same way (``recovery_common`` defines every interval once):
+simulated compute per step, commit / checkpoint interval and collective timeout (but
+``tr-detect``, below), and is timed the same way (``recovery_common`` defines every
+interval once):
 
 * SIGKILL: a node is lost (ringwright: the member's process; torchrun: its agent and
   worker together; horovodrun: its worker, and its host leaves discovery) -> the first
@@ -19,11 +20,12 @@ torchrun (``--nnodes=MIN:MAX --rdzv-backend=c10d``) runs three times: at its ren
 defaults, tuned (``last_call_timeout=1``, keep-alive 1 s x 3), and tuned with its
 process-group timeout at ringwright's failure detection time (``tr-detect``: 3 s; a
 straggler slower than that is then taken for dead). horovodrun runs twice: its host
-discovery lists the inventory (``hvd``), or also drops a host whose worker does not
-answer a 1 s health probe (``hvd-probe``, :mod:`tests.bench.health_probe`). A baseline that fails
-at what it is built for (training at full size before a fault, SIGKILL recovery, join)
-makes the benchmark exit 1; a system that does not survive a silent fault within its
-bound is reported as "not survived".
+discovery lists the inventory (``hvd``), or, as a careful user would set it up
+(``hvd-probe``), drops a host whose worker does not answer a 1 s health probe, kills a
+local worker that stops answering (:mod:`tests.bench.health_probe`), and its ssh has
+keep-alives. A baseline that fails at what it is built for (training at full size before
+a fault, SIGKILL recovery, join) makes the benchmark exit 1; a system that does not
+survive a silent fault within its bound is reported as "not survived".
 
     python tests/bench/bench_recovery.py [--systems rw,tr,tr-tuned,tr-detect,rw-hvd,hvd,
                                          hvd-probe]
