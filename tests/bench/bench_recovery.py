@@ -1,8 +1,9 @@
 """Recovery, faults and joins: ringwright against torchrun and horovodrun elastic, on loopback.
 
 Every system trains the same model on the same data with the same per-worker batch,
-simulated compute per step, commit / checkpoint interval and collective timeout, and
-is timed the same way (``recovery_common`` defines every interval once):
+simulated compute per step, commit / checkpoint interval and collective timeout (but
+``tr-detect``, below), and is timed the same way (``recovery_common`` defines every
+interval once):
 
 * SIGKILL: a node is lost (ringwright: the member's process; torchrun: its agent and
   worker together; horovodrun: its worker, and its host leaves discovery) -> the first
@@ -15,13 +16,19 @@ is timed the same way (``recovery_common`` defines every interval once):
 * straggler: one member pauses 30 s once -> rollbacks and steps lost (the goal is none);
 * join: 2 members, scaled to 4 -> launch of the newcomers to the first step at size 4.
 
-torchrun (``--nnodes=MIN:MAX --rdzv-backend=c10d``) runs twice: at its rendezvous
-defaults and tuned (``last_call_timeout=1``, keep-alive 1 s x 3). A baseline that fails
-at what it is built for (training at full size before a fault, SIGKILL recovery, join)
-makes the benchmark exit 1; a system that does not survive a silent fault within its
-bound is reported as "not survived".
+torchrun (``--nnodes=MIN:MAX --rdzv-backend=c10d``) runs three times: at its rendezvous
+defaults, tuned (``last_call_timeout=1``, keep-alive 1 s x 3), and tuned with its
+process-group timeout at ringwright's failure detection time (``tr-detect``: 3 s; a
+straggler slower than that is then taken for dead). horovodrun runs twice: its host
+discovery lists the inventory (``hvd``), or, as a careful user would set it up
+(``hvd-probe``), drops a host whose worker does not answer a 1 s health probe, kills a
+local worker that stops answering (:mod:`tests.bench.health_probe`), and its ssh has
+keep-alives. A baseline that fails at what it is built for (training at full size before
+a fault, SIGKILL recovery, join) makes the benchmark exit 1; a system that does not
+survive a silent fault within its bound is reported as "not survived".
 
-    python tests/bench/bench_recovery.py [--systems rw,tr,tr-tuned,rw-hvd,hvd]
+    python tests/bench/bench_recovery.py [--systems rw,tr,tr-tuned,tr-detect,rw-hvd,hvd,
+                                         hvd-probe]
                                          [--scenarios sigkill,sigkill-rank0,sigstop,partition,
                                          straggler,join]
 """
@@ -46,6 +53,7 @@ from tests.bench import (  # noqa: E402
     recovery_torchrun,
 )
 from tests.bench.recovery_common import (  # noqa: E402
+    DETECT_S,
     PG_TIMEOUT_S,
     STRAGGLER_S,
     Outcome,
@@ -58,10 +66,13 @@ SYSTEMS = {
     "rw": "ringwright",
     "tr": "torchrun",
     "tr-tuned": "torchrun tuned",
+    "tr-detect": f"torchrun, {DETECT_S:.0f} s timeout",
     "rw-hvd": "ringwright+hvd",
     "hvd": "horovodrun",
+    "hvd-probe": "horovodrun, probed",
 }
-BASELINE_OF = {"tr": "rw", "tr-tuned": "rw", "hvd": "rw-hvd"}
+BASELINE_OF = {"tr": "rw", "tr-tuned": "rw", "tr-detect": "rw", "hvd": "rw-hvd",
+               "hvd-probe": "rw-hvd"}
 """Which ringwright column each peer is compared with."""
 
 SCENARIOS: dict[str, dict[str, Run]] = {
@@ -69,8 +80,10 @@ SCENARIOS: dict[str, dict[str, Run]] = {
         "rw": lambda d: recovery_ringwright.fault(d, signal.SIGKILL),
         "tr": lambda d: recovery_torchrun.fault(d, "", signal.SIGKILL),
         "tr-tuned": lambda d: recovery_torchrun.fault(d, TUNED, signal.SIGKILL),
+        "tr-detect": lambda d: recovery_torchrun.fault(d, TUNED, signal.SIGKILL, DETECT_S),
         "rw-hvd": lambda d: recovery_ringwright.fault(d, signal.SIGKILL, backend="horovod"),
         "hvd": lambda d: recovery_horovodrun.fault(d, signal.SIGKILL),
+        "hvd-probe": lambda d: recovery_horovodrun.fault(d, signal.SIGKILL, probe=True),
     },
     "sigkill-rank0": {
         # torchrun's store lives in its first agent: losing it ends a torchrun job.
@@ -80,27 +93,34 @@ SCENARIOS: dict[str, dict[str, Run]] = {
         "rw": lambda d: recovery_ringwright.fault(d, signal.SIGSTOP),
         "tr": lambda d: recovery_torchrun.fault(d, "", signal.SIGSTOP),
         "tr-tuned": lambda d: recovery_torchrun.fault(d, TUNED, signal.SIGSTOP),
+        "tr-detect": lambda d: recovery_torchrun.fault(d, TUNED, signal.SIGSTOP, DETECT_S),
         "rw-hvd": lambda d: recovery_ringwright.fault(d, signal.SIGSTOP, backend="horovod"),
         "hvd": lambda d: recovery_horovodrun.fault(d, signal.SIGSTOP),
+        "hvd-probe": lambda d: recovery_horovodrun.fault(d, signal.SIGSTOP, probe=True),
     },
     "partition": {
         "rw": recovery_ringwright.partition,
         "tr": lambda d: recovery_torchrun.partition(d, ""),
         "tr-tuned": lambda d: recovery_torchrun.partition(d, TUNED),
+        "tr-detect": lambda d: recovery_torchrun.partition(d, TUNED, DETECT_S),
         "rw-hvd": lambda d: recovery_ringwright.partition(d, backend="horovod"),
         "hvd": recovery_horovodrun.partition,
+        "hvd-probe": lambda d: recovery_horovodrun.partition(d, probe=True),
     },
     "straggler": {
         "rw": recovery_ringwright.straggler,
         "tr": lambda d: recovery_torchrun.straggler(d, ""),
         "tr-tuned": lambda d: recovery_torchrun.straggler(d, TUNED),
+        "tr-detect": lambda d: recovery_torchrun.straggler(d, TUNED, DETECT_S),
         "rw-hvd": lambda d: recovery_ringwright.straggler(d, backend="horovod"),
         "hvd": recovery_horovodrun.straggler,
+        "hvd-probe": lambda d: recovery_horovodrun.straggler(d, probe=True),
     },
     "join": {
         "rw": recovery_ringwright.join,
         "tr": lambda d: recovery_torchrun.join(d, ""),
         "tr-tuned": lambda d: recovery_torchrun.join(d, TUNED),
+        "tr-detect": lambda d: recovery_torchrun.join(d, TUNED, DETECT_S),
     },
 }
 TITLES = {
@@ -131,8 +151,9 @@ def report(table: dict[str, dict[str, Outcome | str]], systems: list[str]) -> No
     """The figures, then the rollbacks and steps lost, then what each system did."""
     width = 30
     head = f"{'scenario':36}" + "".join(f"{SYSTEMS[s]:>{width}}" for s in systems)
-    print(f"\ncollective timeout {PG_TIMEOUT_S:.0f} s for every system; torchrun tuned: "
-          f"{TUNED}\n\n{head}\n{'-' * len(head)}")
+    print(f"\ncollective timeout {PG_TIMEOUT_S:.0f} s for every system but "
+          f"{SYSTEMS['tr-detect']!r} ({DETECT_S:.0f} s); torchrun tuned: {TUNED}"
+          f"\n\n{head}\n{'-' * len(head)}")
     for name, results in table.items():
         print(f"{TITLES[name]:36}" + "".join(f"{cell(results, s):>{width}}" for s in systems))
     print(f"\n{'rollbacks / steps lost':36}" + "".join(f"{SYSTEMS[s]:>{width}}"

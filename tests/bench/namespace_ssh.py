@@ -8,6 +8,9 @@ host's address, and puts an ``ssh`` first on the driver's PATH that connects to 
 sends COMMAND, relays its output and exits with its status. Output and status travel
 over the link the benchmark cuts, as with a real ssh session without keep-alives: from
 a cut-off host nothing reaches the driver, not even the news that its worker exited.
+With keep-alives (:data:`ALIVE_ENV` set, as ``ssh -o ServerAliveInterval=1 -o
+ServerAliveCountMax=3``), the client gives up on a host it heard nothing from for that
+long and exits with ssh's own status for a lost connection.
 
     namespace_ssh.py agent ADDRESS PORT_FILE      (in a host's namespace)
     namespace_ssh.py ssh PORTS_FILE [SSH ARGS]    (what the ``ssh`` on PATH runs)
@@ -33,8 +36,14 @@ import psutil
 if TYPE_CHECKING:  # the agent and the client run without the test tree's imports
     from tests.runtime.netns import NamespacedPods
 
-OUT, ERR, EXIT = 1, 2, 3
-"""Frame kinds from agent to client: the command's stdout, its stderr, its exit status."""
+OUT, ERR, EXIT, ALIVE = 1, 2, 3, 4
+"""Frame kinds from agent to client: the command's stdout, its stderr, its exit status,
+and a keep-alive (every :data:`ALIVE_INTERVAL_S` while the command runs)."""
+
+ALIVE_INTERVAL_S = 1.0
+ALIVE_ENV = "BENCH_SSH_ALIVE_S"
+"""Seconds without any frame after which the client counts the connection lost; unset,
+it waits for ever, as ssh without keep-alives."""
 
 _HEADER = struct.Struct("!BI")
 LOST = 255
@@ -73,6 +82,12 @@ def _serve(conn: socket.socket) -> None:
                 while chunk := os.read(pipe.fileno(), 65536):
                     _send(conn, lock, kind, chunk)
 
+        def keep_alive() -> None:
+            with contextlib.suppress(OSError):
+                while proc.poll() is None:
+                    time.sleep(ALIVE_INTERVAL_S)
+                    _send(conn, lock, ALIVE, b"")
+
         def hang_up() -> None:
             # The client closed (it was ended): end the command, as sshd does.
             with contextlib.suppress(OSError):
@@ -87,6 +102,7 @@ def _serve(conn: socket.socket) -> None:
         for thread in relays:
             thread.start()
         threading.Thread(target=hang_up, daemon=True).start()
+        threading.Thread(target=keep_alive, daemon=True).start()
         code = proc.wait()
         for thread in relays:
             thread.join()
@@ -132,6 +148,8 @@ def client(ports_file: Path, args: list[str]) -> int:
     outputs = {OUT: sys.stdout.buffer, ERR: sys.stderr.buffer}
     try:
         with socket.create_connection((host, port)) as sock:
+            alive = os.environ.get(ALIVE_ENV)
+            sock.settimeout(float(alive) if alive else None)
             payload = command.encode()
             sock.sendall(struct.pack("!I", len(payload)) + payload)
             while header := _recv_exact(sock, _HEADER.size):
@@ -141,6 +159,8 @@ def client(ports_file: Path, args: list[str]) -> int:
                     break
                 if kind == EXIT:
                     return int(struct.unpack("!i", body)[0])
+                if kind == ALIVE:
+                    continue
                 outputs[kind].write(body)
                 outputs[kind].flush()
     except OSError as err:

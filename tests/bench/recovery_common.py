@@ -11,8 +11,9 @@ One definition of each interval, for every system:
 * rollbacks and steps lost: from the traces (:meth:`Traces.rollbacks`): a world that
   resumed below a step already completed, and by how many steps.
 
-The same process-group timeout for every system (:data:`PG_TIMEOUT_S`) and the same
-liveness settings where a system has them (:data:`LIVENESS_INTERVAL_S` x
+The same process-group timeout for every system (:data:`PG_TIMEOUT_S`), but for the
+row that gives torchrun ringwright's failure detection time (:data:`DETECT_S`), and the
+same liveness settings where a system has them (:data:`LIVENESS_INTERVAL_S` x
 :data:`LIVENESS_ATTEMPTS`).
 """
 
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ringwright.runtime.settings import RuntimeSettings
 from ringwright.world import Member, World
 from tests.runtime import netns
 from tests.runtime.elastic_traces import Traces
@@ -41,6 +43,11 @@ process group and to Horovod's gloo. Not ringwright's default (1800 s, which it 
 afford because heartbeats find the dead): the baselines have no other detector for a
 frozen peer, and with 1800 s they could not recover within the bench. 60 s is longer
 than the straggler's pause, so a slow member is a failure for no one."""
+
+DETECT_S = RuntimeSettings().failure_detect_s
+"""ringwright's failure detection time at its defaults (a member silent this long is
+dead). The ``tr-detect`` row gives torchrun's process group this timeout: the same
+detection for a frozen peer, which a careful torchrun user can only get that way."""
 
 LIVENESS_INTERVAL_S = 1
 LIVENESS_ATTEMPTS = 3

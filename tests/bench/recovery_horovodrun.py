@@ -14,26 +14,39 @@ too. horovodrun reaches a host that is not local with ``ssh HOST COMMAND``; the
 benchmark's ``ssh`` (:mod:`tests.bench.namespace_ssh`) carries the command, its output
 and its exit status over the hosts' own links, so the cut silences it as it would a
 real ssh session without keep-alives.
+
+Rows: discovery that lists the inventory (``cat hosts``), and what a careful user would
+arrange instead (``probe``): discovery that also probes each host's worker and kills a
+local worker that stopped answering (:mod:`tests.bench.health_probe`), and ssh with
+keep-alives (a cut-off host's ``ssh`` exits, so the driver learns that its worker is
+lost). Dropping a host from discovery alone does not free horovodrun: it neither ends
+that host's worker nor forms a new world without it until that worker has reported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from tests.bench.namespace_ssh import NamespaceSsh
+from ringwright.runtime.local.launcher import free_port
+from tests.bench import health_probe
+from tests.bench.namespace_ssh import ALIVE_ENV, NamespaceSsh
 from tests.bench.recovery_common import (
     FAULT_WAIT_S,
     KILL_AT_STEP,
+    LIVENESS_ATTEMPTS,
+    LIVENESS_INTERVAL_S,
     PG_TIMEOUT_S,
     VICTIM,
     WAIT_S,
@@ -50,7 +63,7 @@ from tests.bench.recovery_common import (
     wait_until,
 )
 from tests.runtime.elastic_traces import Traces
-from tests.runtime.netns import NamespacedPods
+from tests.runtime.netns import SUBNET, NamespacedPods
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +78,7 @@ class HorovodrunJob:
     """One horovodrun elastic driver and the discovery file it reads."""
 
     def __init__(self, workdir: Path, extra_env: dict[str, str] | None = None,
-                 network: NamespacedPods | None = None) -> None:
+                 network: NamespacedPods | None = None, probe: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.trace_dir = workdir / "trace"
@@ -85,8 +98,19 @@ class HorovodrunJob:
             interface = "eth0"
         self.hosts = workdir / "hosts"
         self.set_hosts(self.host_names)
+        self.discovery_log = workdir / "discovery.jsonl"
+        listing = f"cat {self.hosts}"
+        if probe:
+            # A port per host: on loopback every host is 127.0.0.1.
+            ports = workdir / "health-ports.json"
+            ports.write_text(json.dumps({h: free_port() for h in self.host_names}))
+            env["HEALTH_PORTS_FILE"] = str(ports)
+            # ssh -o ServerAliveInterval=1 -o ServerAliveCountMax=3
+            env[ALIVE_ENV] = str(LIVENESS_INTERVAL_S * LIVENESS_ATTEMPTS)
+            listing = (f"{sys.executable} {Path(health_probe.__file__).resolve()} discover "
+                       f"{self.hosts} {ports} {SUBNET}.0/24 {self.discovery_log}")
         discover = workdir / "discover.sh"
-        discover.write_text(f"#!/bin/sh\ncat {self.hosts}\n")
+        discover.write_text(f"#!/bin/sh\n{listing}\n")
         discover.chmod(0o755)
         # horovodrun's own entry point, run by this interpreter (an overlay venv may
         # have no horovodrun script of its own).
@@ -106,6 +130,25 @@ class HorovodrunJob:
         """The newest start record of rank VICTIM."""
         return max((r for _, r in Traces.load(self.trace_dir).events("start")
                     if r["rank"] == VICTIM), key=lambda r: r["t"])
+
+    def probe_note(self, host: str, pid: int, since: float) -> str:
+        """With a probing discovery: when it first left ``host`` out and killed its
+        worker after ``since``, and whether the worker ``pid`` there still exists."""
+        if not self.discovery_log.exists():
+            return ""
+        records = [json.loads(line) for line in self.discovery_log.read_text().splitlines()]
+
+        def first(what: str, happened: Callable[[dict[str, Any]], bool]) -> str:
+            at = min((r["t"] for r in records if r["t"] > since and happened(r)), default=None)
+            return f"{what} {'never' if at is None else f'after {at - since:.2f} s'}"
+
+        try:
+            fate = f"still there ({psutil.Process(pid).status()})"
+        except psutil.NoSuchProcess:
+            fate = "gone"
+        return (f"; probe: {host} {first('dropped', lambda r: host not in r['listed'])}, "
+                f"{first('its worker killed', lambda r: host in r['killed'])}; "
+                f"that worker {fate} at the end")
 
     def trained_at_full_size(self) -> bool:
         """Whether the newest completed step was taken by a world of four."""
@@ -129,9 +172,10 @@ class HorovodrunJob:
 
 @contextlib.contextmanager
 def horovodrun_job(workdir: Path, extra_env: dict[str, str] | None = None,
-                   network: NamespacedPods | None = None) -> Iterator[HorovodrunJob]:
+                   network: NamespacedPods | None = None, probe: bool = False
+                   ) -> Iterator[HorovodrunJob]:
     """A job that has trained KILL_AT_STEP steps at size four; BaselineFailed if not."""
-    job = HorovodrunJob(workdir, extra_env, network)
+    job = HorovodrunJob(workdir, extra_env, network, probe)
     try:
         try:
             wait_until("training", lambda: steps_done(job.trace_dir) >= KILL_AT_STEP
@@ -150,9 +194,9 @@ def horovodrun_job(workdir: Path, extra_env: dict[str, str] | None = None,
         job.close()
 
 
-def fault(workdir: Path, sig: signal.Signals) -> Outcome:
+def fault(workdir: Path, sig: signal.Signals, probe: bool = False) -> Outcome:
     """Rank VICTIM's worker gets ``sig``; time to the first step at size 3."""
-    with horovodrun_job(workdir) as job:
+    with horovodrun_job(workdir, probe=probe) as job:
         victim = job.victim()
         if sig == signal.SIGKILL:
             job.set_hosts(tuple(h for h in HOSTS if h != victim["host"]))
@@ -163,14 +207,16 @@ def fault(workdir: Path, sig: signal.Signals) -> Outcome:
         if seconds is None and sig == signal.SIGKILL:
             raise BaselineFailed(f"horovodrun never trained at size 3 after losing a host; "
                                  f"logs in {workdir}")
+        note = job.probe_note(victim["host"], victim["pid"], since)
     rollbacks, lost = losses(workdir / "trace")
-    return Outcome(seconds, "in memory (hvd.elastic.TorchState)", rollbacks, lost)
+    return Outcome(seconds, "in memory (hvd.elastic.TorchState)" + note, rollbacks, lost)
 
 
-def partition(workdir: Path) -> Outcome:
+def partition(workdir: Path, probe: bool = False) -> Outcome:
     """Rank VICTIM's host is cut off the network; time to the first step at size 3."""
-    with node_network() as nodes, horovodrun_job(workdir, network=nodes) as job:
-        host = job.victim()["host"]
+    with node_network() as nodes, horovodrun_job(workdir, network=nodes, probe=probe) as job:
+        victim = job.victim()
+        host = victim["host"]
         since = time.time()
         nodes.cut(job.host_names.index(host))
         seconds = time_to_size(job.trace_dir, 3, since, FAULT_WAIT_S)
@@ -179,17 +225,22 @@ def partition(workdir: Path) -> Outcome:
         if first_step_at(job.trace_dir, len(HOSTS), since + CUT_SETTLE_S) is not None:
             raise BaselineFailed(f"a world of {len(HOSTS)} still trained after {host} was "
                                  f"cut off; logs in {workdir}")
+        note = job.probe_note(host, victim["pid"], since) or ", still in discovery"
     rollbacks, lost = losses(workdir / "trace")
-    return Outcome(seconds, f"in memory (hvd.elastic.TorchState); host {host} cut off, "
-                            "still in discovery", rollbacks, lost)
+    return Outcome(seconds, f"in memory (hvd.elastic.TorchState); host {host} cut off{note}",
+                   rollbacks, lost)
 
 
-def straggler(workdir: Path) -> Outcome:
+def straggler(workdir: Path, probe: bool = False) -> Outcome:
     """Rank VICTIM pauses once: what it costs the others."""
-    with horovodrun_job(workdir, straggler_env(workdir)) as job:
+    with horovodrun_job(workdir, straggler_env(workdir), probe=probe) as job:
+        victim = job.victim()
         paused = workdir / "paused"
         wait_until("the pause", paused.exists)
-        return straggler_outcome(job.trace_dir, paused.stat().st_mtime)
+        got = straggler_outcome(job.trace_dir, paused.stat().st_mtime)
+        # A slow worker still answers the probe: its host must stay listed.
+        return replace(got, note=got.note + job.probe_note(
+            victim["host"], victim["pid"], paused.stat().st_mtime))
 
 
 def worker() -> int:
@@ -200,12 +251,16 @@ def worker() -> int:
     from tests.bench.recovery_step import local_gradients, same_model
     from tests.runtime.elastic_worker import Trace, pause_once
 
+    host = os.environ.get("HOROVOD_HOSTNAME", "")
+    ports = os.environ.get("HEALTH_PORTS_FILE")
+    if ports:
+        # Up before hvd.init(): from the first probe on, this host answers for itself.
+        health_probe.serve(host, json.loads(Path(ports).read_text())[host])
     hvd.init()
     samples, batch = int(os.environ["SAMPLES"]), int(os.environ["BATCH"])
     commit_every = int(os.environ["COMMIT_EVERY"])
     step_sleep = float(os.environ["STEP_SLEEP"])
     pause_step = int(os.environ.get("PAUSE_STEP", "-1"))
-    host = os.environ.get("HOROVOD_HOSTNAME", "")
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"horovod-{os.getpid()}.jsonl")
     xs, ys, model, optimizer = same_model(samples)
     sampler = ElasticSampler(samples, batch, seed=7)

@@ -4,7 +4,10 @@ One agent per simulated node, all on 127.0.0.1, ``--nnodes=MIN:MAX``. A node los
 its agent and its worker dying together (SIGKILL or SIGSTOP to both). The workers train
 the same model as ringwright's with the same process-group timeout; their state
 survives only through the checkpoint rank 0 writes at every commit interval.
-Rows: torchrun at its rendezvous defaults, and tuned (:data:`TUNED_RDZV`).
+Rows: torchrun at its rendezvous defaults, tuned (:data:`TUNED_RDZV`), and tuned with
+its workers' process-group timeout at ringwright's failure detection time
+(``pg_timeout_s=DETECT_S``): the quickest a frozen peer can be found in a collective,
+at the price of taking any peer slower than that for dead.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -56,13 +60,14 @@ class TorchrunJob:
 
     def __init__(self, workdir: Path, nodes: str, rdzv_conf: str,
                  extra_env: dict[str, str] | None = None,
-                 network: NamespacedPods | None = None) -> None:
+                 network: NamespacedPods | None = None,
+                 pg_timeout_s: float = PG_TIMEOUT_S) -> None:
         self.workdir = workdir
         self.network = network
         """Each node in a namespace of its own (else all on 127.0.0.1)."""
         self.nodes = nodes
         self.rdzv_conf = rdzv_conf
-        self.extra_env = extra_env or {}
+        self.extra_env = {**(extra_env or {}), "BENCH_PG_TIMEOUT_S": str(pg_timeout_s)}
         self.port = free_port()
         self.agents: list[subprocess.Popen[str]] = []
         self.trace_dir = workdir / "trace"
@@ -153,17 +158,20 @@ class TorchrunJob:
 @contextlib.contextmanager
 def torchrun_job(workdir: Path, nodes: str, rdzv_conf: str,
                  extra_env: dict[str, str] | None = None,
-                 network: NamespacedPods | None = None) -> Iterator[TorchrunJob]:
-    job = TorchrunJob(workdir, nodes, rdzv_conf, extra_env, network)
+                 network: NamespacedPods | None = None,
+                 pg_timeout_s: float = PG_TIMEOUT_S) -> Iterator[TorchrunJob]:
+    """A :class:`TorchrunJob`, every process of it ended on the way out."""
+    job = TorchrunJob(workdir, nodes, rdzv_conf, extra_env, network, pg_timeout_s)
     try:
         yield job
     finally:
         job.close()
 
 
-def fault(workdir: Path, rdzv_conf: str, sig: signal.Signals) -> Outcome:
+def fault(workdir: Path, rdzv_conf: str, sig: signal.Signals,
+          pg_timeout_s: float = PG_TIMEOUT_S) -> Outcome:
     """Node VICTIM of four gets ``sig``; time to the first step at size 3."""
-    with torchrun_job(workdir, "3:4", rdzv_conf) as job:
+    with torchrun_job(workdir, "3:4", rdzv_conf, pg_timeout_s=pg_timeout_s) as job:
         job.started(4)
         since = time.time()
         job.signal_node(VICTIM, sig)
@@ -179,11 +187,12 @@ def fault(workdir: Path, rdzv_conf: str, sig: signal.Signals) -> Outcome:
                    rollbacks, lost)
 
 
-def partition(workdir: Path, rdzv_conf: str) -> Outcome:
+def partition(workdir: Path, rdzv_conf: str, pg_timeout_s: float = PG_TIMEOUT_S) -> Outcome:
     """Node VICTIM of four (agent and worker) is cut off the network; time to the first
     step at size 3."""
     with node_network() as nodes, \
-            torchrun_job(workdir, "3:4", rdzv_conf, network=nodes) as job:
+            torchrun_job(workdir, "3:4", rdzv_conf, network=nodes,
+                         pg_timeout_s=pg_timeout_s) as job:
         job.started(4)
         since = time.time()
         nodes.cut(VICTIM)
@@ -194,18 +203,21 @@ def partition(workdir: Path, rdzv_conf: str) -> Outcome:
                    rollbacks, lost)
 
 
-def straggler(workdir: Path, rdzv_conf: str) -> Outcome:
-    """Rank VICTIM pauses once: what it costs the others."""
-    with torchrun_job(workdir, "3:4", rdzv_conf, straggler_env(workdir)) as job:
+def straggler(workdir: Path, rdzv_conf: str, pg_timeout_s: float = PG_TIMEOUT_S) -> Outcome:
+    """Rank VICTIM pauses once: what it costs the others (with a timeout shorter than
+    the pause, the others give up on it and torchrun restarts every worker)."""
+    with torchrun_job(workdir, "3:4", rdzv_conf, straggler_env(workdir),
+                      pg_timeout_s=pg_timeout_s) as job:
         job.started(4)
         paused = workdir / "paused"
         wait_until("the pause", paused.exists)
-        return straggler_outcome(job.trace_dir, paused.stat().st_mtime)
+        got = straggler_outcome(job.trace_dir, paused.stat().st_mtime)
+        return replace(got, note=f"{got.note} ({job.restarts()} group restarts)")
 
 
-def join(workdir: Path, rdzv_conf: str) -> Outcome:
+def join(workdir: Path, rdzv_conf: str, pg_timeout_s: float = PG_TIMEOUT_S) -> Outcome:
     """Two nodes, two more agents launched: time to the first step at size 4."""
-    with torchrun_job(workdir, "2:4", rdzv_conf) as job:
+    with torchrun_job(workdir, "2:4", rdzv_conf, pg_timeout_s=pg_timeout_s) as job:
         job.started(2)
         since = time.time()
         job.add_agent()
@@ -239,10 +251,11 @@ def worker() -> int:
     pause_step = int(os.environ.get("PAUSE_STEP", "-1"))
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"torchrun-node{node}-r{restart}.jsonl")
     # Forming the group may wait for slow starters (the runtime's rendezvous timeout is
-    # long too); the collectives get the same timeout as every other system's.
+    # long too); the collectives get the row's timeout (PG_TIMEOUT_S, as every other
+    # system, or DETECT_S).
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     dist.barrier()
-    dist.set_timeout(timedelta(seconds=PG_TIMEOUT_S))
+    dist.set_timeout(timedelta(seconds=float(os.environ["BENCH_PG_TIMEOUT_S"])))
     xs, ys, model, optimizer = same_model(samples)
     sampler = ElasticSampler(samples, batch, seed=7)
     step = 0
