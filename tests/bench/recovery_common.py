@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.world import Member, World
@@ -255,3 +257,20 @@ def straggler_outcome(trace_dir: Path, paused_at: float) -> Outcome:
                if r["step"] == target)
     rollbacks, lost = losses(trace_dir)
     return Outcome(done - paused_at, f"step {target} reached", rollbacks, lost)
+
+
+def signal_running(pids: Iterable[int], script: Path, sig: int) -> list[int]:
+    """Send ``sig`` to each of ``pids`` that still runs ``script``; the ones signalled.
+
+    A pid read from a trace may belong to any other process by now (pids are reused
+    within minutes on a busy machine: a test run beside the bench starts thousands), and
+    that process must never be signalled.
+    """
+    done = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if str(script) in proc.cmdline():
+                proc.send_signal(sig)
+                done.append(pid)
+    return done

@@ -56,6 +56,7 @@ from tests.bench.recovery_common import (
     first_step_at,
     losses,
     node_network,
+    signal_running,
     steps_done,
     straggler_env,
     straggler_outcome,
@@ -66,6 +67,8 @@ from tests.runtime.elastic_traces import Traces
 from tests.runtime.netns import SUBNET, NamespacedPods
 
 ROOT = Path(__file__).resolve().parents[2]
+WORKER_SCRIPT = Path(__file__).resolve()
+"""The workers run this module (:func:`worker`)."""
 
 # Four spellings of 127.0.0.1: horovodrun runs a host's workers locally, without ssh,
 # when the name resolves to an address of this machine.
@@ -118,7 +121,7 @@ class HorovodrunJob:
                "run_commandline; run_commandline()", "-np", "4",
                "--min-np", "3", "--max-np", "4", "--host-discovery-script", str(discover),
                "--network-interface", interface,
-               sys.executable, str(Path(__file__).resolve()), "worker"]
+               sys.executable, str(WORKER_SCRIPT), "worker"]
         with (workdir / "horovodrun.log").open("w") as log:
             self.run = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True, cwd=workdir)
@@ -163,9 +166,7 @@ class HorovodrunJob:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.run.pid, signal.SIGKILL)
         self.run.wait()
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        signal_running(workers, WORKER_SCRIPT, signal.SIGKILL)
         if self.ssh is not None:
             self.ssh.close()
 
@@ -201,7 +202,9 @@ def fault(workdir: Path, sig: signal.Signals, probe: bool = False) -> Outcome:
         if sig == signal.SIGKILL:
             job.set_hosts(tuple(h for h in HOSTS if h != victim["host"]))
         since = time.time()
-        os.kill(victim["pid"], sig)
+        if not signal_running([victim["pid"]], WORKER_SCRIPT, sig):
+            raise BaselineFailed(f"rank {VICTIM}'s worker (pid {victim['pid']}) is gone "
+                                 f"before the fault; logs in {workdir}")
         seconds = time_to_size(job.trace_dir, 3, since,
                                WAIT_S if sig == signal.SIGKILL else FAULT_WAIT_S)
         if seconds is None and sig == signal.SIGKILL:

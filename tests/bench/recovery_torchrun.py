@@ -39,6 +39,7 @@ from tests.bench.recovery_common import (
     Outcome,
     losses,
     node_network,
+    signal_running,
     steps_done,
     straggler_env,
     straggler_outcome,
@@ -49,6 +50,8 @@ from tests.runtime.elastic_traces import Traces
 from tests.runtime.netns import NamespacedPods
 
 ROOT = Path(__file__).resolve().parents[2]
+WORKER_SCRIPT = Path(__file__).resolve()
+"""The workers run this module (:func:`worker`)."""
 TUNED_RDZV = (f"last_call_timeout=1,keep_alive_interval={LIVENESS_INTERVAL_S},"
               f"keep_alive_max_attempt={LIVENESS_ATTEMPTS}")
 """Rendezvous settings that give torchrun the same liveness window as everyone else and
@@ -101,7 +104,7 @@ class TorchrunJob:
                "--max-restarts=100", *local]
         if conf:
             cmd.append(f"--rdzv-conf={conf}")
-        cmd += [str(Path(__file__).resolve()), "worker"]
+        cmd += [str(WORKER_SCRIPT), "worker"]
         log = (self.workdir / f"agent-{index}.log").open("w")
         agent = subprocess.Popen(cmd, env=env, stderr=log, stdout=log, text=True,
                                  start_new_session=True)
@@ -133,8 +136,7 @@ class TorchrunJob:
         worker = self.worker_pid(node)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.agents[node].pid, sig)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(worker, sig)
+        signal_running([worker], WORKER_SCRIPT, sig)
 
     def restarts(self) -> int:
         return sum(self.agent_log(i).count("will restart worker group")
@@ -150,9 +152,7 @@ class TorchrunJob:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        signal_running(workers, WORKER_SCRIPT, signal.SIGKILL)
 
 
 @contextlib.contextmanager
