@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -231,6 +231,14 @@ class LocalJob:
         every process of a pod of several local ranks, as the kubelet stops a container."""
         with self._lock:
             self._signal(self._pods[pod], sig)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Act on nothing while inside, as while the operator is down: no world is
+        published, no process restarted or evicted; the processes run on. Whatever
+        happened meanwhile is acted on at the end."""
+        with self._lock:
+            yield
 
     def _signal(self, pod: LocalPod, sig: int) -> None:
         if self.procs_per_pod > 1 and pod.process.poll() is None:

@@ -227,17 +227,18 @@ def test_sigterm_while_forming_exits_143_in_the_grace_with_a_checkpoint_of_the_l
 def test_sigterm_while_waiting_for_a_world_exits_143_with_a_checkpoint_of_the_last_commit(
         make_job: Callable[..., LocalJob], tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
-    # An operator that never publishes the next world.
-    job = make_job("waiting", checkpoint=CheckpointSettings(path=str(checkpoints)),
-                   settle_s=3600.0)
+    job = make_job("waiting", checkpoint=CheckpointSettings(path=str(checkpoints)))
     held = gate(job, 10)
     job.start(2)
     wait_at_gate(job, 10, 2)
     survivor, victim = (m.pod for m in job.world.members)
-    job.kill(victim, signal.SIGKILL)
-    held.unlink()
-    wait_for_log(job, survivor, "rolled_back")
-    codes = kubelet_stop(job, [survivor])
+    # The operator down: the next world never comes. (Up, it would publish the world of
+    # one at once, as the survivor waits for it, and the survivor would train on.)
+    with job.paused():
+        job.kill(victim, signal.SIGKILL)
+        held.unlink()
+        wait_for_log(job, survivor, "rolled_back")
+        codes = kubelet_stop(job, [survivor])
     assert codes == {survivor: 128 + signal.SIGTERM}, log_tails(job)
     assert checkpoint_hash(checkpoints) == (8, commit_hash(job, 8))
 
