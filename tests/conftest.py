@@ -216,8 +216,10 @@ def api(cluster: Cluster) -> None:
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, api: None, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    """The operator as a real process (shared; a test may kill and restart it)."""
-    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator") / "operator.log")
+    """The operator as a real process (shared; a test may kill and restart it), started
+    again whenever it exits on its own, as its Deployment would."""
+    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator") / "operator.log",
+                           supervised=True)
     proc.start()
     yield proc
     proc.stop()

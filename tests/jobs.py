@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,6 +32,8 @@ FAST = {
 
 
 LEASE_SECONDS = 3.0
+SUPERVISE_EVERY_S = 0.5
+"""How soon a supervised operator that exited is started again."""
 
 
 class OperatorProcess:
@@ -37,7 +41,7 @@ class OperatorProcess:
 
     def __init__(self, cluster: Cluster, log: Path, *, kubeconfig: Path | None = None,
                  args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 settings: Mapping[str, str] = FAST) -> None:
+                 settings: Mapping[str, str] = FAST, supervised: bool = False) -> None:
         self.cluster, self.log = cluster, log
         self.settings = dict(settings)
         """The operator's ``RINGWRIGHT_*`` settings (the tests' short windows by default)."""
@@ -47,6 +51,15 @@ class OperatorProcess:
         self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
+        self.supervised = supervised
+        """Started again whenever it exits on its own, as its Deployment's pod would be: the
+        operator exits when it cannot renew its Lease (an API server stalled for seconds),
+        and one such stall must not leave every later test without an operator."""
+        self.restarts = 0
+        """How often supervision started it again."""
+        self._lock = threading.Lock()
+        self._wanted = False
+        self._watcher: threading.Thread | None = None
 
     @property
     def metrics_url(self) -> str:
@@ -54,6 +67,16 @@ class OperatorProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
+        """Start the operator (and, if supervised, keep it running until kill or stop)."""
+        with self._lock:
+            self._spawn()
+            self._wanted = True
+            if self.supervised and self._watcher is None:
+                self._watcher = threading.Thread(target=self._supervise, daemon=True,
+                                                 name="operator-supervisor")
+                self._watcher.start()
+
+    def _spawn(self) -> None:
         env = {**os.environ, **self.settings, "KUBECONFIG": str(self.kubeconfig), **self.env}
         self.metrics_port = free_port()
         # A short lease: a restarted operator takes over from a killed one in seconds.
@@ -63,20 +86,38 @@ class OperatorProcess:
             self.proc = subprocess.Popen([sys.executable, "-m", "ringwright.operator", *args],
                                          env=env, stdout=out, stderr=subprocess.STDOUT)
 
+    def _supervise(self) -> None:
+        while True:
+            time.sleep(SUPERVISE_EVERY_S)
+            with self._lock:
+                if self._wanted and self.proc is not None and self.proc.poll() is not None:
+                    with self.log.open("a") as out:
+                        out.write(f"--- the tests' supervisor: the operator exited "
+                                  f"{self.proc.returncode}; starting it again\n")
+                    self.restarts += 1
+                    self._spawn()
+
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-        self.proc = None
+        """SIGKILL the operator; it stays down until :meth:`start`."""
+        with self._lock:
+            self._wanted = False
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait()
+            self.proc = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
+        """SIGTERM the operator (SIGKILL after 15 s); it stays down until :meth:`start`."""
+        with self._lock:
+            self._wanted = False
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    self.proc.send_signal(signal.SIGKILL)
+                    self.proc.wait()
+            self.proc = None
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

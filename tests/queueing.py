@@ -41,7 +41,7 @@ def queueing_operator(cluster: Cluster, kueue: Path, operator: OperatorProcess,
     afterwards)."""
     own = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-op") / "operator.log",
                           settings={**operator.settings, "RINGWRIGHT_KUEUE": "true",
-                                    "RINGWRIGHT_KUEUE_ELASTIC": "true"})
+                                    "RINGWRIGHT_KUEUE_ELASTIC": "true"}, supervised=True)
     with instead_of(operator, own):
         yield own
 
