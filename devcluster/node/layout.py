@@ -1,6 +1,6 @@
 """What a real node is called, where its files live and which addresses it has.
 
-Several clusters on one machine may run real nodes at once (one per engineer's test
+Several clusters on one machine may run real nodes at once (one per concurrent test
 run), and every node adds a link, an address, a route, a network namespace and cgroups
 to the host. A set of real nodes therefore takes a *slot* that no other live set holds
 (:mod:`.host` hands them out), and every name and address derives from the slot and the
