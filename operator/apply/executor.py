@@ -310,10 +310,19 @@ class Applier:
         nothing is sent when it equals the current status."""
         meta = job["metadata"]
         typed = TrainingJobStatus.model_validate(status).to_wire()
-        if typed == TrainingJobStatus.model_validate(job.get("status") or {}).to_wire():
+        current = TrainingJobStatus.model_validate(job.get("status") or {}).to_wire()
+        if typed == current:
             return
+        path = job_path(meta["namespace"], meta["name"], "status")
+        emptied = emptied_maps(current, typed)
+        if emptied:
+            # An apply cannot empty a map it owns: the API server keeps the emptied map as
+            # null, which the schema refuses, and every later status write with it (seen:
+            # containerRestarts after the one restarted pod was deleted). A merge patch
+            # removes the map first; the apply then writes it afresh.
+            self.kube.merge_patch(path, {"status": emptied})
         written = self.kube.apply(
-            job_path(meta["namespace"], meta["name"], "status"),
+            path,
             {"apiVersion": API_VERSION, "kind": "TrainingJob",
              "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
              "status": typed})
@@ -340,3 +349,20 @@ class Applier:
             log.warning("pod creates in %s stopped after %d of %d: %s", ns, done, len(pods),
                         refusal.error)
         return refusal
+
+
+def emptied_maps(before: Obj, after: Obj) -> Obj:
+    """The maps with entries in ``before`` that are empty or gone in ``after``, nested as
+    they are, each as ``None``: the JSON merge patch that removes them; {} when none."""
+    patch: Obj = {}
+    for key, old in before.items():
+        if not isinstance(old, dict) or not old:
+            continue
+        new = after.get(key)
+        if not new:
+            patch[key] = None
+        elif isinstance(new, dict):
+            inner = emptied_maps(old, new)
+            if inner:
+                patch[key] = inner
+    return patch
