@@ -185,6 +185,20 @@ def schedule(start: float, minutes: float, every: float, inject: Callable[[int],
 # -- ringwright on the local cluster --------------------------------------------------
 
 
+class SteadyHostThread(HostThread):
+    """The pod host's loop, going on past a pass that failed: on a loaded machine the
+    API server can time a request out, and a kubelet would try again (the tests' loop
+    ends at the first error, which would leave the job without its kubelet)."""
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.host.sync()
+            except Exception as err:
+                print(f"    pod host pass failed, retrying: {err}", flush=True)
+            self.stop.wait(0.2)
+
+
 def set_node_down(kube: KubeClient, node: str, down: bool) -> None:
     """KWOK reports ``node`` NotReady while the annotation is set (the cluster tests')."""
     kube.merge_patch(api_path("v1", "nodes", name=node), {"metadata": {"annotations": {
@@ -219,6 +233,7 @@ def ringwright_window(kube: KubeClient, work: Path, policy: str, state_mb: int,
     # A whole node per worker (KWOK nodes have 8 GPUs), as torchrun's one agent per
     # node: a lost node takes one member, not the three the packing would put on it.
     manifest["spec"]["gpusPerWorker"] = 8
+    manifest["spec"]["workers"]["numProcPerNode"] = 1
     # The product's checkpoint, as a user would set it: the job's own backstop when
     # faults leave no member with the state (torchrun has its checkpoint too).
     manifest["spec"]["checkpoint"] = {"path": str(work / "ckpt"), "intervalSteps": "Auto"}
@@ -229,7 +244,7 @@ def ringwright_window(kube: KubeClient, work: Path, policy: str, state_mb: int,
     with job_in(kube, manifest) as namespace:
         host = PodHost(kube, namespace, JOB, [sys.executable, str(WORKER)], work / "pods",
                        extra_env={"TRACE_DIR": str(trace_dir)}, readiness_grace=120)
-        runner = HostThread(host)
+        runner = SteadyHostThread(host)
         try:
             def whole() -> World | None:
                 return world_of(kube, namespace, WORKERS)
@@ -468,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-mb", type=int, default=100)
     parser.add_argument("--systems", default="ringwright,torchrun")
     args = parser.parse_args(argv)
+    # Stopped with SIGTERM, the bench still unwinds: its cluster, pods and agents go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     systems = [s for s in args.systems.split(",") if s]
     if unknown := [s for s in systems if s not in PATHS]:
         parser.error(f"unknown systems: {unknown}")
