@@ -23,7 +23,8 @@ namespace (127.x pod IPs), so one pod's network cannot be cut alone.
   takes a whole KWOK node (8 GPUs), as each torchrun agent is a node of its own. The
   job's SchedulingPolicy gives up on a NotReady node after 4 s (tolerations 10 s), as
   the cluster tests' does; its checkpoint is ``intervalSteps: Auto`` in the work
-  folder, the backstop when no member is left with the state.
+  folder, the backstop when no member is left with the state; its backoffLimit is
+  1000 (the default, 6, would fail the job within the bench's faults).
 * torchrun: :class:`recovery_torchrun.TorchrunJob` with :data:`TUNED_RDZV`, nodes
   ``2:4`` (the job's minimum), its workers restarting from the checkpoint rank 0 writes
   every commit interval; a node stopped or lost is replaced by a new agent (as a
@@ -237,6 +238,9 @@ def ringwright_window(kube: KubeClient, work: Path, policy: str, state_mb: int,
     # The product's checkpoint, as a user would set it: the job's own backstop when
     # faults leave no member with the state (torchrun has its checkpoint too).
     manifest["spec"]["checkpoint"] = {"path": str(work / "ckpt"), "intervalSteps": "Auto"}
+    # A fault a minute is the point here, not a job to give up on: room for every
+    # replacement (torchrun gets --max-restarts=100).
+    manifest["spec"]["runPolicy"] = {"backoffLimit": 1000}
     container = manifest["spec"]["workers"]["template"]["spec"]["containers"][0]
     container["env"].append({"name": "BALLAST_MB", "value": str(state_mb)})
     trace_dir = work / "trace"
