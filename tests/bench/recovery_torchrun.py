@@ -234,7 +234,8 @@ def join(workdir: Path, rdzv_conf: str, pg_timeout_s: float = PG_TIMEOUT_S) -> O
 
 
 def worker() -> int:
-    """The same training step under torchrun: state survives only through a checkpoint."""
+    """The same training step under torchrun: state survives only through a checkpoint
+    (with BALLAST_MB, as elastic_worker.py's, that much more state)."""
     import torch
     import torch.distributed as dist
 
@@ -257,6 +258,10 @@ def worker() -> int:
     dist.barrier()
     dist.set_timeout(timedelta(seconds=float(os.environ["BENCH_PG_TIMEOUT_S"])))
     xs, ys, model, optimizer = same_model(samples)
+    ballast_mb = int(os.environ.get("BALLAST_MB", "0"))
+    if ballast_mb:
+        # As elastic_worker.py's: state that every checkpoint write and read carries.
+        model.register_buffer("ballast", torch.zeros(ballast_mb * 2**20 // 4))
     sampler = ElasticSampler(samples, batch, seed=7)
     step = 0
     ckpt = Path(os.environ["BENCH_CKPT"])

@@ -5,7 +5,7 @@ sequences them and says which failed. Pass names to run a subset:
 
     python tests/bench/run_all.py [placement] [checkpoint] [recovery] [recovery_paths]
                                   [operator] [network] [ps] [sampler] [dataloader]
-                                  [local_ranks] [straggler] [join]
+                                  [local_ranks] [straggler] [join] [goodput]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ BENCHES = {
     "local_ranks": "bench_local_ranks.py",
     "straggler": "bench_straggler.py",
     "join": "bench_join.py",
+    "goodput": "bench_goodput.py",
 }
 
 
