@@ -72,7 +72,9 @@ def test_sigterm_flushes_a_final_checkpoint_and_a_full_restart_resumes_identical
     assert final["flushed"], "rank 0 waited for its final write"
     restored = Checkpointer(LocalStorage(checkpoints)).restore_latest()
     assert restored is not None
-    assert restored.payload["step"] == final["step"] >= 9
+    # Rank 0 flushes the state of the step it stopped at, or the last commit (8, the one
+    # before step 9) when its peer stopped first and the step under way rolled back.
+    assert restored.payload["step"] == final["step"] >= 8
     assert saved_model_hash(restored.payload) == final["hash"]
 
     second = tmp_path / "second"
