@@ -57,7 +57,7 @@ class OperatorProcess:
         and one such stall must not leave every later test without an operator."""
         self.restarts = 0
         """How often supervision started it again."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._wanted = False
         self._watcher: threading.Thread | None = None
 
@@ -115,8 +115,7 @@ class OperatorProcess:
                 try:
                     self.proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
-                    self.proc.send_signal(signal.SIGKILL)
-                    self.proc.wait()
+                    self.kill()
             self.proc = None
 
     def tail(self, lines: int = 40) -> str:

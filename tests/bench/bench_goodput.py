@@ -186,20 +186,6 @@ def schedule(start: float, minutes: float, every: float, inject: Callable[[int],
 # -- ringwright on the local cluster --------------------------------------------------
 
 
-class SteadyHostThread(HostThread):
-    """The pod host's loop, going on past a pass that failed: on a loaded machine the
-    API server can time a request out, and a kubelet would try again (the tests' loop
-    ends at the first error, which would leave the job without its kubelet)."""
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                self.host.sync()
-            except Exception as err:
-                print(f"    pod host pass failed, retrying: {err}", flush=True)
-            self.stop.wait(0.2)
-
-
 def set_node_down(kube: KubeClient, node: str, down: bool) -> None:
     """KWOK reports ``node`` NotReady while the annotation is set (the cluster tests')."""
     kube.merge_patch(api_path("v1", "nodes", name=node), {"metadata": {"annotations": {
@@ -248,7 +234,7 @@ def ringwright_window(kube: KubeClient, work: Path, policy: str, state_mb: int,
     with job_in(kube, manifest) as namespace:
         host = PodHost(kube, namespace, JOB, [sys.executable, str(WORKER)], work / "pods",
                        extra_env={"TRACE_DIR": str(trace_dir)}, readiness_grace=120)
-        runner = SteadyHostThread(host)
+        runner = HostThread(host)
         try:
             def whole() -> World | None:
                 return world_of(kube, namespace, WORKERS)
