@@ -294,7 +294,7 @@ class Applier:
         two memberships.
         """
         assert plan.world is not None
-        cm = world_configmap(job, plan.world.to_json(), plan.world.generation)
+        cm = world_configmap(job, plan.world.to_json(), plan.world.generation, self.clock())
         if not plan.world_version:
             return self.kube.create(api_path("v1", "configmaps", cm["metadata"]["namespace"]),
                                     cm)

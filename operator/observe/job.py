@@ -27,6 +27,7 @@ from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
 from ..plan.generations import annotated_generation
 from ..plan.isolation import honest_reports, honest_stats
+from ..plan.manifests import published_at
 from ..plan.reconcile import Observed
 from .cache import Cache
 from .ownership import left_behind, owned, owned_by
@@ -73,6 +74,7 @@ def observe(cache: Cache, job: Obj) -> Observed:
         stats=honest_stats(_stats(reports_cm), pods) if own_reports else {},
         policy=policy, inventory=inventory, policy_error=policy_error,
         world_annotation_generation=annotated_generation(own_world),
+        world_published_at=published_at(own_world),
         world_version=str(((world_cm or {}).get("metadata") or {}).get("resourceVersion", "")))
 
 

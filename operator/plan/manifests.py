@@ -26,6 +26,10 @@ ROLE_LABEL = "ringwright.dev/role"
 INDEX_LABEL = "ringwright.dev/index"
 LEAVING_ANNOTATION = "ringwright.dev/leaving-since"
 """Set on a pod that a scale-down removed from the world; it is deleted once it exits."""
+PUBLISHED_ANNOTATION = "ringwright.dev/published-at"
+"""On the world ConfigMap: when the operator wrote its document (epoch seconds, the
+operator's clock). A container that started after it holds no process of that world."""
+
 PLANNED_NODE_ANNOTATION = "ringwright.dev/planned-node"
 """The node the placement plan chose for a pod: its room is counted there until it binds."""
 
@@ -133,19 +137,31 @@ def scaffold(job: Obj) -> list[Obj]:
     ]
 
 
-def world_configmap(job: Obj, world_json: str, generation: int) -> Obj:
+def world_configmap(job: Obj, world_json: str, generation: int, published_at: float) -> Obj:
     """The world ConfigMap with the given document, its generation also kept as an annotation
-    (which a corrupted document leaves readable), under both its names."""
+    (which a corrupted document leaves readable), under both its names, and when it was
+    written (``published_at``, epoch seconds)."""
     name = job["metadata"]["name"]
     meta = _meta(job, world_configmap_name(name))
     meta["annotations"] = {GENERATION_ANNOTATION: str(generation),
-                           LEGACY_GENERATION_ANNOTATION: str(generation)}
+                           LEGACY_GENERATION_ANNOTATION: str(generation),
+                           PUBLISHED_ANNOTATION: f"{published_at:.3f}"}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta,
         "data": {"world.json": world_json},
     }
+
+
+def published_at(configmap: Obj | None) -> float | None:
+    """The world ConfigMap's :data:`PUBLISHED_ANNOTATION`; None when absent or unreadable
+    (a world written by an older operator)."""
+    annotations = ((configmap or {}).get("metadata") or {}).get("annotations") or {}
+    try:
+        return float(annotations[PUBLISHED_ANNOTATION])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 METRICS_PORT_NAME = "metrics"

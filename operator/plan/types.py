@@ -59,6 +59,8 @@ class Observed:
     """The world ConfigMap's generation annotation (kept even when its document is unreadable)."""
     world_version: str = ""
     """The world ConfigMap's resourceVersion as read; empty when there is none."""
+    world_published_at: float | None = None
+    """When the job's world document was written (None: unknown, or no world)."""
     node_down_since: Mapping[str, float] = field(default_factory=dict)
     """The job's pods' nodes that are NotReady, and since when."""
     workload: Obj | None = None

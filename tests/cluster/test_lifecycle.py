@@ -279,7 +279,9 @@ def test_a_job_recreated_under_the_same_name_starts_clean(
              and w.job.uid == new_job and not {m.pod_uid for m in w.members} & old_uids,
              "both new workers in the world", timeout=120)
     status = get_status(kube, namespace, "again")
-    assert status.get("restarts", 0) == 0
+    told = [f"{e['reason']}: {e['message']}" for e in events(kube, namespace, "again")
+            if e["involvedObject"].get("uid") == new_job]
+    assert status.get("restarts", 0) == 0, told
 
 
 def test_a_running_job_keeps_its_lifecycle_when_its_policy_goes(

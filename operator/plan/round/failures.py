@@ -10,7 +10,7 @@ from ...api.models import JobPhase, TrainingJobStatus
 from ...api.schedulingpolicy import SchedulingPolicySpec
 from ..health.nodeloss import lost_members, new_container_restarts
 from ..manifests import PS, WORKER
-from ..pods import PodState
+from ..pods import PodState, PodView
 from ..types import Event
 from .state import Move, Outcome, Round, event, merged
 from .status import StatusChange
@@ -20,16 +20,30 @@ def failures(r: Round, status: TrainingJobStatus) -> Outcome:
     """Failed pods and members that vanished, were judged dead by their peers, stalled or
     lost their node are replaced, each counted once, within backoffLimit.
 
+    One failure counts once: a member its peers name dead (or that reports a stall) after
+    its container restarted is the restart already counted, and a pod counted lost does
+    not count again when its container restarts before it is gone.
     Pods are tracked as ``name/uid``: a replacement reuses its predecessor's name.
     Sets: status.lostPods, containerRestarts, restarts, lastFailureTime; phase Failed past
     backoffLimit, which stops the round; the plan's delete and clear_reports."""
-    lost, found = _lost(r)
-    return merged(found, _counted(r, status, lost))
+    lost, restarted, found = _lost(r)
+    return merged(found, _counted(r, status, lost, restarted))
 
 
-def _lost(r: Round) -> tuple[list[str], Outcome]:
-    """The pods and members lost (``name/uid``, in the order found, repeats possible), and
-    what finding them decided: events, stall reports answered, when a node is due."""
+def restarted_since_published(p: PodView, published_at: float | None) -> bool:
+    """True when ``p``'s container restarted after the world was written: the process its
+    peers knew in that world is the one whose exit the container restart counts.
+
+    ``started`` has whole seconds, so a restart within the second of the write reads as
+    before it (counted twice, never missed)."""
+    return (p.restarts > 0 and p.started is not None and published_at is not None
+            and p.started >= published_at)
+
+
+def _lost(r: Round) -> tuple[list[str], set[str], Outcome]:
+    """The pods and members lost (``name/uid``, in the order found, repeats possible), those
+    of them whose failure their container restart already counts, and what finding them
+    decided: events, stall reports answered, when a node is due."""
     world = r.obs.world
     members = {f"{m.pod}/{m.pod_uid}" for m in world.members} if world else set()
     everyone = r.pods
@@ -38,25 +52,31 @@ def _lost(r: Round) -> tuple[list[str], Outcome]:
     lost += sorted(members - present.keys())
     told: list[Event] = []
     cleared: list[str] = []
+    restarted: set[str] = set()
+
+    def _judged(p: PodView, reason: str, message: str) -> None:
+        key = f"{p.name}/{p.uid}"
+        lost.append(key)
+        if restarted_since_published(p, r.obs.world_published_at):
+            restarted.add(key)
+            message += " (its container restart counted this failure)"
+        told.append(event(reason, f"{message}; replacing it", warning=True))
+
     if world is not None:
         # Peers' word, corroborated: several reporters, or one and the pod not Ready.
         unhealthy = {p.name for p in everyone if p.state != PodState.READY}
         for e in judge(world, r.obs.reports, unhealthy):
             pod_ = next((p for p in everyone if p.name == e.pod), None)
             if pod_ is not None and pod_.state != PodState.DELETING:
-                lost.append(f"{pod_.name}/{pod_.uid}")
-                told.append(event("MemberDead", f"{e.pod} is dead: {e.reason} "
-                                  f"({', '.join(e.reporters)}); replacing it", warning=True))
+                _judged(pod_, "MemberDead",
+                        f"{e.pod} is dead: {e.reason} ({', '.join(e.reporters)})")
     for name, report in r.obs.reports.items():
         pod_ = next((p for p in everyone if p.name == name), None)
         if (report.kind == ReportKind.STALLED and world is not None
                 and report.generation == world.generation and pod_ is not None
                 and pod_.state != PodState.DELETING):
-            lost.append(f"{pod_.name}/{pod_.uid}")
             cleared.append(name)
-            told.append(event("MemberStalled",
-                              f"{name} reports its training loop stalled; replacing it",
-                              warning=True))
+            _judged(pod_, "MemberStalled", f"{name} reports its training loop stalled")
     # Without a usable policy losses still count, with the default thresholds.
     node_loss = (r.obs.policy or SchedulingPolicySpec()).node_loss
     grace = {WORKER: float(r.spec.workers.startup_grace_seconds)}
@@ -67,21 +87,25 @@ def _lost(r: Round) -> tuple[list[str], Outcome]:
     for loss in losses:
         lost.append(f"{loss.pod.name}/{loss.pod.uid}")
         told.append(event(loss.reason, f"{loss.message}; replacing it", warning=True))
-    return lost, Outcome(events=tuple(told), clear_reports=tuple(cleared),
+    return lost, restarted, Outcome(events=tuple(told), clear_reports=tuple(cleared),
                          requeue=next_at - r.now if next_at is not None else None)
 
 
-def _counted(r: Round, status: TrainingJobStatus, lost: list[str]) -> Outcome:
+def _counted(r: Round, status: TrainingJobStatus, lost: list[str],
+             restarted: set[str]) -> Outcome:
     """Delete the lost pods still present; count what was not counted before, with the
-    containers that restarted; fail the job past backoffLimit."""
+    containers that restarted (``restarted``: lost pods whose restart is their failure);
+    fail the job past backoffLimit."""
     members = {f"{m.pod}/{m.pod_uid}" for m in r.obs.world.members} if r.obs.world else set()
     present = {f"{p.name}/{p.uid}": p for p in r.pods}
-    crashed, counted = new_container_restarts(r.pods, status.container_restarts)
     known = set(status.lost_pods)
-    fresh = [key for key in dict.fromkeys(lost) if key not in known]
+    crashed, counted = new_container_restarts(r.pods, status.container_restarts)
+    crashed = {key: n for key, n in crashed.items() if key not in known}
+    new = [key for key in dict.fromkeys(lost) if key not in known]
+    fresh = [key for key in new if key not in restarted]
     # Remember what was counted while it is still visible, so each loss counts once.
     change = StatusChange(container_restarts=counted,
-                          lost_pods=sorted((known | set(fresh)) & (present.keys() | members)))
+                          lost_pods=sorted((known | set(new)) & (present.keys() | members)))
     doomed = tuple(p.name for p in (present.get(key) for key in dict.fromkeys(lost))
                    if p is not None and p.state != PodState.DELETING)
     if not fresh and not crashed:

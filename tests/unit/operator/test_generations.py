@@ -15,7 +15,7 @@ from ringwright.operator.plan.generations import (
     annotated_generation,
     next_generation,
 )
-from ringwright.operator.plan.manifests import world_configmap
+from ringwright.operator.plan.manifests import PUBLISHED_ANNOTATION, published_at, world_configmap
 from ringwright.operator.plan.reconcile import Observed, Plan, plan
 from ringwright.world import Report, ReportKind
 from tests.unit.operator.test_reconcile import NODES, NOW, SETTINGS, FakePlacer, job, pod, world_of
@@ -47,10 +47,15 @@ def test_the_annotation_is_read_defensively(annotations: dict[str, str] | None,
 
 
 def test_the_world_configmap_carries_its_generation_as_an_annotation() -> None:
-    cm = world_configmap(job(), "{}", 42)
-    # Also under the legacy name, for an operator one version older.
+    cm = world_configmap(job(), "{}", 42, 1_700_000_000.25)
+    # Also under the legacy name, for an operator one version older; and when it was written.
     assert cm["metadata"]["annotations"] == {GENERATION_ANNOTATION: "42",
-                                             LEGACY_GENERATION_ANNOTATION: "42"}
+                                             LEGACY_GENERATION_ANNOTATION: "42",
+                                             PUBLISHED_ANNOTATION: "1700000000.250"}
+    assert published_at(cm) == 1_700_000_000.25
+    assert published_at(None) is None
+    cm["metadata"]["annotations"][PUBLISHED_ANNOTATION] = "yesterday"
+    assert published_at(cm) is None
 
 
 def _plan(world_generation: int | None, annotation: int, status: Obj, version: str) -> Plan:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ringwright.objects import Obj
+from ringwright.operator.api.conditions import rfc3339
 from ringwright.operator.api.models import JobPhase, TrainingJobSpec
 from ringwright.operator.api.schedulingpolicy import SchedulingPolicySpec
 from ringwright.operator.plan.manifests import (
@@ -86,10 +87,11 @@ class FakePlacer:
 def run(body: Obj, pods: Sequence[Obj] = (), world: World | None = None,
         reports: dict[str, Report] | None = None, policy: bool = True, now: float = NOW,
         placer: FakePlacer | None = None, hold: float | None = None,
-        world_version: str = "") -> Any:
+        world_version: str = "", published: float | None = None) -> Any:
     observed = Observed(job=body, pods=pods, world=world, reports=reports or {},
                         policy=SchedulingPolicySpec() if policy else None, inventory=NODES,
-                        hold_creates_until=hold, world_version=world_version)
+                        hold_creates_until=hold, world_version=world_version,
+                        world_published_at=published)
     return plan(observed, SETTINGS, now, placer or FakePlacer())
 
 
@@ -306,6 +308,60 @@ def test_a_member_its_peers_found_dead_is_replaced() -> None:
     assert result.delete == ["tj-worker-2"]
     assert any(e.reason == "MemberDead" for e in result.events)
     assert result.world is None or "tj-worker-2" not in [m.pod for m in result.world.members]
+
+
+def restarted(index: int, count: int, at: float) -> Obj:
+    """A Ready worker whose training container restarted ``count`` times, last at ``at``."""
+    body = pod(index)
+    body["spec"]["containers"] = [{"name": "train", "image": "img"}]
+    body["status"]["containerStatuses"] = [{"name": "train", "restartCount": count, "state": {
+        "running": {"startedAt": rfc3339(at)}}}]
+    return body
+
+
+def test_one_sigkill_counts_once_whether_the_restart_or_the_verdict_is_seen_first() -> None:
+    # The container restarted after the world was written; its peers then name the
+    # process that died: one failure, counted by the restart alone.
+    reports = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-3": dead("tj-worker-2")}
+    pods = [pod(0), pod(1), restarted(2, 1, NOW - 2), pod(3)]
+    first = run(job(status={"phase": "Running"}), pods=pods,
+                world=world_of(range(4), generation=4), published=NOW - 10)
+    assert first.status["restarts"] == 1
+    verdict = run(job(status=first.status), pods=pods, world=world_of(range(4), generation=4),
+                  reports=reports, published=NOW - 10)
+    assert verdict.delete == ["tj-worker-2"]
+    assert verdict.status["restarts"] == 1
+    assert any(e.reason == "MemberDead" and "restart counted" in e.message
+               for e in verdict.events)
+    # Both seen in one round: still one.
+    once = run(job(status={"phase": "Running"}), pods=pods,
+               world=world_of(range(4), generation=4), reports=reports, published=NOW - 10)
+    assert once.status["restarts"] == 1
+    # The verdict first: the pod is counted lost; its container restarting before the
+    # deletion lands is the same failure.
+    alive = [pod(i) for i in range(4)]
+    judged = run(job(status={"phase": "Running"}), pods=alive,
+                 world=world_of(range(4), generation=4), reports=reports, published=NOW - 10)
+    assert judged.status["restarts"] == 1
+    later = run(job(status=judged.status), pods=pods, world=world_of(range(4), generation=4),
+                published=NOW - 10)
+    assert later.status["restarts"] == 1
+
+
+def test_a_restart_before_the_world_was_written_and_a_later_death_are_two_failures() -> None:
+    reports = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-3": dead("tj-worker-2")}
+    pods = [pod(0), pod(1), restarted(2, 1, NOW - 20), pod(3)]
+    first = run(job(status={"phase": "Running"}), pods=pods,
+                world=world_of(range(4), generation=4), published=NOW - 10)
+    assert first.status["restarts"] == 1
+    verdict = run(job(status=first.status), pods=pods, world=world_of(range(4), generation=4),
+                  reports=reports, published=NOW - 10)
+    assert verdict.status["restarts"] == 2
+    # Nor is a world of unknown age (an older operator wrote it) taken for a restart.
+    unknown = run(job(status=first.status), pods=[pod(0), pod(1), restarted(2, 1, NOW - 2),
+                                                  pod(3)],
+                  world=world_of(range(4), generation=4), reports=reports)
+    assert unknown.status["restarts"] == 2
 
 
 def test_survivors_that_all_wait_get_the_next_world_without_the_settle_window() -> None:
