@@ -785,6 +785,11 @@ class TrainingJobStatus(ApiModel):
     workers: ReplicaStatus = Field(default_factory=ReplicaStatus, description="Worker pods.")
     ps: ReplicaStatus | None = Field(default=None, description="Parameter-server pods.")
     restarts: int = Field(default=0, ge=0, description="Pods replaced after a failure.")
+    failures_since_whole: int = Field(
+        default=0, ge=0, description="Failures counted since a world last held every worker "
+        "(and parameter server) the spec asks for: the replacement backoff doubles with each, "
+        "so a crash loop slows down while a job that recovers starts again from the base "
+        "delay.")
     world: WorldSummary = Field(default_factory=WorldSummary, description="The current world.")
     last_checkpoint: CheckpointStatus | None = Field(
         default=None, description="The newest checkpoint."

@@ -17,8 +17,9 @@ through :data:`KINDS`:
 Partitions are left out: the pod host runs every pod's process in the host's network
 namespace (127.x pod IPs), so one pod's network cannot be cut alone.
 
-* ringwright: the cluster path (control plane, KWOK nodes, the tests' operator
-  process, the pod host playing the kubelet); the operator replaces every lost member
+* ringwright: the cluster path (control plane, KWOK nodes, the operator process with
+  its own defaults, as the chart runs it: not the tests' short windows; the pod host
+  playing the kubelet); the operator replaces every lost member
   (the pod host restarts a killed process in its pod, as a kubelet does). Each worker
   takes a whole KWOK node (8 GPUs), as each torchrun agent is a node of its own. The
   job's SchedulingPolicy gives up on a NotReady node after 4 s (tolerations 10 s), as
@@ -287,7 +288,7 @@ def ringwright_window(kube: KubeClient, work: Path, policy: str, state_mb: int,
 
 def run_ringwright(work: Path, state_mb: int, minutes: float, every: float) -> Run:
     """The fault-free window, then the faulted one, each a job of its own on one cluster."""
-    with operated_cluster(work) as cluster, cluster.client() as kube, \
+    with operated_cluster(work, settings={}) as cluster, cluster.client() as kube, \
             fast_node_loss(kube) as policy:
         print("  ringwright, fault-free ...", flush=True)
         clean, *_ = ringwright_window(kube, work / "clean", policy, state_mb, minutes,

@@ -47,7 +47,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,15 +203,17 @@ def realnode_path(cluster: Cluster, kube: KubeClient, work: Path, trials: int) -
 
 
 @contextlib.contextmanager
-def operated_cluster(work: Path) -> Iterator[Cluster]:
+def operated_cluster(work: Path, settings: Mapping[str, str] = FAST) -> Iterator[Cluster]:
     """A local cluster of its own (the default inventory's KWOK nodes), the API
-    installed, the tests' operator process running; all stopped after."""
+    installed, the operator process running with ``settings`` (the tests' short windows
+    unless told; ``{}``: the operator's own defaults, which the chart keeps); all stopped
+    after."""
     cluster = Cluster(name="bench-recovery-paths", root=work / "cluster")
     try:
         cluster.up("default", timeout=900)
         with cluster.client() as kube:
             install_api(kube)
-        operator = OperatorProcess(cluster, work / "operator.log")
+        operator = OperatorProcess(cluster, work / "operator.log", settings=settings)
         operator.start()
         try:
             yield cluster

@@ -24,7 +24,8 @@ def failures(r: Round, status: TrainingJobStatus) -> Outcome:
     its container restarted is the restart already counted, and a pod counted lost does
     not count again when its container restarts before it is gone.
     Pods are tracked as ``name/uid``: a replacement reuses its predecessor's name.
-    Sets: status.lostPods, containerRestarts, restarts, lastFailureTime; phase Failed past
+    Sets: status.lostPods, containerRestarts, restarts, failuresSinceWhole,
+    lastFailureTime; phase Failed past
     backoffLimit, which stops the round; the plan's delete and clear_reports."""
     lost, restarted, found = _lost(r)
     return merged(found, _counted(r, status, lost, restarted))
@@ -110,8 +111,10 @@ def _counted(r: Round, status: TrainingJobStatus, lost: list[str],
                    if p is not None and p.state != PodState.DELETING)
     if not fresh and not crashed:
         return Outcome(status=change, delete=doomed)
-    restarts = status.restarts + len(fresh) + sum(crashed.values())
+    failed = len(fresh) + sum(crashed.values())
+    restarts = status.restarts + failed
     change["restarts"] = restarts
+    change["failures_since_whole"] = status.failures_since_whole + failed
     change["last_failure_time"] = rfc3339(r.now)
     limit = r.spec.run_policy.backoff_limit
     told: list[Event] = []

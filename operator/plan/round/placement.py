@@ -22,9 +22,10 @@ from .state import NOTHING, Outcome, Round, SetCondition, earliest, event, merge
 from .status import StatusChange, WorldChange, world_changed
 
 
-def backoff(restarts: int, base: float, cap: float) -> float:
-    """Delay before the next replacement: base, 2·base, 4·base, … up to cap."""
-    return float(min(cap, base * math.pow(2, max(restarts - 1, 0))))
+def backoff(failures: int, base: float, cap: float) -> float:
+    """Delay before the next replacement after ``failures`` in a row (counted since the
+    world last held every worker): base, 2·base, 4·base, … up to cap."""
+    return float(min(cap, base * math.pow(2, max(failures - 1, 0))))
 
 
 def gang_timeout(r: Round, policy: SchedulingPolicySpec) -> Outcome:
@@ -100,7 +101,8 @@ def add_pods(r: Round, status: TrainingJobStatus, live: Sequence[PodView],
         return Outcome(requeue=hold - r.now)  # a refused create waits out its backoff
     last_failure = parse_time(status.last_failure_time)
     if last_failure is not None:
-        ready_at = last_failure + backoff(status.restarts, r.settings.backoff_base_seconds,
+        ready_at = last_failure + backoff(status.failures_since_whole,
+                                          r.settings.backoff_base_seconds,
                                           r.settings.backoff_cap_seconds)
         if r.now < ready_at:
             return Outcome(requeue=ready_at - r.now)

@@ -47,6 +47,7 @@ class StatusChange(TypedDict, total=False):
     workers: ReplicaStatus
     ps: ReplicaStatus | None
     restarts: int
+    failures_since_whole: int
     world: WorldSummary
     selector: str
     start_time: str | None

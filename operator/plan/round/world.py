@@ -141,7 +141,8 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
 def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
     """The job's phase and status follow ``followed``, the world its pods now follow.
 
-    Sets: status.world, startTime (once), lastRecovery (once per loss); phase Running."""
+    Sets: status.world, startTime (once), lastRecovery (once per loss), failuresSinceWhole
+    (0 once ``followed`` holds every worker and parameter server); phase Running."""
     racks, edges, per_rack = ring_summary(followed)
     summary = WorldChange(
         generation=followed.generation, size=followed.size, racks=racks, cross_rack_edges=edges,
@@ -161,6 +162,9 @@ def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
             change["start_time"] = rfc3339(r.now)
     if (recovered := recovery(status, r.now)) is not None:
         change["last_recovery"] = recovered
+    if status.failures_since_whole and len(followed.pods) >= r.spec.workers.replicas \
+            and len(followed.ps) >= (r.spec.ps.replicas if r.spec.ps else 0):
+        change["failures_since_whole"] = 0  # recovered: the next failure waits the base delay
     return Outcome(status=change, moves=moves)
 
 

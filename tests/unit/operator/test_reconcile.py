@@ -155,6 +155,39 @@ def test_deleted_member_counts_one_restart_and_is_replaced_after_backoff() -> No
     assert [p["metadata"]["name"] for p in later.create] == ["tj-worker-2"]
 
 
+def test_the_backoff_grows_with_failures_in_a_row_and_starts_over_once_the_job_is_whole(
+) -> None:
+    # Many failures in the job's life, the last ones in a row: the replacement waits
+    # the cap (8 s here), not the base delay.
+    def long_job(status: Obj) -> Obj:
+        return job(status=status, runPolicy={"backoffLimit": 100})
+
+    looping = {"phase": "Running", "restarts": 40, "failuresSinceWhole": 4}
+    pods = [pod(i) for i in (0, 1, 3)]
+    lost = run(long_job(status=looping), pods=pods, world=world_of([0, 1, 2, 3]))
+    assert lost.status["restarts"] == 41 and lost.status["failuresSinceWhole"] == 5
+    assert run(long_job(status=lost.status), pods=pods, world=world_of([0, 1, 2, 3]),
+               now=NOW + 7).create == []
+    replaced = run(long_job(status=lost.status), pods=pods, world=world_of([0, 1, 2, 3]),
+                   now=NOW + 8)
+    assert [p["metadata"]["name"] for p in replaced.create] == ["tj-worker-2"]
+    # The replacement joins: a world of all four resets the count ...
+    whole = [pod(0), pod(1), pod(2, uid="u2-new"), pod(3)]
+    rejoined = run(long_job(status=replaced.status), pods=whole, world=world_of([0, 1, 3]),
+                   reports=joining(2, 1), now=NOW + 20)
+    assert rejoined.world is not None and rejoined.world.size == 4
+    assert rejoined.status["failuresSinceWhole"] == 0 and rejoined.status["restarts"] == 41
+    # ... so the next loss, however many came before, waits the base delay (1 s).
+    again = run(long_job(status=rejoined.status), pods=pods, world=rejoined.world,
+                now=NOW + 30)
+    assert again.status["failuresSinceWhole"] == 1 and again.create == []
+    soon = run(long_job(status=again.status), pods=pods, world=rejoined.world, now=NOW + 31)
+    assert [p["metadata"]["name"] for p in soon.create] == ["tj-worker-2"]
+    # A world short of a worker does not reset it.
+    short = run(long_job(status=lost.status), pods=pods, world=world_of([0, 1, 3]), now=NOW + 20)
+    assert short.status["failuresSinceWhole"] == 5
+
+
 def test_failed_pod_is_deleted_and_counted() -> None:
     pods = [pod(0), pod(1, phase="Failed")]
     result = run(job(replicas=2, minimum=1, status={"phase": "Running"}), pods=pods,
