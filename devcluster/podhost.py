@@ -39,6 +39,17 @@ from ringwright.world import Env
 
 log = logging.getLogger("ringwright.devcluster.podhost")
 
+
+def _rfc3339(ts: float) -> str:
+    """Seconds since the Unix epoch as the API's timestamp (whole seconds, UTC)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _exit_status(returncode: int) -> int:
+    """A process's exit as a container runtime reports it: 128 + the signal that ended it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 JOB_LABEL = "ringwright.dev/job"
 
 
@@ -267,9 +278,14 @@ class PodHost:
             log.info("pod %s: process exited %d; restarting it in place", hosted.name, code)
             self._stop(hosted, signal.SIGKILL)
             self.pods[hosted.name] = self._start(pod, hosted.restarts + 1)
+            # As a kubelet reports it: the new container's start, the last one's end.
+            now = _rfc3339(time.time())
             self._patch_status(path, {"containerStatuses": [{
                 **(pod["status"].get("containerStatuses") or [{}])[0],
-                "restartCount": hosted.restarts + 1}]})
+                "restartCount": hosted.restarts + 1,
+                "state": {"running": {"startedAt": now}},
+                "lastState": {"terminated": {"exitCode": _exit_status(code),
+                                             "finishedAt": now}}}]})
         else:
             self._probe(pod, hosted, path)
 

@@ -107,7 +107,8 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
             d.take(stragglers(r, observed.policy, d.status, frozenset(d.plan.delete)))
         if observed.policy is None or not d.take(gang_timeout(r, observed.policy)).stop:
             d.take(resize(r, d.status, doomed=frozenset(d.plan.delete)))
-        d.take(world(r, d.status, doomed=frozenset(d.plan.delete + d.plan.mark_leaving)))
+        d.take(world(r, d.status, doomed=frozenset(
+            d.plan.delete + d.plan.mark_leaving + d.out_of_world)))
     return _close(r, d)
 
 

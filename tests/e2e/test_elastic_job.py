@@ -208,6 +208,38 @@ def test_frozen_pod_is_replaced_and_the_world_grows_back(
                for e in events), [e.get("message") for e in events]
 
 
+@pytest.mark.parametrize("job", ["torch"], indirect=True)
+def test_a_killed_process_restarts_in_its_pod_and_joins_again(
+    kube: KubeClient, job: tuple[str, HostThread]
+) -> None:
+    """SIGKILL one member's training process: the pod host starts it again in its pod
+    (restartPolicy OnFailure, as a kubelet does). The pod is kept, not replaced: its
+    peers go on without it, its new process joins again as a newcomer, and the one
+    failure counts once toward backoffLimit."""
+    ns, runner = job
+    first = wait_for(lambda: world_where(kube, ns, 3), "the first world", timeout=120)
+    wait_for(lambda: trained_at(runner, first), "every member to train in the first world",
+             timeout=180)
+    victim = first.members[1]
+    runner.host.kill(victim.pod, signal.SIGKILL)
+
+    def rejoined() -> World | None:
+        w = world_where(kube, ns, 3, after=first.generation)
+        return w if w is not None and victim.pod_uid in [m.pod_uid for m in w.members] \
+            and runner.host.starts[victim.pod] == 2 else None
+
+    back = wait_for(rejoined, "the restarted process back in a world of three", timeout=180)
+    wait_for(lambda: trained_at(runner, back), "the world of three to train", timeout=180)
+    assert kube.get(api_path("v1", "pods", ns, victim.pod))["metadata"]["uid"] == victim.pod_uid
+    assert runner.host.starts[victim.pod] == 2, runner.host.starts  # restarted once, in place
+    survivors = [m.pod for m in first.members if m.pod != victim.pod]
+    assert all(runner.host.starts[p] == 1 for p in survivors), runner.host.starts
+    status = get_status(kube, ns, "elastic")
+    reasons = [e.get("reason") for e in kube.list(api_path("v1", "events", ns))]
+    assert status["restarts"] == 1, (status, reasons)
+    assert "ContainerRestarted" in reasons, reasons
+
+
 def request_backend(kube: KubeClient, ns: str) -> str:
     """The collective library the job asked for (``torch`` runs gloo on CPU)."""
     backend: str = kube.get(tj_path(ns, "elastic"))["spec"]["backend"]

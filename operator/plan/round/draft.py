@@ -23,6 +23,8 @@ class Draft:
     plan: Plan = field(default_factory=Plan)
     finishing: bool = False
     """A step found the work done with pods still ending."""
+    out_of_world: list[str] = field(default_factory=list)
+    """Pods a step keeps but leaves out of the next world (not the apply layer's)."""
 
     @classmethod
     def of(cls, r: Round) -> Draft:
@@ -48,6 +50,7 @@ class Draft:
         plan.delete_gracefully.extend(out.delete_gracefully)
         plan.delete_left_behind.extend(out.delete_left_behind)
         plan.clear_reports.extend(out.clear_reports)
+        self.out_of_world.extend(out.out_of_world)
         if out.world is not None:
             plan.world, plan.world_version = out.world, out.world_version
         plan.delete_job = plan.delete_job or out.delete_job

@@ -22,11 +22,14 @@ def failures(r: Round, status: TrainingJobStatus) -> Outcome:
 
     One failure counts once: a member its peers name dead (or that reports a stall) after
     its container restarted is the restart already counted, and a pod counted lost does
-    not count again when its container restarts before it is gone.
+    not count again when its container restarts before it is gone. Such a member's pod
+    is kept (the kubelet already started its process again, on the same node and image):
+    it leaves the next world, so its peers train on, and its new process asks to join
+    like any newcomer.
     Pods are tracked as ``name/uid``: a replacement reuses its predecessor's name.
     Sets: status.lostPods, containerRestarts, restarts, failuresSinceWhole,
-    lastFailureTime; phase Failed past
-    backoffLimit, which stops the round; the plan's delete and clear_reports."""
+    lastFailureTime; phase Failed past backoffLimit, which stops the round; the plan's
+    delete and clear_reports; the pods the next world leaves out."""
     lost, restarted, found = _lost(r)
     return merged(found, _counted(r, status, lost, restarted))
 
@@ -43,14 +46,16 @@ def restarted_since_published(p: PodView, published_at: float | None) -> bool:
 
 def _lost(r: Round) -> tuple[list[str], set[str], Outcome]:
     """The pods and members lost (``name/uid``, in the order found, repeats possible), those
-    of them whose failure their container restart already counts, and what finding them
-    decided: events, stall reports answered, when a node is due."""
+    of them lost only to their peers' word about a process their container restart
+    replaced (counted by that restart, kept to rejoin), and what finding them decided:
+    events, stall reports answered, when a node is due."""
     world = r.obs.world
     members = {f"{m.pod}/{m.pod_uid}" for m in world.members} if world else set()
     everyone = r.pods
     present = {f"{p.name}/{p.uid}": p for p in everyone}
     lost = [key for key, p in present.items() if p.state == PodState.FAILED]
     lost += sorted(members - present.keys())
+    judged_from = len(lost)
     told: list[Event] = []
     cleared: list[str] = []
     restarted: set[str] = set()
@@ -60,8 +65,11 @@ def _lost(r: Round) -> tuple[list[str], set[str], Outcome]:
         lost.append(key)
         if restarted_since_published(p, r.obs.world_published_at):
             restarted.add(key)
-            message += " (its container restart counted this failure)"
-        told.append(event(reason, f"{message}; replacing it", warning=True))
+            message += ("; its container restarted since (counted once): it leaves the "
+                        "world and joins again")
+        else:
+            message += "; replacing it"
+        told.append(event(reason, message, warning=True))
 
     if world is not None:
         # Peers' word, corroborated: several reporters, or one and the pod not Ready.
@@ -88,15 +96,18 @@ def _lost(r: Round) -> tuple[list[str], set[str], Outcome]:
     for loss in losses:
         lost.append(f"{loss.pod.name}/{loss.pod.uid}")
         told.append(event(loss.reason, f"{loss.message}; replacing it", warning=True))
+    # Lost for another reason too (failed, gone, its node down): replaced after all.
+    restarted -= {key for key in lost[:judged_from]} | {
+        f"{loss.pod.name}/{loss.pod.uid}" for loss in losses}
     return lost, restarted, Outcome(events=tuple(told), clear_reports=tuple(cleared),
                          requeue=next_at - r.now if next_at is not None else None)
 
 
 def _counted(r: Round, status: TrainingJobStatus, lost: list[str],
              restarted: set[str]) -> Outcome:
-    """Delete the lost pods still present; count what was not counted before, with the
-    containers that restarted (``restarted``: lost pods whose restart is their failure);
-    fail the job past backoffLimit."""
+    """Delete the lost pods still present, except ``restarted`` (lost pods whose container
+    restart is their failure: left out of the next world instead); count what was not
+    counted before, with the containers that restarted; fail the job past backoffLimit."""
     members = {f"{m.pod}/{m.pod_uid}" for m in r.obs.world.members} if r.obs.world else set()
     present = {f"{p.name}/{p.uid}": p for p in r.pods}
     known = set(status.lost_pods)
@@ -104,13 +115,16 @@ def _counted(r: Round, status: TrainingJobStatus, lost: list[str],
     crashed = {key: n for key, n in crashed.items() if key not in known}
     new = [key for key in dict.fromkeys(lost) if key not in known]
     fresh = [key for key in new if key not in restarted]
-    # Remember what was counted while it is still visible, so each loss counts once.
-    change = StatusChange(container_restarts=counted,
-                          lost_pods=sorted((known | set(new)) & (present.keys() | members)))
-    doomed = tuple(p.name for p in (present.get(key) for key in dict.fromkeys(lost))
-                   if p is not None and p.state != PodState.DELETING)
+    # Remember what was counted while it is still visible, so each loss counts once. A
+    # kept pod is not lost: its next failure counts again.
+    change = StatusChange(container_restarts=counted, lost_pods=sorted(
+        (known | set(new) - restarted) & (present.keys() | members)))
+    gone = [present[key] for key in dict.fromkeys(lost) if key in present
+            and present[key].state != PodState.DELETING]
+    doomed = tuple(p.name for p in gone if f"{p.name}/{p.uid}" not in restarted)
+    rejoin = tuple(p.name for p in gone if f"{p.name}/{p.uid}" in restarted)
     if not fresh and not crashed:
-        return Outcome(status=change, delete=doomed)
+        return Outcome(status=change, delete=doomed, out_of_world=rejoin)
     failed = len(fresh) + sum(crashed.values())
     restarts = status.restarts + failed
     change["restarts"] = restarts
@@ -127,8 +141,8 @@ def _counted(r: Round, status: TrainingJobStatus, lost: list[str],
         told.append(event("ContainerRestarted", f"containers restarted in {names} (restart "
                           f"{restarts} of backoffLimit {limit})", warning=True))
     if restarts <= limit:
-        return Outcome(status=change, delete=doomed, events=tuple(told))
+        return Outcome(status=change, delete=doomed, out_of_world=rejoin, events=tuple(told))
     exceeded = Move(JobPhase.FAILED, "BackoffLimitExceeded",
                     f"{restarts} pod failures exceed spec.runPolicy.backoffLimit={limit}")
-    return Outcome(status=change, delete=doomed, events=tuple(told), moves=(exceeded,),
-                   stop=True)
+    return Outcome(status=change, delete=doomed, out_of_world=rejoin, events=tuple(told),
+                   moves=(exceeded,), stop=True)

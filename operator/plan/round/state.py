@@ -104,6 +104,8 @@ class Outcome:
     delete_gracefully: tuple[str, ...] = ()
     delete_left_behind: tuple[tuple[str, str], ...] = ()
     clear_reports: tuple[str, ...] = ()
+    out_of_world: tuple[str, ...] = ()
+    """Pods kept but left out of the next world (they must ask to join again)."""
     world: World | None = None
     world_version: str = ""
     """The world ConfigMap's resourceVersion ``world`` is written over."""
@@ -139,6 +141,7 @@ def merged(*parts: Outcome) -> Outcome:
         delete_gracefully=tuple(n for p in parts for n in p.delete_gracefully),
         delete_left_behind=tuple(n for p in parts for n in p.delete_left_behind),
         clear_reports=tuple(n for p in parts for n in p.clear_reports),
+        out_of_world=tuple(n for p in parts for n in p.out_of_world),
         world=worlds[-1].world if worlds else None,
         world_version=worlds[-1].world_version if worlds else "",
         delete_job=any(p.delete_job for p in parts),

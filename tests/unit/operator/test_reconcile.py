@@ -362,9 +362,8 @@ def test_one_sigkill_counts_once_whether_the_restart_or_the_verdict_is_seen_firs
     assert first.status["restarts"] == 1
     verdict = run(job(status=first.status), pods=pods, world=world_of(range(4), generation=4),
                   reports=reports, published=NOW - 10)
-    assert verdict.delete == ["tj-worker-2"]
     assert verdict.status["restarts"] == 1
-    assert any(e.reason == "MemberDead" and "restart counted" in e.message
+    assert any(e.reason == "MemberDead" and "counted once" in e.message
                for e in verdict.events)
     # Both seen in one round: still one.
     once = run(job(status={"phase": "Running"}), pods=pods,
@@ -379,6 +378,36 @@ def test_one_sigkill_counts_once_whether_the_restart_or_the_verdict_is_seen_firs
     later = run(job(status=judged.status), pods=pods, world=world_of(range(4), generation=4),
                 published=NOW - 10)
     assert later.status["restarts"] == 1
+
+
+def test_a_member_whose_container_restarted_leaves_the_world_and_joins_again() -> None:
+    # The kubelet already started the killed process again in its pod: the pod is kept,
+    # the survivors go on without it, and its new process enters as a newcomer.
+    reports = {f"tj-worker-{i}": dead("tj-worker-2") for i in (0, 1, 3)}
+    pods = [pod(0), pod(1), restarted(2, 1, NOW - 2), pod(3)]
+    verdict = run(job(status={"phase": "Running"}), pods=pods,
+                  world=world_of(range(4), generation=4), reports=reports, published=NOW - 10)
+    assert verdict.delete == [] and verdict.create == []
+    assert verdict.world is not None and verdict.world.generation == 5
+    assert [m.pod for m in verdict.world.members] == ["tj-worker-0", "tj-worker-1",
+                                                      "tj-worker-3"]
+    assert verdict.status["restarts"] == 1 and "tj-worker-2/u2" not in verdict.status.get(
+        "lostPods", [])
+    # Ready, but its new process has not asked in: the world stays as it is.
+    waiting = run(job(status=verdict.status), pods=pods, world=verdict.world,
+                  published=NOW + 1, now=NOW + 5)
+    assert waiting.world is None and waiting.delete == [] and waiting.create == []
+    # It asks to join the world it is not in: it enters, and nothing more was counted.
+    joined = run(job(status=verdict.status), pods=pods, world=verdict.world,
+                 reports=joining(2, 5), published=NOW + 1, now=NOW + 6)
+    assert joined.world is not None and joined.world.size == 4
+    assert joined.status["restarts"] == 1
+    # Lost for another reason as well (its node is gone): replaced after all.
+    failed = [pod(0), pod(1), restarted(2, 1, NOW - 2), pod(3)]
+    failed[2]["status"]["phase"] = "Failed"
+    replaced = run(job(status={"phase": "Running"}), pods=failed,
+                   world=world_of(range(4), generation=4), reports=reports, published=NOW - 10)
+    assert replaced.delete == ["tj-worker-2"]
 
 
 def test_a_restart_before_the_world_was_written_and_a_later_death_are_two_failures() -> None:
