@@ -22,10 +22,10 @@ def failures(r: Round, status: TrainingJobStatus) -> Outcome:
 
     One failure counts once: a member its peers name dead (or that reports a stall) after
     its container restarted is the restart already counted, and a pod counted lost does
-    not count again when its container restarts before it is gone. Such a member's pod
-    is kept (the kubelet already started its process again, on the same node and image):
-    it leaves the next world, so its peers train on, and its new process asks to join
-    like any newcomer.
+    not count again when its container restarts before it is gone. The pod of a member
+    lost only that way is kept (the kubelet already started its process again, on the
+    same node and image): it leaves the next world, so its peers train on, and its new
+    process asks to join like any newcomer.
     Pods are tracked as ``name/uid``: a replacement reuses its predecessor's name.
     Sets: status.lostPods, containerRestarts, restarts, failuresSinceWhole,
     lastFailureTime; phase Failed past backoffLimit, which stops the round; the plan's
@@ -118,7 +118,7 @@ def _counted(r: Round, status: TrainingJobStatus, lost: list[str],
     # Remember what was counted while it is still visible, so each loss counts once. A
     # kept pod is not lost: its next failure counts again.
     change = StatusChange(container_restarts=counted, lost_pods=sorted(
-        (known | set(new) - restarted) & (present.keys() | members)))
+        (known | (set(new) - restarted)) & (present.keys() | members)))
     gone = [present[key] for key in dict.fromkeys(lost) if key in present
             and present[key].state != PodState.DELETING]
     doomed = tuple(p.name for p in gone if f"{p.name}/{p.uid}" not in restarted)
