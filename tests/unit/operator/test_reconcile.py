@@ -352,16 +352,27 @@ def restarted(index: int, count: int, at: float) -> Obj:
     return body
 
 
-def test_one_sigkill_counts_once_whether_the_restart_or_the_verdict_is_seen_first() -> None:
-    # The container restarted after the world was written; its peers then name the
-    # process that died: one failure, counted by the restart alone.
-    reports = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-3": dead("tj-worker-2")}
-    pods = [pod(0), pod(1), restarted(2, 1, NOW - 2), pod(3)]
+TWO_ACCUSE_2 = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-3": dead("tj-worker-2")}
+
+
+def restart_then_verdict(restart_at: float) -> tuple[Any, Any]:
+    """Rounds of a world written at NOW - 10: worker 2's container restarted at
+    ``restart_at``, then two peers name it dead. The two rounds' plans."""
+    pods = [pod(0), pod(1), restarted(2, 1, restart_at), pod(3)]
     first = run(job(status={"phase": "Running"}), pods=pods,
                 world=world_of(range(4), generation=4), published=NOW - 10)
     assert first.status["restarts"] == 1
     verdict = run(job(status=first.status), pods=pods, world=world_of(range(4), generation=4),
-                  reports=reports, published=NOW - 10)
+                  reports=TWO_ACCUSE_2, published=NOW - 10)
+    return first, verdict
+
+
+def test_one_sigkill_counts_once_whether_the_restart_or_the_verdict_is_seen_first() -> None:
+    # The container restarted after the world was written; its peers then name the
+    # process that died: one failure, counted by the restart alone.
+    reports = TWO_ACCUSE_2
+    pods = [pod(0), pod(1), restarted(2, 1, NOW - 2), pod(3)]
+    _, verdict = restart_then_verdict(NOW - 2)
     assert verdict.status["restarts"] == 1
     assert any(e.reason == "MemberDead" and "counted once" in e.message
                for e in verdict.events)
@@ -411,18 +422,12 @@ def test_a_member_whose_container_restarted_leaves_the_world_and_joins_again() -
 
 
 def test_a_restart_before_the_world_was_written_and_a_later_death_are_two_failures() -> None:
-    reports = {"tj-worker-0": dead("tj-worker-2"), "tj-worker-3": dead("tj-worker-2")}
-    pods = [pod(0), pod(1), restarted(2, 1, NOW - 20), pod(3)]
-    first = run(job(status={"phase": "Running"}), pods=pods,
-                world=world_of(range(4), generation=4), published=NOW - 10)
-    assert first.status["restarts"] == 1
-    verdict = run(job(status=first.status), pods=pods, world=world_of(range(4), generation=4),
-                  reports=reports, published=NOW - 10)
+    first, verdict = restart_then_verdict(NOW - 20)
     assert verdict.status["restarts"] == 2
     # Nor is a world of unknown age (an older operator wrote it) taken for a restart.
     unknown = run(job(status=first.status), pods=[pod(0), pod(1), restarted(2, 1, NOW - 2),
                                                   pod(3)],
-                  world=world_of(range(4), generation=4), reports=reports)
+                  world=world_of(range(4), generation=4), reports=TWO_ACCUSE_2)
     assert unknown.status["restarts"] == 2
 
 
