@@ -160,10 +160,10 @@ class PodHost:
         self.pods: dict[str, HostedPod] = {}
         self.finished: dict[str, list[int]] = {}
         self.starts: Counter[str] = Counter()
+        """Processes started per pod name: 1 while a pod's first process lives."""
         self._completed: set[str] = set()
         """Uids of pods whose process exited 0: never started again, even when the pod
         still reads Running in a listing taken before its Succeeded patch."""
-        """Processes started per pod name: 1 while a pod's first process lives."""
         workdir.mkdir(parents=True, exist_ok=True)
         PodHost._serving.add((namespace, job))
 
