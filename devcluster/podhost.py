@@ -35,14 +35,10 @@ import yaml
 
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
+from ringwright.operator.api.conditions import rfc3339
 from ringwright.world import Env
 
 log = logging.getLogger("ringwright.devcluster.podhost")
-
-
-def _rfc3339(ts: float) -> str:
-    """Seconds since the Unix epoch as the API's timestamp (whole seconds, UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _exit_status(returncode: int) -> int:
@@ -279,7 +275,7 @@ class PodHost:
             self._stop(hosted, signal.SIGKILL)
             self.pods[hosted.name] = self._start(pod, hosted.restarts + 1)
             # As a kubelet reports it: the new container's start, the last one's end.
-            now = _rfc3339(time.time())
+            now = rfc3339(time.time())
             self._patch_status(path, {"containerStatuses": [{
                 **(pod["status"].get("containerStatuses") or [{}])[0],
                 "restartCount": hosted.restarts + 1,

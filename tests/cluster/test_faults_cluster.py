@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from ringwright.devcluster.control_plane import NODE_DOWN_ANNOTATION, Cluster
 from ringwright.devcluster.demo import current_world
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.operator.api.base import API_VERSION
+from ringwright.operator.api.conditions import rfc3339
 from ringwright.operator.api.schedulingpolicy import (
     NodeLoss,
     SchedulingPolicy,
@@ -207,7 +207,7 @@ def test_a_member_on_a_lost_node_is_replaced_on_another_node(
 
 def _ago(seconds: float) -> str:
     """An RFC 3339 time ``seconds`` before now, as the kubelet writes it."""
-    return datetime.fromtimestamp(time.time() - seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time() - seconds)
 
 
 def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
@@ -217,7 +217,7 @@ def test_an_unready_member_is_replaced_and_crash_loops_show_and_count(
                                                  schedulingPolicyName=fast_node_loss))
     before = wait_world(kube, namespace, "flaky", 3)
     crashing, stuck = before.members[0].pod, before.members[2]
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339(time.time())
     # The kubelet restarted one container twice and now backs off; another pod's
     # readiness probe fails (KWOK leaves pods whose Ready condition a test set alone).
     kube.merge_patch(api_path("v1", "pods", namespace, crashing, "status"), {"status": {

@@ -119,10 +119,10 @@ def _counted(r: Round, status: TrainingJobStatus, lost: list[str],
     # kept pod is not lost: its next failure counts again.
     change = StatusChange(container_restarts=counted, lost_pods=sorted(
         (known | (set(new) - restarted)) & (present.keys() | members)))
-    gone = [present[key] for key in dict.fromkeys(lost) if key in present
+    gone = [key for key in dict.fromkeys(lost) if key in present
             and present[key].state != PodState.DELETING]
-    doomed = tuple(p.name for p in gone if f"{p.name}/{p.uid}" not in restarted)
-    rejoin = tuple(p.name for p in gone if f"{p.name}/{p.uid}" in restarted)
+    doomed = tuple(present[key].name for key in gone if key not in restarted)
+    rejoin = tuple(present[key].name for key in gone if key in restarted)
     if not fresh and not crashed:
         return Outcome(status=change, delete=doomed, out_of_world=rejoin)
     failed = len(fresh) + sum(crashed.values())
