@@ -160,12 +160,29 @@ def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
     return delay
 
 
-async def _sleep(waker: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+async def _sleep(waker: asyncio.Event, stopped: asyncio.Event | kopf.DaemonStopped,
+                 seconds: float) -> None:
     waits = {asyncio.ensure_future(waker.wait()), asyncio.ensure_future(stopped.wait())}
     _, pending = await asyncio.wait(waits, timeout=seconds,
                                     return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()
+
+
+async def wait_for_round(waker: asyncio.Event, stopped: asyncio.Event | kopf.DaemonStopped,
+                         seconds: float, not_before: float) -> None:
+    """Sleep until ``waker`` is set or ``seconds`` pass, then on until ``not_before`` (the
+    event loop's clock); ``stopped`` ends both waits.
+
+    The second wait spaces a job's rounds: a burst of pod events (256 pods turning Ready)
+    is taken a batch per round, as Kubernetes' Job controller batches pod updates, instead
+    of one round and one status write per event, each of them CPU the API server and the
+    kubelets need at that moment.
+    """
+    await _sleep(waker, stopped, seconds)
+    rest = not_before - asyncio.get_running_loop().time()
+    if rest > 0 and not stopped.is_set():
+        await _sleep(asyncio.Event(), stopped, rest)
 
 
 def _plain(body: Mapping[str, Any]) -> Obj:
@@ -333,6 +350,8 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
                             or now - scaffolded_at >= ctx.settings.scaffold_resync_seconds)
                 # A round within a refusal backoff skips the scaffold: it stays due.
                 held = ctx.refusal_backoff.hold_until((ns, name), now) is not None
+                not_before = (asyncio.get_running_loop().time()
+                              + ctx.settings.round_spacing_seconds)
                 try:
                     delay = await asyncio.to_thread(reconcile_once, ctx, cache, job, scaffold,
                                                     missing)
@@ -350,7 +369,7 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
                 if delay is None:
                     await stopped.wait()
                     return
-                await _sleep(waker, stopped, delay)
+                await wait_for_round(waker, stopped, delay, not_before)
         finally:
             if ctx.wakers.get((ns, name)) is waker:
                 del ctx.wakers[(ns, name)]

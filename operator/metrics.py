@@ -63,12 +63,15 @@ def _schedulable(status: Obj) -> tuple[str, str]:
 def effects(observed: Observed, plan: Plan) -> Effects:
     """Read from ``plan`` (and what it was planned from) what a round changed."""
     before: Obj = observed.job.get("status") or {}
-    views = {v.name: v for v in (view(p) for p in observed.pods) if v is not None}
     created = collections.Counter(
         str(p["metadata"].get("labels", {}).get(ROLE_LABEL, "")) for p in plan.create)
+    fresh = sorted(set(plan.status.get("lostPods") or []) - set(before.get("lostPods") or []))
+    # Most rounds delete nothing and lose nothing: read only the pods they name.
+    named = set(plan.delete) | {key.split("/", 1)[0] for key in fresh}
+    views = {v.name: v for v in (view(p) for p in observed.pods
+                                 if p["metadata"]["name"] in named) if v is not None}
     deleted = collections.Counter(
         views[name].role if name in views else "" for name in plan.delete)
-    fresh = sorted(set(plan.status.get("lostPods") or []) - set(before.get("lostPods") or []))
     stalled = {name for name, r in observed.reports.items() if r.kind == ReportKind.STALLED}
     by_key = {f"{v.name}/{v.uid}": v for v in views.values()}
     lost = []

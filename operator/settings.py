@@ -30,6 +30,11 @@ class OperatorSettings(BaseModel):
         "retrying refused creates.")
     resync_seconds: float = Field(
         default=10.0, gt=0, description="Reconcile every job at least this often.")
+    round_spacing_seconds: float = Field(
+        default=0.3, ge=0, description="A job's reconcile rounds start at least this far "
+        "apart: the pod events of a burst are taken a batch per round (one status write per "
+        "batch, not per event). Adds at most this much to a reaction to an event that comes "
+        "right after a round.")
     scaffold_resync_seconds: float = Field(
         default=600.0, gt=0, description="Every round re-applies the scaffold objects "
         "(ServiceAccount, Role, RoleBinding, Service, reports ConfigMap, ...) that the watch "

@@ -190,7 +190,7 @@ Sealed = TypeVar("Sealed", Report, MemberStats)
 def _sealed(items: Mapping[str, Sealed], pods: Sequence[Obj],
             sealed_by: Callable[[str, Sealed, str], bool], what: str) -> dict[str, Sealed]:
     """``items`` without those under a pod's name that the pod's key did not seal."""
-    keys = {p["metadata"]["name"]: report_key(p) for p in pods}
+    keys = {name: report_key(p) for p in pods if (name := p["metadata"]["name"]) in items}
     out: dict[str, Sealed] = {}
     for name, item in items.items():
         key = keys.get(name)

@@ -83,8 +83,30 @@ def _training_container(pod: Obj) -> Obj:
                  if c.get("name") == name), {})
 
 
+_VIEWS: dict[tuple[str, str], PodView | None] = {}
+"""Views by (uid, resourceVersion): a stored pod does not change without a new version,
+and every round views every pod of its job, most of them unchanged since the last."""
+_VIEWS_KEPT = 1 << 16
+
+
 def view(pod: Obj) -> PodView | None:
     """A :class:`PodView`, or None for a pod without ringwright's role/index labels."""
+    meta = pod.get("metadata") or {}
+    key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+    if not all(key):  # not a stored object (a manifest, a test's pod)
+        return _view(pod)
+    try:
+        return _VIEWS[key]
+    except KeyError:
+        pass
+    found = _view(pod)
+    if len(_VIEWS) >= _VIEWS_KEPT:
+        _VIEWS.clear()  # older versions are never asked for again
+    _VIEWS[key] = found
+    return found
+
+
+def _view(pod: Obj) -> PodView | None:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     try:
