@@ -57,18 +57,44 @@ class WideAndDeep(nn.Module):
         return wide + deep
 
 
-def synthetic_clicks(samples: int, vocab_per_field: int, seed: int = 7) -> Batch:
-    """Clicks from a hidden logistic model over Zipf-like ids and dense features."""
+def synthetic_clicks(samples: int, vocab_per_field: int, seed: int = 7, draw: int = 0) -> Batch:
+    """Clicks from a hidden logistic model over Zipf-like ids and dense features.
+
+    The hidden model comes from ``seed`` alone and the samples from ``(seed, draw)``:
+    draw 1 is held-out data for a model trained on draw 0, whatever their sizes."""
     g = torch.Generator().manual_seed(seed)
+    hidden_wide = torch.randn(FIELDS * vocab_per_field, generator=g)
+    hidden_dense = torch.randn(DENSE, generator=g)
+    g = torch.Generator().manual_seed(seed * 1_000 + draw + 1)
     ranks = torch.arange(1, vocab_per_field + 1, dtype=torch.float64)
     zipf = (1.0 / ranks) / (1.0 / ranks).sum()
     ids = torch.multinomial(zipf, samples * FIELDS, replacement=True, generator=g)
     ids = ids.view(samples, FIELDS) + torch.arange(FIELDS) * vocab_per_field
     dense = torch.randn(samples, DENSE, generator=g)
-    hidden_wide = torch.randn(FIELDS * vocab_per_field, generator=g)
-    logits = hidden_wide[ids].sum(1) * 0.5 + dense @ torch.randn(DENSE, generator=g)
+    logits = hidden_wide[ids].sum(1) * 0.5 + dense @ hidden_dense
     label = (torch.rand(samples, generator=g) < torch.sigmoid(logits)).float()
     return {"ids": ids, "dense": dense, "label": label}
+
+
+def holdout_metrics(model: nn.Module, batch: Batch) -> dict[str, float]:
+    """Log loss and AUC of ``model`` on ``batch`` (held-out clicks)."""
+    with torch.no_grad():
+        logits = model(batch["ids"], batch["dense"])
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch["label"])
+    return {"loss": float(loss), "auc": auc(logits, batch["label"])}
+
+
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Area under the ROC curve: the chance that a random click scores above a random
+    non-click (Mann-Whitney, from the ranks of the scores)."""
+    ranks = torch.empty(len(scores), dtype=torch.float64)
+    ranks[scores.argsort()] = torch.arange(1, len(scores) + 1, dtype=torch.float64)
+    clicks = labels.bool()
+    n_pos = int(clicks.sum())
+    n_neg = len(labels) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC needs both clicks and non-clicks in the held-out batch")
+    return float((ranks[clicks].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 class Straggler:

@@ -45,7 +45,7 @@ DNS_1035 = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """A DNS-1035 label: what a Service name (the job's headless service) must be."""
 MAX_TEMPLATE_KEYS = 64
 """Most labels (and annotations) a template may carry; also bounds the cost of CEL over them."""
-DEFAULT_STALENESS = 4
+DEFAULT_STALENESS = 8
 """spec.ps.staleness when unset (the runtime applies the same default)."""
 DEFAULT_STARTUP_GRACE_SECONDS = 600
 """startupGraceSeconds when unset: room for a multi-GB image pull or a long data load."""

@@ -6,9 +6,10 @@ for a worker's side of the transport.
 """
 
 from .api import run
+from .evaluator import Evaluator
 from .serving.consistency import Consistency, Mode
 from .serving.optim import OptimizerKind, ServerOptimizer
 from .worker import PSJob, StepInfo, WorkerReport
 
-__all__ = ["Consistency", "Mode", "OptimizerKind", "PSJob", "ServerOptimizer", "StepInfo",
-           "WorkerReport", "run"]
+__all__ = ["Consistency", "Evaluator", "Mode", "OptimizerKind", "PSJob", "ServerOptimizer",
+           "StepInfo", "WorkerReport", "run"]

@@ -195,13 +195,13 @@ class Worker(Generic[B]):
             start, stop = current
             batch = self.job.fetch(torch.arange(start, stop)) if batch is None else batch
             pulled = client.finish_pull(pending, into) if pending is not None else \
-                client.pull(self._ids(batch), into)
+                client.pull(batch_ids(self.job, self.binding, batch), into)
             following = next(bounds, None)
             next_batch = None
             pending = None
             if following is not None and not sync:
                 next_batch = self.job.fetch(torch.arange(*following))
-                pending = client.start_pull(self._ids(next_batch))
+                pending = client.start_pull(batch_ids(self.job, self.binding, next_batch))
             self.binding.load(pulled.dense, pulled.rows)
             loss = self.job.loss(self.job.model, batch)
             torch.autograd.backward(loss)
@@ -215,7 +215,8 @@ class Worker(Generic[B]):
             if following is not None and sync:
                 waits, self._round = self._round, {}
                 next_batch = self.job.fetch(torch.arange(*following))
-                pending = client.start_pull(self._ids(next_batch), min_versions=waits)
+                pending = client.start_pull(batch_ids(self.job, self.binding, next_batch),
+                                            min_versions=waits)
             self._account(int(lease["epoch"]), start, stop, loss.item(), result.dropped,
                           max(result.staleness.values(), default=0), len(client.failovers))
             current, batch = following, next_batch
@@ -228,13 +229,6 @@ class Worker(Generic[B]):
         every = {n: torch.arange(rows) for n, (rows, _) in self.binding.shapes.items()}
         pulled = client.pull(every)
         return {**pulled.dense, **{n: rows for n, (_, rows) in pulled.rows.items()}}
-
-    def _ids(self, batch: B) -> dict[str, torch.Tensor]:
-        if self.job.ids is None:
-            if self.binding.tables:
-                raise ValueError("PSJob.ids is required: it names the ids each embedding reads")
-            return {}
-        return dict(self.job.ids(batch))
 
     def _account(self, epoch: int, start: int, stop: int, loss: float, dropped: bool,
                  staleness: int, failovers: int) -> None:
@@ -263,6 +257,15 @@ class Worker(Generic[B]):
         return wait_until_listed(
             self.source, lambda w: w.member(self.pod, self.local_rank) is not None
             and bool(w.ps) and len(w.ps) == w.ps_count, self.world_wait_s, self.beat)
+
+def batch_ids(job: PSJob[B], binding: PSModel, batch: B) -> dict[str, torch.Tensor]:
+    """The ids each embedding table of ``job.model`` reads for ``batch``."""
+    if job.ids is None:
+        if binding.tables:
+            raise ValueError("PSJob.ids is required: it names the ids each embedding reads")
+        return {}
+    return dict(job.ids(batch))
+
 
 def _batches(start: int, stop: int, size: int) -> Iterator[tuple[int, int]]:
     for a in range(start, stop, size):

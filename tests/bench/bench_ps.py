@@ -8,9 +8,13 @@
 * latency of a sparse pull of 4,096 rows x 64 dims (median, goal <= 2 ms), against a
   raw TCP round trip of the same bytes;
 * PS failover: from SIGKILL of a PS to the first update after it, against the normal
-  step interval.
+  step interval;
+* accuracy per wall-clock minute: held-out loss and AUC reached by sync, sync with a
+  backup worker and async with tau = 2, 8, 32, one worker 3x slower (``ps_accuracy``),
+  with a plot.
 
-Run: ``python tests/bench/bench_ps.py`` (``--only throughput,dense,sparse,failover``).
+Run: ``python tests/bench/bench_ps.py``
+(``--only throughput,dense,sparse,failover,accuracy``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from ringwright.runtime.ps.serving.consistency import Consistency, Mode  # noqa:
 from ringwright.runtime.ps.serving.hosting import JobConfig  # noqa: E402
 from ringwright.runtime.ps.serving.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.wire.client import PSClient  # noqa: E402
+from tests.bench.ps_accuracy import bench_accuracy  # noqa: E402
 from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
 
 MB = 1_000_000
@@ -283,8 +288,12 @@ def bench_failover(root: Path, samples: int = 8192) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default="throughput,dense,sparse,failover")
+    parser.add_argument("--only", default="throughput,dense,sparse,failover,accuracy")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--accuracy-seconds", type=float, default=60.0,
+                        help="wall-clock seconds each mode trains in the accuracy part")
+    parser.add_argument("--plot", type=Path, default=ROOT / "build" / "ps-accuracy.png",
+                        help="where the accuracy part draws held-out loss over time")
     args = parser.parse_args()
     only = set(args.only.split(","))
     retain_freed_memory()  # as a worker pod does
@@ -307,6 +316,11 @@ def main() -> int:
             results["failover"] = bench_failover(Path(tmp) / "failover")
         if "throughput" in only:
             results["throughput"] = bench_throughput(Path(tmp))
+        if "accuracy" in only:
+            (Path(tmp) / "accuracy").mkdir()
+            args.plot.parent.mkdir(parents=True, exist_ok=True)
+            results["accuracy"] = bench_accuracy(Path(tmp) / "accuracy",
+                                                 args.accuracy_seconds, args.plot.resolve())
     return 0
 
 

@@ -114,6 +114,10 @@ class LocalPSJob:
         for w in workers:
             self.start(w, "worker", (extra or {}).get(w))
 
+    def addresses(self) -> list[str]:
+        """host:port of every server, by index (what a worker reads from the world)."""
+        return [f"{self.ps_ip[p]}:{self.port}" for p in self.ps]
+
     def trace(self, pod: str) -> Path:
         return self.root / f"{pod}.trace"
 
@@ -174,6 +178,17 @@ class LocalPSJob:
                         os.killpg(proc.pid, signal.SIGKILL)
                 proc.kill()
                 proc.wait()
+
+
+def load_example() -> Any:
+    """examples/ps_wide_and_deep.py as a module (it is a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ps_wide_and_deep", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def ps_done(log: str) -> dict[str, dict[int, int]]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.ps.harness import EXAMPLE, LocalPSJob, consistency
+from tests.ps.harness import LocalPSJob, consistency, load_example
 
 ARGS = ["--samples", "1024", "--vocab", "200", "--dim", "4", "--batch-size", "32",
         "--piece-batches", "4", "--epochs", "1", "--optimizer", "adagrad",
@@ -23,16 +23,6 @@ def job(tmp_path: Path) -> Iterator[LocalPSJob]:
     j.close()
 
 
-def _example() -> object:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ps_wide_and_deep", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sync_two_workers_equals_one_process_on_the_same_data_order(
         job: LocalPSJob, tmp_path: Path) -> None:
     final = tmp_path / "final.pt"
@@ -41,9 +31,9 @@ def test_sync_two_workers_equals_one_process_on_the_same_data_order(
     assert all(c == 0 for c in codes.values()), job.logs()
     served = torch.load(final)
     # The reference: one process, one optimizer, each round's two batches as one.
-    example: object = _example()
-    args = example.parse(ARGS)  # type: ignore[attr-defined]
-    ref = example.build(args)  # type: ignore[attr-defined]
+    example = load_example()
+    args = example.parse(ARGS)
+    ref = example.build(args)
     model: nn.Module = ref.model
     opt = torch.optim.Adagrad(model.parameters(), lr=0.05, eps=1e-10)
     piece = 32 * 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-DEFAULT_STALENESS = 4
+DEFAULT_STALENESS = 8
 """τ of async mode when the job spec sets none (the CRD documents the same value)."""
 
 

@@ -126,6 +126,13 @@ class PSClient(Routes):
                                   initial_values(self.partition, shard, params))
             self.versions[shard] = int(reply["version"])
 
+    def attach(self, config: JobConfig) -> None:
+        """Use shards that exist already, laid out by ``config``, creating none: for a
+        client that only reads (:class:`..evaluator.Evaluator`)."""
+        if config.shards != self.servers:
+            raise ValueError(f"config for {config.shards} shards but {self.servers} servers")
+        self.config, self.partition = config, config.partition()
+
     # -- calls with retries -----------------------------------------------------------
 
     def _call(self, shard: int, method: str, header: Header, tensors: Tensors | None = None,
