@@ -28,7 +28,15 @@ WORKERS = ("fast", "slow")
 def _run(tmp_path: Path, requeue: bool) -> tuple[LocalPSJob, dict[str, dict[int, int]]]:
     job = LocalPSJob(tmp_path, 1, ARGS, consistency("Async", tau=TAU, requeue_stale=requeue))
     try:
-        job.start_all(list(WORKERS), extra={"slow": ["--slow", "0.05"]})
+        # The slow worker first: it holds a piece when the fast one starts, so its pushes
+        # go stale. Started together, the fast one could train the whole epoch (a fraction
+        # of a second) while the slow one still imports torch, and nothing is dropped.
+        job.publish(list(WORKERS))
+        for p in job.ps:
+            job.start(p, "ps")
+        job.start("slow", "worker", ["--slow", "0.05"])
+        job.wait_steps("slow", 1)
+        job.start("fast", "worker")
         codes = job.wait_all()
         assert all(c == 0 for c in codes.values()), job.logs()
         return job, ps_done((job.root / "ps-0.log").read_text())

@@ -169,8 +169,10 @@ class PSClient(Routes):
             u = torch.unique(raw.reshape(-1))
             owners = part.row_shards(name, u.numpy())
             unique[name] = (u, owners)
+            # numpy's boolean indexing: torch's costs a quarter of a 4,096-row pull.
+            ids_np = u.numpy()
             for s in range(self.servers):
-                first[s][f"i/{name}"] = u[torch.from_numpy(owners == s)]
+                first[s][f"i/{name}"] = torch.from_numpy(ids_np[owners == s])
         servers = [self.route[s] for s, _, _ in parts]
         futures = [self.stubs[server].start("Pull", header, tensors, timeout=self.call_timeout)
                    for server, (_, header, tensors) in zip(servers, parts, strict=True)]
@@ -225,12 +227,14 @@ class PSClient(Routes):
         for s, v in out.versions.items():
             self.versions[s] = v
         for name, (u, owners) in pending.ids.items():
-            rows = torch.empty((len(u), part.spec(name).shape[1]), dtype=torch.float32)
+            rows = np.empty((len(u), part.spec(name).shape[1]), dtype=np.float32)
             for s in range(self.servers):
-                mask = torch.from_numpy(owners == s)
-                if bool(mask.any()):
-                    rows[mask] = rows_of[s][name]
-            out.rows[name] = (u, rows)
+                mask = owners == s
+                if mask.all():
+                    np.copyto(rows, rows_of[s][name].numpy())  # no mask to apply
+                elif mask.any():
+                    rows[mask] = rows_of[s][name].numpy()
+            out.rows[name] = (u, torch.from_numpy(rows))
         return out
 
     def pull(self, ids: Mapping[str, torch.Tensor],
