@@ -258,6 +258,7 @@ class Worker(Generic[B]):
             self.source, lambda w: w.member(self.pod, self.local_rank) is not None
             and bool(w.ps) and len(w.ps) == w.ps_count, self.world_wait_s, self.beat)
 
+
 def batch_ids(job: PSJob[B], binding: PSModel, batch: B) -> dict[str, torch.Tensor]:
     """The ids each embedding table of ``job.model`` reads for ``batch``."""
     if job.ids is None:

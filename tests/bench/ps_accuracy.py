@@ -44,8 +44,8 @@ class Curve:
     """One mode's held-out scores over time."""
 
     mode: str
-    points: list[tuple[float, float, float, int]] = dataclasses.field(default_factory=list)
-    """(seconds since the first step, log loss, AUC, updates applied over all shards)."""
+    points: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)
+    """(seconds since the first step, log loss, AUC)."""
     trained: int = 0
     dropped_pushes: int = 0
     pushes: int = 0
@@ -78,10 +78,9 @@ def run_mode(root: Path, mode: str, env: dict[str, str], seconds: float) -> Curv
         job.wait_steps("w0", 1)
         start = min(s["t"] for w in WORKERS for s in job.steps(w))
         while (now := time.time()) - start <= seconds:
-            versions = evaluator.load(holdout)
+            evaluator.load(holdout)
             scores = example.holdout_metrics(evaluator.job.model, holdout)
-            curve.points.append((now - start, scores["loss"], scores["auc"],
-                                 sum(versions.values())))
+            curve.points.append((now - start, scores["loss"], scores["auc"]))
             job.check_alive()
             time.sleep(max(0.0, 1.0 - (time.time() - now)))
         steps = [s for w in WORKERS for s in job.steps(w) if s["t"] - start <= seconds]

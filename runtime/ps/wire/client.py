@@ -117,13 +117,12 @@ class PSClient(Routes):
 
     def initialize(self, config: JobConfig, params: Mapping[str, torch.Tensor]) -> None:
         """Create every shard from ``params`` unless it exists (the first worker wins)."""
-        self.config, self.partition = config, config.partition()
-        if config.shards != self.servers:
-            raise ValueError(f"config for {config.shards} shards but {self.servers} servers")
+        self.attach(config)
+        partition = self._partition()
         for shard in range(self.servers):
             header = {"shard": shard, "config": config.to_json()}
             reply, _ = self._call(shard, "Init", header,
-                                  initial_values(self.partition, shard, params))
+                                  initial_values(partition, shard, params))
             self.versions[shard] = int(reply["version"])
 
     def attach(self, config: JobConfig) -> None:
@@ -167,10 +166,10 @@ class PSClient(Routes):
                     first[s] = tensors  # the rows travel with the first chunk
         for name, raw in ids.items():
             u = torch.unique(raw.reshape(-1))
-            owners = part.row_shards(name, u.numpy())
+            ids_np = u.numpy()
+            owners = part.row_shards(name, ids_np)
             unique[name] = (u, owners)
             # numpy's boolean indexing: torch's costs a quarter of a 4,096-row pull.
-            ids_np = u.numpy()
             for s in range(self.servers):
                 first[s][f"i/{name}"] = torch.from_numpy(ids_np[owners == s])
         servers = [self.route[s] for s, _, _ in parts]
