@@ -12,6 +12,7 @@ sample range) must agree, sample by sample:
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +29,21 @@ WORKERS = ("fast", "slow")
 def _run(tmp_path: Path, requeue: bool) -> tuple[LocalPSJob, dict[str, dict[int, int]]]:
     job = LocalPSJob(tmp_path, 1, ARGS, consistency("Async", tau=TAU, requeue_stale=requeue))
     try:
-        # The slow worker first: it holds a piece when the fast one starts, so its pushes
-        # go stale. Started together, the fast one could train the whole epoch (a fraction
-        # of a second) while the slow one still imports torch, and nothing is dropped.
+        # The slow worker is held (SIGSTOP) after its first step until the fast one has
+        # pushed more than τ times, so its next push is stale whatever either's start-up
+        # costs. Started together, either could train the whole epoch while the other
+        # still imports torch (seen both ways on a loaded machine), and nothing is dropped.
         job.publish(list(WORKERS))
         for p in job.ps:
             job.start(p, "ps")
         job.start("slow", "worker", ["--slow", "0.05"])
         job.wait_steps("slow", 1)
-        job.start("fast", "worker")
+        job.procs["slow"].send_signal(signal.SIGSTOP)
+        try:
+            job.start("fast", "worker")
+            job.wait_steps("fast", TAU + 2)
+        finally:
+            job.procs["slow"].send_signal(signal.SIGCONT)
         codes = job.wait_all()
         assert all(c == 0 for c in codes.values()), job.logs()
         return job, ps_done((job.root / "ps-0.log").read_text())
