@@ -8,7 +8,7 @@ from enum import StrEnum
 from ringwright.objects import Obj
 
 from ..api.conditions import parse_time
-from .manifests import INDEX_LABEL, LEAVING_ANNOTATION, ROLE_LABEL
+from .manifests import INDEX_LABEL, LEAVING_ANNOTATION, PLANNED_NODE_ANNOTATION, ROLE_LABEL
 
 
 class PodState(StrEnum):
@@ -50,6 +50,10 @@ class PodView:
     containers) although the pod is Running."""
     waiting: str = ""
     """Why a container waits (e.g. ``CrashLoopBackOff``); empty when none does."""
+    planned_node: str = ""
+    """The node the plan chose for it (its planned-node annotation); empty if none."""
+    unschedulable: bool = False
+    """The scheduler found no node for it and nominated none to free by preemption."""
 
     @property
     def alive(self) -> bool:
@@ -65,6 +69,13 @@ def _ready(status: Obj) -> bool:
 def _ready_changed(status: Obj) -> float | None:
     return next((parse_time(c.get("lastTransitionTime")) for c in status.get("conditions") or []
                  if c.get("type") == "Ready"), None)
+
+
+def _unschedulable(status: Obj) -> bool:
+    # A pod waiting for a preemption it started has a nominated node: it will fit there.
+    return not status.get("nominatedNodeName") and any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable" for c in status.get("conditions") or [])
 
 
 def _waiting(status: Obj) -> str:
@@ -126,7 +137,8 @@ def _view(pod: Obj) -> PodView | None:
         state = PodState.READY if _ready(status) else PodState.UNREADY
     else:
         state = PodState.PENDING
-    leaving = (meta.get("annotations") or {}).get(LEAVING_ANNOTATION)
+    annotations = meta.get("annotations") or {}
+    leaving = annotations.get(LEAVING_ANNOTATION)
     training = _training_container(pod)
     state_ = training.get("state") or {}
     restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
@@ -146,4 +158,6 @@ def _view(pod: Obj) -> PodView | None:
         started=parse_time((state_.get("running") or {}).get("startedAt")),
         starting=bool(state_.get("waiting")) and not training.get("restartCount")
         and not (training.get("lastState") or {}).get("terminated"),
+        planned_node=annotations.get(PLANNED_NODE_ANNOTATION, ""),
+        unschedulable=state == PodState.PENDING and _unschedulable(status),
     )

@@ -16,6 +16,7 @@ from ..health.nodeloss import with_node_loss_tolerations
 from ..health.stragglers import avoiding, inventory_without, still_avoided
 from ..isolation import harden
 from ..manifests import PS, WORKER, pod
+from ..placement.resources import pod_requests
 from ..pods import PodState, PodView
 from ..types import Event
 from .state import NOTHING, Outcome, Round, SetCondition, earliest, event, merged
@@ -28,9 +29,16 @@ def backoff(failures: int, base: float, cap: float) -> float:
     return float(min(cap, base * math.pow(2, max(failures - 1, 0))))
 
 
+RECHECK_SECONDS = 5.0
+"""How soon a round looks again at a pod the scheduler could not place while its planned
+node still seemed to have room (the binding that took it may not be observed yet)."""
+
+
 def gang_timeout(r: Round, policy: SchedulingPolicySpec) -> Outcome:
     """Pods still unbound ``gangTimeoutSeconds`` after creation are deleted, all of them,
-    so the next round places the gang again from what is free then.
+    so the next round places the gang again from what is free then. So are they at once
+    when the plan was overtaken: the scheduler found no node for one of them and its
+    planned node is gone or full (another pod was bound there since the plan was made).
 
     Sets: the plan's delete and an event; stops the resize when it withdraws the gang."""
     limit = policy.gang_timeout_seconds
@@ -39,14 +47,42 @@ def gang_timeout(r: Round, policy: SchedulingPolicySpec) -> Outcome:
     if not unbound:
         return NOTHING
     oldest = min(p.created or r.now for p in unbound)
-    if r.now - oldest < limit:
-        return Outcome(requeue=oldest + limit - r.now)
-    return Outcome(
-        delete=tuple(p.name for p in unbound),
-        events=(event("GangTimeout", f"{len(unbound)} pods stayed unbound for {limit}s "
-                      "(spec.gangTimeoutSeconds of the SchedulingPolicy); withdrawn, "
-                      "placing again", warning=True),),
-        requeue=1.0, stop=True)
+    overtaken = _overtaken(r, policy, unbound)
+    if overtaken:
+        reason, message = "PlanOvertaken", (
+            f"the scheduler found no node for {overtaken.name} and its planned node "
+            f"{overtaken.planned_node} has no room left for it; {len(unbound)} unbound pods "
+            "withdrawn, placing again")
+    elif r.now - oldest >= limit:
+        reason, message = "GangTimeout", (
+            f"{len(unbound)} pods stayed unbound for {limit}s (spec.gangTimeoutSeconds of "
+            "the SchedulingPolicy); withdrawn, placing again")
+    else:
+        wait = oldest + limit - r.now
+        if any(p.unschedulable for p in unbound):
+            wait = min(wait, RECHECK_SECONDS)
+        return Outcome(requeue=wait)
+    return Outcome(delete=tuple(p.name for p in unbound),
+                   events=(event(reason, message, warning=True),), requeue=1.0, stop=True)
+
+
+def _overtaken(r: Round, policy: SchedulingPolicySpec,
+               unbound: Sequence[PodView]) -> PodView | None:
+    """The first unbound pod the scheduler gave up on whose planned node cannot take it
+    now, not even by preempting; None when there is none."""
+    bodies: dict[str, Obj] | None = None
+    for p in unbound:
+        if not (p.unschedulable and p.planned_node):
+            continue
+        node = r.obs.inventory.node(p.planned_node)
+        if node is None:  # deleted, cordoned or NotReady since the plan
+            return p
+        if bodies is None:
+            bodies = {b["metadata"]["name"]: b for b in r.obs.pods}
+        need = pod_requests(bodies[p.name].get("spec") or {}, policy.gpu_resource)
+        if (node.free + node.preemptible).count_fitting(need) == 0:
+            return p
+    return None
 
 
 def resize(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcome:

@@ -16,10 +16,12 @@ from ringwright.operator.plan.manifests import (
     INDEX_LABEL,
     JOB_LABEL,
     LEAVING_ANNOTATION,
+    PLANNED_NODE_ANNOTATION,
     ROLE_LABEL,
 )
 from ringwright.operator.plan.phases import TRANSITIONS, IllegalTransition, check_transition
 from ringwright.operator.plan.placement.inventory import Inventory, NodeInfo
+from ringwright.operator.plan.placement.resources import Resources
 from ringwright.operator.plan.pods import PodView
 from ringwright.operator.plan.reconcile import Observed, Placement, backoff, plan
 from ringwright.operator.settings import OperatorSettings
@@ -600,6 +602,56 @@ def test_a_gang_still_within_its_timeout_waits_for_the_scheduler() -> None:
                             policy=policy, inventory=NODES), SETTINGS, NOW, FakePlacer())
     assert decided.delete == [] and decided.create == []
     assert decided.requeue_after is not None and decided.requeue_after <= 50
+
+
+def _given_up(index: int, planned: str, nominated: str = "") -> Obj:
+    """An unbound pod, 10 s old, that the scheduler marked Unschedulable."""
+    body = _unbound(index, "1970-01-12T13:46:30Z")
+    body["metadata"]["annotations"][PLANNED_NODE_ANNOTATION] = planned
+    body["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"})
+    if nominated:
+        body["status"]["nominatedNodeName"] = nominated
+    return body
+
+
+ROOMY = Inventory(tuple(
+    NodeInfo(name=n.name, rack=n.rack, nvlink_domain=n.nvlink_domain, gpu_model=n.gpu_model,
+             free=Resources(cpu_milli=8000, memory=1 << 34, gpus=8, pods=8))
+    for n in NODES.nodes))
+
+
+def _withdrawn(pods: list[Obj], inventory: Inventory) -> tuple[list[str], list[str], float]:
+    policy = SchedulingPolicySpec(gang_timeout_seconds=60)
+    decided = plan(Observed(job=job(replicas=len(pods)), pods=pods, world=None, reports={},
+                            policy=policy, inventory=inventory), SETTINGS, NOW, FakePlacer())
+    assert decided.create == []
+    return (sorted(decided.delete), [e.reason for e in decided.events],
+            decided.requeue_after or 0.0)
+
+
+def test_a_gang_whose_planned_node_was_taken_is_withdrawn_before_its_timeout() -> None:
+    # Another pod was bound on rack-0-node-1 (no room left): the plan is overtaken, and
+    # the scheduler would only retry it after minutes.
+    full = Inventory(tuple(n if n.name == "rack-0-node-1" else ROOMY.by_name[n.name]
+                           for n in NODES.nodes))
+    pods = [pod(0), _given_up(1, "rack-0-node-1"), _unbound(2, "1970-01-12T13:46:30Z")]
+    deleted, reasons, _ = _withdrawn(pods, full)
+    assert deleted == ["tj-worker-1", "tj-worker-2"] and reasons == ["PlanOvertaken"]
+    # So is one whose planned node left the inventory (deleted, cordoned, NotReady).
+    gone = [pod(0), _given_up(1, "rack-9-node-0")]
+    assert _withdrawn(gone, ROOMY)[:2] == (["tj-worker-1"], ["PlanOvertaken"])
+
+
+def test_an_unschedulable_pod_whose_planned_node_has_room_waits_and_is_looked_at_again(
+        ) -> None:
+    # The binding that took its room may not be observed yet: looked at again soon.
+    deleted, reasons, requeue = _withdrawn([pod(0), _given_up(1, "rack-0-node-1")], ROOMY)
+    assert deleted == [] and reasons == [] and 0 < requeue <= 5
+    # A pod waiting for the preemption it started is not overtaken, however full the node.
+    full = Inventory(NODES.nodes)
+    nominated = [pod(0), _given_up(1, "rack-0-node-1", nominated="rack-0-node-1")]
+    assert _withdrawn(nominated, full)[:2] == ([], [])
 
 
 def test_a_running_job_with_every_pod_in_place_is_not_placed_again() -> None:
