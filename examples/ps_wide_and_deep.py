@@ -44,10 +44,13 @@ class WideAndDeep(nn.Module):
     """Wide: a learned weight per id, summed. Deep: embeddings of every field and the
     dense features through an MLP."""
 
-    def __init__(self, vocab: int, dim: int = 16, hidden: int = 64) -> None:
+    def __init__(self, vocab: int, dim: int = 16, hidden: int = 64,
+                 tables_on: str | None = None) -> None:
+        """``tables_on="meta"``: the tables hold no memory here; the parameter servers
+        create their rows as training first uses them."""
         super().__init__()
-        self.wide = nn.EmbeddingBag(vocab, 1, mode="sum")
-        self.deep = nn.Embedding(vocab, dim)
+        self.wide = nn.EmbeddingBag(vocab, 1, mode="sum", device=tables_on)
+        self.deep = nn.Embedding(vocab, dim, device=tables_on)
         self.mlp = nn.Sequential(nn.Linear(FIELDS * dim + DENSE, hidden), nn.ReLU(),
                                  nn.Linear(hidden, 1))
 
@@ -117,7 +120,8 @@ class Straggler:
 def build(args: argparse.Namespace) -> ps.PSJob[Batch]:
     """The model, the data and how to train it: what every pod of the job agrees on."""
     torch.manual_seed(args.seed)
-    model = WideAndDeep(FIELDS * args.vocab, args.dim)
+    model = WideAndDeep(FIELDS * args.vocab, args.dim,
+                        tables_on="meta" if args.server_tables else None)
     data = synthetic_clicks(args.samples, args.vocab, args.seed)
     bce = nn.BCEWithLogitsLoss()
     slow = args.slow if args.slow > 0 else 0.0
@@ -148,6 +152,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=20_000)
     p.add_argument("--vocab", type=int, default=5_000, help="ids per categorical field")
     p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--server-tables", action="store_true",
+                   help="the servers create the tables' rows on first use (no process holds "
+                   "a whole table: for tables of tens of millions of rows)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--piece-batches", type=int, default=8)

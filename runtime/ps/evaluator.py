@@ -29,7 +29,7 @@ class Evaluator(Generic[B]):
         """``addresses``: the servers', in shard order (:func:`.env.ps_addresses`);
         ``name``: how the servers log this client (not a worker of the world)."""
         self.job = job
-        self.binding = PSModel(job.model)
+        self.binding = PSModel(job.model, job.table_init_std)
         self.client = PSClient(addresses, name, recovery=recovery)
 
     def connect(self, timeout: float, poll: float = 0.2) -> None:

@@ -5,6 +5,11 @@ Dense parameters stay in the model and are overwritten by each pull. Every
 its weight becomes a small parameter of those rows, and a forward pre-hook maps the
 batch's global ids onto positions in it. After ``backward()`` that weight's gradient is
 exactly the sparse gradient to push.
+
+A table on the meta device (``nn.Embedding(n, d, device="meta")``) is never held whole
+by anyone: the servers create each of its rows on first use, drawn from N(0, std²) by the
+row's id (std 1.0 unless given: torch's own initialisation of embeddings), so a table of
+tens of millions of rows costs memory only for the rows training touches.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from .partition import Kind, TensorSpec
 class PSModel:
     """A model whose parameters live on parameter servers (see the module doc)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, init_std: Mapping[str, float] | None = None) -> None:
+        """``init_std``: by table name (``module.weight``), the spread of the rows the
+        servers create for a table on the meta device."""
         self.model = model
         self.tables: dict[str, nn.Embedding | nn.EmbeddingBag] = {}
         for name, module in model.named_modules():
@@ -36,6 +43,14 @@ class PSModel:
         table_params = {id(m.weight) for m in self.tables.values()}
         self.dense = {n: p for n, p in model.named_parameters() if id(p) not in table_params}
         self.shapes = {n: (m.num_embeddings, m.embedding_dim) for n, m in self.tables.items()}
+        given = dict(init_std or {})
+        unknown = sorted(set(given) - {n for n, m in self.tables.items() if m.weight.is_meta})
+        if unknown:
+            raise ValueError(f"init_std names {unknown}, which are not embedding tables on "
+                             "the meta device; only those are created by the servers")
+        self.init_std = {n: given.get(n, 1.0) for n, m in self.tables.items()
+                         if m.weight.is_meta}
+        """Tables the servers create row by row, with the spread of their rows."""
         self._ids: dict[str, torch.Tensor] = {}
         for name, module in self.tables.items():
             module.register_forward_pre_hook(self._remap(name))
@@ -43,7 +58,8 @@ class PSModel:
     def specs(self) -> list[TensorSpec]:
         """What the partitioner places: dense parameters and the tables."""
         out = [TensorSpec(n, tuple(p.shape), p.element_size()) for n, p in self.dense.items()]
-        out += [TensorSpec(n, shape, 4, Kind.EMBEDDING) for n, shape in self.shapes.items()]
+        out += [TensorSpec(n, shape, 4, Kind.EMBEDDING, self.init_std.get(n))
+                for n, shape in self.shapes.items()]
         return out
 
     def dense_targets(self) -> dict[str, torch.Tensor]:
@@ -53,9 +69,11 @@ class PSModel:
                 if p.dtype == torch.float32 and p.is_contiguous()}
 
     def initial(self) -> dict[str, torch.Tensor]:
-        """The model's current values, for the servers' first initialisation."""
+        """The model's current values, for the servers' first initialisation (tables the
+        servers create have none)."""
         out = {n: p.detach() for n, p in self.dense.items()}
-        out.update({n: m.weight.detach() for n, m in self.tables.items()})
+        out.update({n: m.weight.detach() for n, m in self.tables.items()
+                    if n not in self.init_std})
         return out
 
     def release_tables(self) -> None:

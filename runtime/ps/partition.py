@@ -37,6 +37,15 @@ class TensorSpec:
     shape: tuple[int, ...]
     itemsize: int = 4
     kind: Kind = Kind.DENSE
+    init_std: float | None = None
+    """Embedding tables only: when set, the servers create each row on its first use,
+    drawn from N(0, init_std²) by the row's id (see ``serving.shard.initial_rows``), and
+    no worker ever holds the whole table; when None, the first worker sends every row."""
+
+    @property
+    def lazy(self) -> bool:
+        """Rows are created by the servers on first use (``init_std`` is set)."""
+        return self.kind is Kind.EMBEDDING and self.init_std is not None
 
     @property
     def numel(self) -> int:

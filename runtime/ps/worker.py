@@ -60,7 +60,11 @@ class PSJob(Generic[B]):
     either way)."""
     on_step: Callable[[StepInfo], None] | None = None
     final_state: bool = False
-    """Pull every parameter (whole tables too) when the data is done, into the report."""
+    """Pull every parameter (whole tables too) when the data is done, into the report
+    (a table the servers create row by row is then created whole)."""
+    table_init_std: Mapping[str, float] = field(default_factory=dict)
+    """For tables on the meta device, which the servers create row by row: the spread of
+    their rows by table name (``module.weight``); 1.0 for those not named."""
 
     def config(self, servers: int, specs: list[Any]) -> JobConfig:
         data = {"samples": self.samples, "pieceSize": self.batch_size * self.piece_batches,
@@ -117,7 +121,7 @@ class Worker(Generic[B]):
         """How the servers know this worker (:attr:`ringwright.world.Member.process`)."""
         self.world_wait_s = world_wait_s
         self._addresses = addresses or ps_addresses
-        self.binding = PSModel(job.model)
+        self.binding = PSModel(job.model, job.table_init_std)
         self.report = WorkerReport()
         self.metrics = metrics or PSMetrics()
         self.recovery = recovery

@@ -48,14 +48,15 @@ class JobConfig:
         return partition(self.specs, self.shards)
 
     def to_json(self) -> dict[str, Any]:
-        return {"specs": [[s.name, list(s.shape), s.itemsize, s.kind.value] for s in self.specs],
+        return {"specs": [[s.name, list(s.shape), s.itemsize, s.kind.value, s.init_std]
+                          for s in self.specs],
                 "shards": self.shards, "optimizer": self.optimizer.to_json(),
                 "consistency": self.consistency.to_json(), "data": self.data}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> JobConfig:
-        specs = tuple(TensorSpec(n, tuple(shape), size, Kind(kind))
-                      for n, shape, size, kind in doc["specs"])
+        specs = tuple(TensorSpec(n, tuple(shape), size, Kind(kind), *rest)
+                      for n, shape, size, kind, *rest in doc["specs"])
         return cls(specs, int(doc["shards"]), ServerOptimizer.from_json(doc["optimizer"]),
                    Consistency.from_json(doc["consistency"]), dict(doc["data"]))
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from ..partition import Kind, Partition
+from ..partition import Kind, Partition, TensorSpec
 from .optim import ServerOptimizer
+from .rowinit import initial_rows
 
 
 def dense_key(name: str, start: int) -> str:
@@ -48,24 +49,85 @@ class Lent(dict[str, torch.Tensor]):
 
 
 class Table:
-    """The rows of one embedding table that this shard holds."""
+    """The rows of one embedding table that this shard holds, with their optimizer state.
 
-    def __init__(self, rows: torch.Tensor, values: torch.Tensor, optimizer: ServerOptimizer,
-                 num_rows: int) -> None:
-        self.rows = rows
-        """Global row ids held, ascending."""
-        self.values = values
-        self.state = optimizer.new_state(values)
-        self.steps = torch.zeros(len(rows), dtype=torch.int64)
-        self.local = torch.full((num_rows,), -1, dtype=torch.int64)
+    A lazy table (its spec's ``init_std`` set) starts with no rows and creates each of
+    its own rows on first use (:func:`.rowinit.initial_rows`); the others hold every row
+    the partition gives the shard from the start. Rows, values, state and step counts
+    live in buffers that grow geometrically; the properties are views of the rows held."""
+
+    def __init__(self, spec: TensorSpec, partition: Partition, shard: int,
+                 optimizer: ServerOptimizer, rows: torch.Tensor, values: torch.Tensor) -> None:
+        self.spec, self.partition, self.shard, self.optimizer = spec, partition, shard, optimizer
+        self.local = torch.full((spec.shape[0],), -1, dtype=torch.int64)
+        """Position of each global row id in the buffers; -1 where not held."""
+        self._count = 0
+        # Adopted, not copied: a table that holds all its rows never grows.
+        self._rows, self._values = rows, values
+        self._state = optimizer.new_state(values)
+        self._steps = torch.zeros(len(rows), dtype=torch.int64)
+        self._count = len(rows)
         self.local[rows] = torch.arange(len(rows))
 
+    @property
+    def rows(self) -> torch.Tensor:
+        """Global row ids held, in the order they were added."""
+        return self._rows[:self._count]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._values[:self._count]
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k: v[:self._count] for k, v in self._state.items()}
+
+    @property
+    def steps(self) -> torch.Tensor:
+        return self._steps[:self._count]
+
+    def restore(self, steps: torch.Tensor, state: Mapping[str, torch.Tensor]) -> None:
+        """Set the step counts and optimizer state of the rows held (from a payload)."""
+        self.steps.copy_(steps)
+        for k, v in self.state.items():
+            v.copy_(state[k])
+
     def locate(self, ids: torch.Tensor) -> torch.Tensor:
-        """Local positions of global ``ids``; raises for ids this shard does not hold."""
+        """Local positions of global ``ids``, creating a lazy table's missing rows first;
+        raises for ids this shard does not hold."""
         pos = self.local[ids]
-        if len(pos) and int(pos.min()) < 0:
+        if not len(pos) or int(pos.min()) >= 0:
+            return pos
+        missing = torch.unique(ids[pos < 0])
+        if not self.spec.lazy or bool(
+                (self.partition.row_shards(self.spec.name, missing.numpy()) != self.shard).any()):
             raise KeyError("rows requested from a shard that does not hold them")
-        return pos
+        assert self.spec.init_std is not None
+        self._add(missing, initial_rows(self.spec.name, missing, self.spec.shape[1],
+                                        self.spec.init_std))
+        return self.local[ids]
+
+    def _add(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+        start, stop = self._count, self._count + len(rows)
+        if stop > len(self._rows):
+            capacity = max(stop, 2 * len(self._rows), 1024)
+            self._rows = _grown(self._rows, start, capacity)
+            self._values = _grown(self._values, start, capacity)
+            self._state = {k: _grown(v, start, capacity) for k, v in self._state.items()}
+            self._steps = _grown(self._steps, start, capacity)
+        self._rows[start:stop] = rows
+        self._values[start:stop] = values
+        for k, v in self.optimizer.new_state(values).items():
+            self._state[k][start:stop] = v
+        self._steps[start:stop] = 0
+        self.local[rows] = torch.arange(start, stop)
+        self._count = stop
+
+
+def _grown(buffer: torch.Tensor, used: int, capacity: int) -> torch.Tensor:
+    out = torch.empty((capacity, *buffer.shape[1:]), dtype=buffer.dtype)
+    out[:used] = buffer[:used]
+    return out
 
 
 class ShardState:
@@ -74,7 +136,9 @@ class ShardState:
     def __init__(self, partition: Partition, shard: int, optimizer: ServerOptimizer,
                  initial: Mapping[str, torch.Tensor]) -> None:
         """``initial``: each dense slice (by :func:`dense_key`) and each table's rows
-        held here (by table name, rows in ascending id order)."""
+        held here (by table name, rows in ascending id order). A lazy table needs none;
+        given its rows so far, they are ``initial[name]`` with their ids in
+        ``initial[name + "/rows"]``."""
         self.partition, self.shard, self.optimizer = partition, shard, optimizer
         self.dense: dict[str, torch.Tensor] = {}
         self.dense_state: dict[str, dict[str, torch.Tensor]] = {}
@@ -93,11 +157,18 @@ class ShardState:
         for spec in partition.specs:
             if spec.kind is not Kind.EMBEDDING:
                 continue
-            rows = torch.from_numpy(partition.rows_on(spec.name, shard))
-            values = initial[spec.name].detach().to(torch.float32).clone()
+            if spec.lazy:
+                # Rows held so far (a replica's or a checkpoint's), else none yet.
+                rows = initial.get(f"{spec.name}/rows", torch.zeros(0, dtype=torch.int64))
+                empty = torch.zeros(0, spec.shape[1])
+                values = initial.get(spec.name, empty).detach().to(torch.float32).clone()
+            else:
+                rows = torch.from_numpy(partition.rows_on(spec.name, shard))
+                values = initial[spec.name].detach().to(torch.float32).clone()
             if values.shape != (len(rows), spec.shape[1]):
                 raise ValueError(f"{spec.name}: expected rows {len(rows)} x {spec.shape[1]}")
-            self.tables[spec.name] = Table(rows, values, optimizer, spec.shape[0])
+            self.tables[spec.name] = Table(spec, partition, shard, optimizer, rows.clone(),
+                                           values)
 
     def read(self, dense: bool | Sequence[str], rows: Mapping[str, torch.Tensor],
              loan: Loan | None = None) -> dict[str, torch.Tensor]:
@@ -163,6 +234,8 @@ class ShardState:
         for name, table in self.tables.items():
             out[f"t/{name}"] = table.values
             out[f"n/{name}"] = table.steps
+            if table.spec.lazy:
+                out[f"r/{name}"] = table.rows
             out.update({f"s/{name}/{k}": v for k, v in table.state.items()})
         return out
 
@@ -171,15 +244,15 @@ class ShardState:
                      payload: Mapping[str, torch.Tensor]) -> ShardState:
         """Rebuild from :meth:`payload` (tensors are copied)."""
         initial = {k[2:]: v for k, v in payload.items() if k[:2] in ("d/", "t/")}
+        initial.update({f"{k[2:]}/rows": v for k, v in payload.items() if k[:2] == "r/"})
         state = cls(partition, shard, optimizer, initial)
         for key in state.dense:
             state.dense_steps[key] = payload[f"n/{key}"].clone()
             for k in state.dense_state[key]:
                 state.dense_state[key][k] = payload[f"s/{key}/{k}"].clone()
         for name, table in state.tables.items():
-            table.steps = payload[f"n/{name}"].clone()
-            for k in table.state:
-                table.state[k] = payload[f"s/{name}/{k}"].clone()
+            table.restore(payload[f"n/{name}"], {k: payload[f"s/{name}/{k}"]
+                                                 for k in table.state})
         return state
 
 
@@ -190,7 +263,7 @@ def initial_values(partition: Partition, shard: int,
     for d in partition.dense_on(shard):
         out[dense_key(d.name, d.start)] = params[d.name].detach().reshape(-1)[d.start:d.stop]
     for spec in partition.specs:
-        if spec.kind is Kind.EMBEDDING:
+        if spec.kind is Kind.EMBEDDING and not spec.lazy:
             rows = torch.from_numpy(partition.rows_on(spec.name, shard))
             out[spec.name] = params[spec.name].detach().index_select(0, rows)
     return out
