@@ -22,6 +22,8 @@ import numpy.typing as npt
 
 HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 """Fibonacci hashing: consecutive ids land in unrelated buckets."""
+COUNT_BLOCK = 1 << 20
+"""Row ids hashed at a time when counting a table's rows per bucket."""
 
 
 class Kind(StrEnum):
@@ -183,8 +185,11 @@ def _cut(spec: TensorSpec, cap: int, wanted_buckets: int) -> list[Piece]:
             raise ValueError(f"embedding {spec.name} must be rows x dim, got {spec.shape}")
         # Enough buckets that none exceeds the cap (as far as rows allow).
         count = _bucket_count(spec, max(wanted_buckets, math.ceil(spec.nbytes / cap)))
-        rows = np.bincount(bucket_of(np.arange(spec.shape[0], dtype=np.int64), count),
-                           minlength=count)
+        rows = np.zeros(count, dtype=np.int64)
+        # In blocks: hashing every id of a table of 10^7 rows at once takes ~300 MB.
+        for start in range(0, spec.shape[0], COUNT_BLOCK):
+            block = np.arange(start, min(start + COUNT_BLOCK, spec.shape[0]), dtype=np.int64)
+            rows += np.bincount(bucket_of(block, count), minlength=count)
         row_bytes = spec.row_numel * spec.itemsize
         return [Piece(spec.name, Kind.EMBEDDING, b, b + 1, int(n) * row_bytes)
                 for b, n in enumerate(rows)]

@@ -59,15 +59,16 @@ class Table:
     def __init__(self, spec: TensorSpec, partition: Partition, shard: int,
                  optimizer: ServerOptimizer, rows: torch.Tensor, values: torch.Tensor) -> None:
         self.spec, self.partition, self.shard, self.optimizer = spec, partition, shard, optimizer
-        self.local = torch.full((spec.shape[0],), -1, dtype=torch.int64)
-        """Position of each global row id in the buffers; -1 where not held."""
+        self.local = torch.full((spec.shape[0],), -1, dtype=torch.int32)
+        """Position of each global row id in the buffers; -1 where not held. 32 bits:
+        a shard holds fewer than 2**31 rows, and the index spans the whole table."""
         self._count = 0
         # Adopted, not copied: a table that holds all its rows never grows.
         self._rows, self._values = rows, values
         self._state = optimizer.new_state(values)
         self._steps = torch.zeros(len(rows), dtype=torch.int64)
         self._count = len(rows)
-        self.local[rows] = torch.arange(len(rows))
+        self.local[rows] = torch.arange(len(rows), dtype=torch.int32)
 
     @property
     def rows(self) -> torch.Tensor:
@@ -95,7 +96,7 @@ class Table:
     def locate(self, ids: torch.Tensor) -> torch.Tensor:
         """Local positions of global ``ids``, creating a lazy table's missing rows first;
         raises for ids this shard does not hold."""
-        pos = self.local[ids]
+        pos = self.local[ids].long()
         if not len(pos) or int(pos.min()) >= 0:
             return pos
         missing = torch.unique(ids[pos < 0])
@@ -105,7 +106,7 @@ class Table:
         assert self.spec.init_std is not None
         self._add(missing, initial_rows(self.spec.name, missing, self.spec.shape[1],
                                         self.spec.init_std))
-        return self.local[ids]
+        return self.local[ids].long()
 
     def _add(self, rows: torch.Tensor, values: torch.Tensor) -> None:
         start, stop = self._count, self._count + len(rows)
@@ -120,7 +121,7 @@ class Table:
         for k, v in self.optimizer.new_state(values).items():
             self._state[k][start:stop] = v
         self._steps[start:stop] = 0
-        self.local[rows] = torch.arange(start, stop)
+        self.local[rows] = torch.arange(start, stop, dtype=torch.int32)
         self._count = stop
 
 
@@ -188,7 +189,8 @@ class ShardState:
             table = self.tables[name]
             # numpy gathers on this thread; torch would wake its OpenMP pool for a
             # few thousand rows, and on a busy machine wait for its threads.
-            out[name] = torch.from_numpy(table.values.numpy()[table.locate(ids).numpy()])
+            pos = table.locate(ids).numpy()  # first: it may add rows to a lazy table
+            out[name] = torch.from_numpy(table.values.numpy()[pos])
         return out
 
     def apply(self, grads: Mapping[str, torch.Tensor],
