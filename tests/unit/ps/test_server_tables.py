@@ -27,7 +27,8 @@ def test_initial_rows_depend_on_the_row_alone_and_have_the_asked_spread() -> Non
     rows = initial_rows("emb", ids, DIM, 0.5)
     # The same rows asked in another order, in smaller calls, come out the same.
     shuffled = torch.randperm(len(ids), generator=torch.Generator().manual_seed(1))
-    again = torch.cat([initial_rows("emb", part, DIM, 0.5) for part in ids[shuffled].split(777)])
+    again = torch.cat([initial_rows("emb", part, DIM, 0.5)
+                       for part in torch.split(ids[shuffled], 777)])
     assert torch.equal(again, rows[shuffled])
     assert abs(float(rows.mean())) < 0.01 and abs(float(rows.std()) - 0.5) < 0.01
     # Columns and tables differ: no two elements of a row repeat, nor two tables.
