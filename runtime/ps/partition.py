@@ -120,6 +120,13 @@ class Partition:
         picked: npt.NDArray[np.int64] = owners[bucket_of(rows, len(owners))]
         return picked
 
+    def rows_asked(self, name: str, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Rows of table ``name`` a pull of ``ids`` asks each shard for: its unique ids
+        (a client asks for a row once however often the batch uses it), by shard."""
+        shards: npt.NDArray[np.int64] = np.bincount(self.row_shards(name, np.unique(ids)),
+                                                    minlength=self.shards)
+        return shards
+
     def rows_on(self, name: str, shard: int) -> npt.NDArray[np.int64]:
         """All row ids of table ``name`` that ``shard`` holds, ascending."""
         rows = np.arange(self.spec(name).shape[0], dtype=np.int64)

@@ -11,10 +11,13 @@
   step interval;
 * accuracy per wall-clock minute: held-out loss and AUC reached by sync, sync with a
   backup worker and async with tau = 2, 8, 32, one worker 3x slower (``ps_accuracy``),
-  with a plot.
+  with a plot;
+* skew: the hottest server's load over the mean with Zipf(1.1) ids on a 10,000,000-row
+  table (``ps_skew``), against the same ids without de-duplication and with contiguous
+  id ranges.
 
 Run: ``python tests/bench/bench_ps.py``
-(``--only throughput,dense,sparse,failover,accuracy``).
+(``--only throughput,dense,sparse,failover,accuracy,skew``).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from ringwright.runtime.ps.serving.hosting import JobConfig  # noqa: E402
 from ringwright.runtime.ps.serving.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.wire.client import PSClient  # noqa: E402
 from tests.bench.ps_accuracy import bench_accuracy  # noqa: E402
+from tests.bench.ps_skew import bench_skew  # noqa: E402
 from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
 
 MB = 1_000_000
@@ -288,7 +292,7 @@ def bench_failover(root: Path, samples: int = 8192) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default="throughput,dense,sparse,failover,accuracy")
+    parser.add_argument("--only", default="throughput,dense,sparse,failover,accuracy,skew")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--accuracy-seconds", type=float, default=60.0,
                         help="wall-clock seconds each mode trains in the accuracy part")
@@ -316,6 +320,8 @@ def main() -> int:
             results["failover"] = bench_failover(Path(tmp) / "failover")
         if "throughput" in only:
             results["throughput"] = bench_throughput(Path(tmp))
+        if "skew" in only:
+            results["skew"] = bench_skew()
         if "accuracy" in only:
             (Path(tmp) / "accuracy").mkdir()
             args.plot.parent.mkdir(parents=True, exist_ok=True)

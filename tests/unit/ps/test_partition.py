@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringwright.runtime.ps.partition import Kind, TensorSpec, partition
+from tests.bench.ps_skew import ZipfIds, range_loads, spread
 
 dense_specs = st.lists(
     st.tuples(st.integers(1, 5000), st.integers(1, 64)), min_size=1, max_size=12)
@@ -102,3 +103,20 @@ def test_refuses_bad_input() -> None:
 def test_small_tensors_are_not_cut_into_tiny_pieces() -> None:
     part = partition([TensorSpec("w", (4, 3)), TensorSpec("b", (3,))], 4)
     assert [(d.name, d.start, d.stop) for d in part.dense] == [("b", 0, 3), ("w", 0, 12)]
+
+
+def test_zipf_ids_ask_every_shard_for_about_as_many_rows() -> None:
+    """Hot ids (Zipf 1.1, id 0 hottest) cost each shard within a fifth of the mean: a
+    pull asks for a row once, and hashed buckets scatter the hot ids. Contiguous id
+    ranges (the skew the hashing removes) would put almost all of them on one shard."""
+    rows, shards = 1_000_000, 3
+    part = partition([TensorSpec("t", (rows, 16), kind=Kind.EMBEDDING)], shards)
+    zipf = ZipfIds(rows, 1.1, seed=0)
+    asked = np.zeros(shards, dtype=np.int64)
+    contiguous = np.zeros(shards, dtype=np.int64)
+    for _ in range(50):
+        ids = zipf.draw(4096)
+        asked += part.rows_asked("t", ids)
+        contiguous += range_loads(np.unique(ids), rows, shards)
+    assert spread(asked) <= 1.2, asked
+    assert spread(contiguous) > 2, contiguous
