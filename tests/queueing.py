@@ -38,10 +38,12 @@ def queueing_operator(cluster: Cluster, kueue: Path, operator: OperatorProcess,
                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator with RINGWRIGHT_KUEUE (and its workload slices) on, instead of the
     session's for this module (both would take the same Lease; the session's is back
-    afterwards)."""
+    afterwards). Its resync is ten minutes away, so Kueue's answers (admission, eviction,
+    a slice admitted) reach a job through the watch on its Workloads, or the tests fail."""
     own = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-op") / "operator.log",
                           settings={**operator.settings, "RINGWRIGHT_KUEUE": "true",
-                                    "RINGWRIGHT_KUEUE_ELASTIC": "true"}, supervised=True)
+                                    "RINGWRIGHT_KUEUE_ELASTIC": "true",
+                                    "RINGWRIGHT_RESYNC_SECONDS": "600"}, supervised=True)
     with instead_of(operator, own):
         yield own
 

@@ -7,18 +7,17 @@ from dataclasses import replace
 from ...api.models import ConditionStatus, JobPhase, TrainingJobStatus
 from ..kueue import Admission
 from .lifecycle import suspension
-from .state import Move, Outcome, Round, SetCondition, event
+from .state import Move, Outcome, Round, SetCondition, earliest, event
 from .status import find_condition
 
 QUEUED, ADMITTED = "Queued", "Admitted"
 WAITING_FOR_QUOTA = "WaitingForQuota"
-POLL_SECONDS = 2.0
-"""How soon a waiting job looks at its Workload again (a Workload event wakes it sooner)."""
 
 
 def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
     """Conditions Queued and Admitted from Kueue's answer; until admission, nothing is
-    created. A job that has pods or a world when it is not admitted (Kueue evicted it)
+    created; the watch on the job's Workload wakes it when Kueue answers (the resync is
+    the backstop). A job that has pods or a world when it is not admitted (Kueue evicted it)
     is suspended as ``spec.runPolicy.suspend`` would: an empty world, pods deleted with
     their grace period (SIGTERM: the runtime writes its checkpoint), restarts kept; on
     readmission it resumes from Suspended.
@@ -42,7 +41,7 @@ def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
                     SetCondition(ADMITTED, False, given.reason, message)),
         events=(event(QUEUED, f"waiting for Kueue: {given.reason}: {message}"),)
         if told else (),
-        requeue=POLL_SECONDS, stop=True)
+        requeue=r.settings.resync_seconds, stop=True)
     world = r.obs.world
     if not r.pods and not (world is not None and (world.members or world.ps)):
         return queued
@@ -50,7 +49,8 @@ def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
     return replace(
         stopped, conditions=(*queued.conditions, SetCondition(
             "Suspended", True, given.reason, f"evicted by Kueue: {message}")),
-        events=queued.events + stopped.events, requeue=POLL_SECONDS, stop=True,
+        events=queued.events + stopped.events,
+        requeue=earliest(stopped.requeue, r.settings.resync_seconds), stop=True,
         moves=(Move(JobPhase.SUSPENDED, given.reason,
                     f"evicted by Kueue ({message}); pods stop with their grace period, "
                     "restarts are kept, and the job resumes once admitted again"),))
