@@ -50,7 +50,8 @@ from .observe.cache import (
 from .observe.drift import SCAFFOLD_KINDS, Watched, record
 from .observe.job import observe
 from .observe.kueue import with_queue
-from .observe.ledger import CapacityLedger, node_record, pod_slots, touched_nodes
+from .observe.ledger import CapacityLedger, pod_slots, touched_nodes
+from .observe.nodes import NodeInformer
 from .observe.ownership import owned_by
 from .plan.kueue import API_VERSION as KUEUE_API_VERSION
 from .plan.manifests import JOB_LABEL
@@ -79,8 +80,10 @@ class OperatorContext:
     placement_lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     refusal_backoff: RefusalBackoff = field(init=False)
+    nodes: NodeInformer = field(init=False)
 
     def __post_init__(self) -> None:
+        self.nodes = NodeInformer(self.kube, self.ledger.mark)
         self.refusal_backoff = RefusalBackoff(self.settings.backoff_base_seconds,
                                               self.settings.backoff_cap_seconds)
         self.events = EventRecorder(self.kube, self.clock)
@@ -272,7 +275,16 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
             settings.watching.label_selectors[(w.group, w.plural) if w.group else w.plural] = (
                 JOB_LABEL)
 
+    @kopf.on.startup(registry=registry)
+    def watch_nodes(memo: Any, **_: Any) -> None:
+        memo["ctx"].nodes.start()
+
+    @kopf.on.cleanup(registry=registry)
+    def stop_watching_nodes(memo: Any, **_: Any) -> None:
+        memo["ctx"].nodes.stop()
+
     # -- indices: what rounds read instead of asking the API ----------------------------
+    # (Nodes are not among them: see observe/nodes.py.)
     # Coroutines, though they never wait: kopf runs a plain function in a thread pool,
     # a hand-off per object per event that cost more than the indexing itself.
 
@@ -288,10 +300,6 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
     async def pod_slots_index(body: kopf.Body, **_: Any) -> dict[str, Any]:
         return dict(pod_slots(body))
 
-    @kopf.index("nodes", registry=registry, id=NODES)
-    async def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[str, Obj]:
-        return {name: node_record(body)}
-
     @kopf.index(GROUP, VERSION, "schedulingpolicies", registry=registry, id=POLICIES)
     async def scheduling_policies(name: str, spec: kopf.Spec, **_: Any) -> dict[str, Obj]:
         return {name: copy.deepcopy(dict(spec))}
@@ -302,10 +310,6 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
         return {name: int(body.get("value") or 0)}
 
     # -- events: keep the ledger current and wake the job concerned ---------------------
-
-    @kopf.on.event("nodes", registry=registry)
-    async def node_changed(name: str, memo: Any, **_: Any) -> None:
-        memo["ctx"].ledger.mark({name})
 
     @kopf.on.event("pods", registry=registry)
     async def pod_changed(namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
@@ -334,8 +338,11 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
                             stopped: kopf.DaemonStopped, memo: Any, **kwargs: Any) -> None:
         ctx: OperatorContext = memo["ctx"]
         ns = namespace or ""
-        cache = IndexCache({index: kwargs[index] for index in (*INDICES, *KUEUE_INDICES)
-                            if index in kwargs}, ctx.ledger, ctx.written)
+        cache = IndexCache({**{index: kwargs[index] for index in (*INDICES, *KUEUE_INDICES)
+                               if index in kwargs}, NODES: ctx.nodes.records},
+                           ctx.ledger, ctx.written)
+        while not ctx.nodes.synced.is_set() and not stopped:
+            await asyncio.sleep(0.1)  # the nodes' first list is not in yet
         waker = ctx.wakers.setdefault((ns, name), asyncio.Event())
         scaffolded_at: float | None = None
         try:

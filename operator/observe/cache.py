@@ -26,6 +26,7 @@ from .ledger import CapacityLedger, PodSlot
 PODS_BY_JOB = "pods_by_job"
 POD_SLOTS = "pod_slots"
 NODES = "nodes_by_name"
+"""Not a kopf index: the operator's own informer's records (``observe/nodes.py``)."""
 JOB_CONFIGMAPS = "job_configmaps"
 POLICIES = "scheduling_policies"
 PRIORITIES = "priority_classes"
@@ -34,7 +35,7 @@ FLAVORS = "resource_flavors"
 WORKLOAD_PRIORITIES = "workload_priority_classes"
 KUEUE_INDICES = (WORKLOADS, FLAVORS, WORKLOAD_PRIORITIES)
 """Kept only when the Kueue integration is on (its CRDs exist then)."""
-INDICES = tuple(dict.fromkeys((PODS_BY_JOB, POD_SLOTS, NODES, JOB_CONFIGMAPS, POLICIES,
+INDICES = tuple(dict.fromkeys((PODS_BY_JOB, POD_SLOTS, JOB_CONFIGMAPS, POLICIES,
                                PRIORITIES, *sorted(w.index for w in SCAFFOLD_KINDS.values()))))
 
 Index = Mapping[Any, Iterable[Any]]

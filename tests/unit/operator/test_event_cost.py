@@ -36,7 +36,8 @@ def test_kopf_keeps_no_diff_base_and_nothing_would_read_one() -> None:
     assert list(reg._changing.get_all_handlers()) == []
     settings = kopf.OperatorSettings()
     (startup,) = [h for h in reg._activities.get_all_handlers()
-                  if h.activity is not None and h.activity.value == "startup"]
+                  if h.activity is not None and h.activity.value == "startup"
+                  and getattr(h.fn, "__name__", "") == "configure"]
     configure: Callable[..., object] = startup.fn
     configure(settings=settings)
     storage = settings.persistence.diffbase_storage
