@@ -78,6 +78,10 @@ class NodeInformer:
                 log.warning("watching nodes failed (listing again in %.0f s): %s",
                             RETRY_SECONDS, err)
                 self._stop.wait(RETRY_SECONDS)
+            except Exception:  # a bug must not leave the nodes stale for good
+                log.exception("the node informer failed; listing again in %.0f s",
+                              RETRY_SECONDS)
+                self._stop.wait(RETRY_SECONDS)
 
     def replace(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         """Take a full list: records of nodes not in it go."""

@@ -112,3 +112,9 @@ def test_rounds_read_whole_records_while_the_watch_writes() -> None:
     done.set()
     reader.join()
     assert seen_bad == [] and len(informer.records) == 50
+
+
+def test_a_failure_inside_the_informer_lists_again_instead_of_leaving_nodes_stale() -> None:
+    informer, _, _ = run([([{"kind": "Node"}], "1"),  # no metadata: a bug's KeyError
+                          ([node("a", "2")], "3")], [])
+    assert sorted(informer.records) == ["a"] and informer.synced.is_set()
