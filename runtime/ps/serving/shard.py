@@ -62,7 +62,6 @@ class Table:
         self.local = torch.full((spec.shape[0],), -1, dtype=torch.int32)
         """Position of each global row id in the buffers; -1 where not held. 32 bits:
         a shard holds fewer than 2**31 rows, and the index spans the whole table."""
-        self._count = 0
         # Adopted, not copied: a table that holds all its rows never grows.
         self._rows, self._values = rows, values
         self._state = optimizer.new_state(values)
@@ -77,14 +76,17 @@ class Table:
 
     @property
     def values(self) -> torch.Tensor:
+        """The rows' values (rows x dim), in the order of :attr:`rows`."""
         return self._values[:self._count]
 
     @property
     def state(self) -> dict[str, torch.Tensor]:
+        """The optimizer's state of the rows, by name (each rows x dim)."""
         return {k: v[:self._count] for k, v in self._state.items()}
 
     @property
     def steps(self) -> torch.Tensor:
+        """Updates applied to each row."""
         return self._steps[:self._count]
 
     def restore(self, steps: torch.Tensor, state: Mapping[str, torch.Tensor]) -> None:
