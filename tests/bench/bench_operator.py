@@ -95,6 +95,7 @@ from ringwright.operator.plan.placement.placer import place  # noqa: E402
 from ringwright.operator.plan.reconcile import Observed, Placement, Plan, plan  # noqa: E402
 from ringwright.operator.settings import OperatorSettings  # noqa: E402
 from ringwright.world import WORLD_KEY, world_configmap_name  # noqa: E402
+from tests.procstat import cpu_seconds, peak_rss_bytes  # noqa: E402
 
 WAIT_S = 1200.0
 ROUNDS_METRIC = "ringwright_operator_reconcile_seconds"
@@ -279,20 +280,6 @@ def make_namespace(kube: KubeClient, name: str) -> str:
     return name
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mib(pid: int) -> float:
-    """The process's peak resident set size so far (VmHWM), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmHWM for pid {pid}")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -344,7 +331,7 @@ class Operator:
         return count, sorted(buckets)
 
     def stop(self) -> float:
-        rss = peak_rss_mib(self.proc.pid)
+        rss = peak_rss_bytes(self.proc.pid) / 2**20
         self.proc.terminate()
         self.proc.wait(timeout=30)
         return rss

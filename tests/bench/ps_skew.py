@@ -26,6 +26,7 @@ from ringwright.runtime.ps.serving.consistency import Consistency, Mode
 from ringwright.runtime.ps.serving.hosting import JobConfig
 from ringwright.runtime.ps.serving.optim import OptimizerKind, ServerOptimizer
 from ringwright.runtime.ps.wire.client import PSClient
+from tests.procstat import cpu_seconds
 from tests.ps.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,11 +80,6 @@ class SkewResult:
     unique_per_step: float
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0  # utime + stime, clock ticks
-
-
 def bench_skew(steps: int = 300, rows: int = 10_000_000, dim: int = 64, servers: int = 3,
                batch: int = 4096) -> SkewResult:
     """Runs the servers, drives them, prints and returns the figures."""
@@ -109,7 +105,7 @@ def bench_skew(steps: int = 300, rows: int = 10_000_000, dim: int = 64, servers:
         warm = 20  # rows are created on first use: the first steps create the hot ones
         for step in range(warm + steps):
             if step == warm:
-                cpu_before = [_cpu_seconds(p.pid) for p in procs]
+                cpu_before = [cpu_seconds(p.pid) for p in procs]
             ids = zipf.draw(batch)
             pulled = client.pull({"t": torch.from_numpy(ids)}, dense=False)
             got, values = pulled.rows["t"]
@@ -119,7 +115,7 @@ def bench_skew(steps: int = 300, rows: int = 10_000_000, dim: int = 64, servers:
                 every_use += np.bincount(partition.row_shards("t", ids), minlength=servers)
                 ranges += range_loads(np.unique(ids), rows, servers)
                 unique.append(len(got))
-        cpu = np.array([_cpu_seconds(p.pid) - b for p, b in zip(procs, cpu_before, strict=True)])
+        cpu = np.array([cpu_seconds(p.pid) - b for p, b in zip(procs, cpu_before, strict=True)])
         client.close()
     finally:
         for p in procs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from tests.procstat import peak_rss_bytes
 from tests.ps.harness import WAIT_S, LocalPSJob, consistency, ps_done
 
 FIELDS = 6  # the example's categorical fields; rows = FIELDS x vocab
@@ -28,14 +29,11 @@ WHOLE_TABLE = FIELDS * VOCAB * DIM * 4
 
 
 def _peak_rss(pid: int) -> int:
-    """The process's peak resident memory so far (VmHWM), 0 once it is gone."""
+    """The process's peak resident memory so far, 0 once it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
+        return peak_rss_bytes(pid)
+    except ProcessLookupError:
+        return 0
 
 
 def test_a_ten_million_row_table_trains_every_sample_once_without_being_held_whole(

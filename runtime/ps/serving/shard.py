@@ -162,7 +162,8 @@ class ShardState:
                 continue
             if spec.lazy:
                 # Rows held so far (a replica's or a checkpoint's), else none yet.
-                rows = initial.get(f"{spec.name}/rows", torch.zeros(0, dtype=torch.int64))
+                rows = initial.get(f"{spec.name}/rows",
+                                   torch.zeros(0, dtype=torch.int64)).clone()
                 empty = torch.zeros(0, spec.shape[1])
                 values = initial.get(spec.name, empty).detach().to(torch.float32).clone()
             else:
@@ -170,8 +171,7 @@ class ShardState:
                 values = initial[spec.name].detach().to(torch.float32).clone()
             if values.shape != (len(rows), spec.shape[1]):
                 raise ValueError(f"{spec.name}: expected rows {len(rows)} x {spec.shape[1]}")
-            self.tables[spec.name] = Table(spec, partition, shard, optimizer, rows.clone(),
-                                           values)
+            self.tables[spec.name] = Table(spec, partition, shard, optimizer, rows, values)
 
     def read(self, dense: bool | Sequence[str], rows: Mapping[str, torch.Tensor],
              loan: Loan | None = None) -> dict[str, torch.Tensor]:

@@ -1,0 +1,25 @@
+"""What /proc says about a live process: its CPU time and its peak resident memory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident set size so far (VmHWM). The figure goes with the
+    process's memory: once it has exited (reaped or not) this raises ProcessLookupError."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError as exc:
+        raise ProcessLookupError(f"no process {pid}") from exc
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise ProcessLookupError(f"process {pid} has exited (no VmHWM)")
