@@ -123,11 +123,12 @@ CMD ["python"]
 # training venv with the repository's build script, which also installs it into this
 # stage's copy of the venv and checks it (import, hvd.init(), an allreduce). The cache
 # mount keeps the wheel between builds: the script's cache key covers Horovod, torch,
-# Python and the script itself. With HOROVOD_WHEEL, that wheel is used instead.
+# Python, the script and its patches. With HOROVOD_WHEEL, that wheel is used instead.
 FROM training AS horovod-build
 ARG HOROVOD_WHEEL
 USER root
 COPY scripts/build_horovod.sh /src/scripts/build_horovod.sh
+COPY scripts/horovod-patches/ /src/scripts/horovod-patches/
 RUN --mount=type=cache,target=/var/cache/ringwright \
     --mount=type=bind,from=wheelhouse,target=/wheelhouse \
     if [ -n "$HOROVOD_WHEEL" ]; then \

@@ -46,6 +46,9 @@
 #     else) into an isolated build environment; the build dependencies are
 #     installed into the target venv first (they are Horovod's runtime deps too).
 #   * MAKEFLAGS=-jN: Horovod's setup.py passes -j8 to make unless MAKEFLAGS is set.
+#   * The patches in scripts/horovod-patches/ are applied to the source release
+#     (patch -p1, in name order) and are part of the cache key. Each says at its top
+#     what it changes and why.
 set -Eeuo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -133,7 +136,11 @@ print(max(17, int(m.group(1)) % 100 if m else 17))' 2>&1)" \
 { read -r TORCH_VERSION; read -r TORCH_GIT; read -r PY_TAG; read -r MACHINE; read -r CXX_STD; } <<<"$TORCH_INFO"
 [[ "$CXX_STD" =~ ^[0-9]+$ ]] || die "could not read torch's build facts from $VENV:" "$TORCH_INFO"
 
-SCRIPT_HASH="$(sha256sum "$SCRIPT_PATH" | cut -c1-12)"
+PATCH_DIR="$(dirname "$SCRIPT_PATH")/horovod-patches"
+PATCHES=()
+if [ -d "$PATCH_DIR" ]; then mapfile -t PATCHES < <(compgen -G "$PATCH_DIR/*.patch" | sort); fi
+# The recipe is this script and its patches.
+SCRIPT_HASH="$(cat "$SCRIPT_PATH" "${PATCHES[@]}" | sha256sum | cut -c1-12)"
 KEY="horovod-${HOROVOD_VERSION}-torch-${TORCH_VERSION}-${TORCH_GIT}-${PY_TAG}-${MACHINE}-${SCRIPT_HASH}"
 KEY="${KEY//[^A-Za-z0-9._+-]/_}"
 if [ "$PRINT_KEY" = 1 ]; then echo "$KEY"; exit 0; fi
@@ -207,6 +214,17 @@ build_wheel() {
   local sdist
   sdist="$(compgen -G "$work/sdist/horovod-${HOROVOD_VERSION}.tar.gz" | head -n1)" \
     || die "the download left no horovod-${HOROVOD_VERSION}.tar.gz in $work/sdist"
+  if [ "${#PATCHES[@]}" -gt 0 ]; then
+    tar -xzf "$sdist" -C "$work/sdist" || die "cannot unpack $sdist"
+    sdist="$work/sdist/horovod-${HOROVOD_VERSION}"
+    local p
+    for p in "${PATCHES[@]}"; do
+      log "apply $(basename "$p")"
+      patch -d "$sdist" -p1 --forward --batch <"$p" >"$work/patch.log" 2>&1 \
+        || { cat "$work/patch.log" >&2; die "$(basename "$p") does not apply to horovod $HOROVOD_VERSION" \
+               "it was written for that release's source; update the patch with the version"; }
+    done
+  fi
 
   # The compiler wrapper (see the header of this file).
   cat >"$work/bin/g++-std" <<EOF

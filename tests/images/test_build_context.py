@@ -68,6 +68,7 @@ def test_the_project_context_carries_the_examples_and_no_tests() -> None:
     files = context_files(ROOT)
     assert "examples/train_elastic.py" in files
     assert "runtime/elastic.py" in files and "scripts/build_horovod.sh" in files
+    assert [f for f in files if f.startswith("scripts/horovod-patches/")]
     assert not [f for f in files if f.startswith(("tests/", "charts/", "devcluster/go/",
                                                   "build/"))]
     assert not [f for f in files if "__pycache__" in f]

@@ -191,22 +191,12 @@ def test_planned_scale_down_leaver_exits_zero_without_rollback(job: LocalJob) ->
     assert_no_rollback(t)
 
 
-GLOO_ABORT = "terminate called after throwing an instance of 'gloo::"
-"""What a process that Horovod's gloo transport ended (SIGABRT) wrote last."""
-
-
-def assert_restarted_only_after_a_gloo_abort(job: LocalJob, pods: set[str]) -> None:
-    """No member of ``pods`` crashed, except (under Horovod) by the known gloo abort.
-
-    A Horovod survivor of a peer's death may be ended by gloo's transport thread
-    (docs/elasticity.md, "A member that aborts in native code"): a lost member like any
-    crashed container, restarted in its pod. Any other restart is a bug in the runtime.
-    """
-    horovod = job.env[Env.BACKEND] == "horovod"
+def assert_none_restarted(job: LocalJob, pods: set[str]) -> None:
+    """No member of ``pods`` crashed. Under Horovod too: the Horovod that
+    scripts/build_horovod.sh builds stops its loop after a failed collective, so gloo's
+    transport no longer ends a survivor of a peer's death (docs/elasticity.md)."""
     for pod in sorted(pods):
-        if job.pod(pod).restarts:
-            log = job.log_path(pod).read_text()
-            assert horovod and GLOO_ABORT in log, f"{pod} crashed\n{log[-3000:]}"
+        assert not job.pod(pod).restarts, f"{pod} crashed\n{job.log_path(pod).read_text()[-3000:]}"
 
 
 @BOTH_BACKENDS
@@ -228,7 +218,7 @@ def test_kill_rank_zero_the_store_host(job: LocalJob) -> None:
     finish(job)
 
     assert job.pod(store_host.pod).restarts == 1
-    assert_restarted_only_after_a_gloo_abort(job, survivors)
+    assert_none_restarted(job, survivors)
     # The store moved to a survivor and stayed there: a rejoining pod comes last.
     assert job.world.store.address != store_host.ip
     t = audit(job)

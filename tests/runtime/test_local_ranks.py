@@ -76,22 +76,8 @@ def test_the_world_lists_every_local_rank() -> None:
     assert world.member("p1", 2) == members[5]
 
 
-# Under Horovod a surviving rank may be ended by gloo (SIGABRT: "enforce fail at
-# gloo/transport/tcp/pair.cc:510 op.preamble.length <= op.nbytes"): Horovod 0.28.1's
-# background loop goes on after a collective failed, and its next coordination receives
-# a live peer's message for the abandoned one (docs/elasticity.md, "A member that aborts
-# in native code"; reproduced with bare Horovod). The pod entry point then ends that pod's
-# other ranks, so no member holding the state is left and the job can only go on from a
-# checkpoint: not what this test checks. Only a Horovod that stops its loop after a
-# failed collective removes it.
-SURVIVOR_ABORT = ("Horovod 0.28.1 may abort a surviving rank (SIGABRT, gloo EnforceNotMet "
-                  "op.preamble.length <= op.nbytes) when a peer dies mid-collective: its "
-                  "background loop goes on after the failed collective; the entry point "
-                  "then ends the surviving pod, so no member keeps the state")
-
-
-@pytest.mark.parametrize("job", ["torch", pytest.param("horovod", marks=[
-    pytest.mark.horovod, pytest.mark.flaky(reruns=2, reason=SURVIVOR_ABORT)])], indirect=True)
+@pytest.mark.parametrize("job", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)],
+                         indirect=True)
 def test_a_dead_local_rank_takes_its_pod_out_and_the_other_pod_goes_on(
         job: LocalJob) -> None:
     gate = hold_late(job)

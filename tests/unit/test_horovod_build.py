@@ -82,6 +82,28 @@ def test_cache_key_names_horovod_torch_python_and_the_recipe(tmp_path: Path) -> 
     assert _run(other, "--print-key").stdout.strip() != key
 
 
+def test_cache_key_covers_the_patches(tmp_path: Path) -> None:
+    venv = _fake_venv(tmp_path)
+    copy = tmp_path / "repo" / "scripts"
+    (copy / "horovod-patches").mkdir(parents=True)
+    (copy / "build_horovod.sh").write_text(SCRIPT.read_text())
+    patches = sorted((SCRIPT.parent / "horovod-patches").glob("*.patch"))
+    assert patches, "scripts/horovod-patches/ holds the patches the build applies"
+    for patch in patches:
+        (copy / "horovod-patches" / patch.name).write_text(patch.read_text())
+
+    def key() -> str:
+        out = subprocess.run(["bash", str(copy / "build_horovod.sh"), str(venv), "--print-key"],
+                             capture_output=True, text=True, timeout=120, check=True)
+        return out.stdout.strip()
+
+    same = key()
+    assert same == _run(venv, "--print-key").stdout.strip()
+    changed = copy / "horovod-patches" / patches[0].name
+    changed.write_text(changed.read_text() + "\n")
+    assert key() != same
+
+
 @pytest.mark.parametrize(("cplusplus", "standard"), [("202002L", 20), ("201703L", 17)])
 def test_warm_run_uses_the_cached_wheel_without_building(
     tmp_path: Path, cplusplus: str, standard: int
