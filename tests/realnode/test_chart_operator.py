@@ -8,6 +8,7 @@ it at once (no waiting out the lease), while the other stands by."""
 from __future__ import annotations
 
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +103,25 @@ def _pod_holding(pods: list[Obj], holder: str) -> Obj | None:
     return next((p for p in pods if holder.startswith(p["metadata"]["name"] + "-")), None)
 
 
+class _LineReader:
+    """Every line a process writes to its stdout, read by a thread as it comes."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        """All of it, once the process has exited and its output is read to the end."""
+        self._thread.join(timeout=30)
+        return "".join(self.lines)
+
+
 def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
     cluster: Cluster, kube: KubeClient, namespace: str, real_nodes: RealNodeSet, release: str,
 ) -> None:
@@ -135,13 +155,17 @@ def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
         body = httpx.get(f"http://{ip}:9400/metrics", timeout=10).text
         assert "ringwright_" in body
 
-    # What the leader says on its way out: the stream ends when its container does.
+    # What the leader says on its way out: the stream ends when its container does. It
+    # must be streaming before the delete: a kubectl still starting when the pod is gone
+    # gets NotFound.
     leader_name = leader["metadata"]["name"]
     leader_log = subprocess.Popen(
         ["kubectl", "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace,
          "logs", "--follow", leader_name],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stream = _LineReader(leader_log)
     try:
+        wait_for(lambda: stream.lines, "the leader's log to stream", timeout=120)
         before = _holder(kube, namespace)
         kube.delete(api_path("v1", "pods", namespace, leader_name))
 
@@ -153,7 +177,8 @@ def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
         # the Deployment's replacement for the deleted pod when that one is up by then.
         holder = wait_for(new_holder, f"a replica to take the Lease from {before}",
                           timeout=180)
-        said, _ = leader_log.communicate(timeout=120)
+        leader_log.wait(timeout=120)
+        said = stream.text()
     finally:
         leader_log.kill()
     assert f"released lease {namespace}/{LEASE}" in said, (
