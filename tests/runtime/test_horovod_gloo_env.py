@@ -153,8 +153,13 @@ def horovod_python() -> Iterator[str]:
     yield sys.executable
 
 
+def _environ() -> dict[str, str]:
+    """This process's environment without Horovod's variables: each rank gets only ours."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+
+
 def _launch(py: str, phases: list[dict[str, object]]) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env = _environ()
     return subprocess.Popen(
         [py, "-c", _WORKER, json.dumps(phases)],
         stdout=subprocess.PIPE,
@@ -237,7 +242,6 @@ def test_shutdown_then_init_in_the_same_process_with_a_new_store(horovod_python:
         assert generation2 == {"rank": 1 - r, "size": 2, "gloo": True, "sum": 30.0, "root": 0.0}
 
 
-
 _SURVIVOR = textwrap.dedent(
     """
     import json, os, sys, threading, time
@@ -282,8 +286,7 @@ def _survive_a_dead_peer(py: str) -> tuple[list[str | None], float, str]:
     """Rank 1 of 2 exits inside a stream of large allreduces; rank 0's errors, its result
     alone in a new group, and its stderr."""
     first, second = _Store(), _Store()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    env["HOROVOD_LOG_LEVEL"] = "warning"
+    env = {**_environ(), "HOROVOD_LOG_LEVEL": "warning"}
     procs = [subprocess.Popen(
         [py, "-c", _SURVIVOR, json.dumps([{"env": _env(first.port, f"pod-{r}", r, 2)},
                                           {"env": _env(second.port, "pod-0", 0, 1)}])],

@@ -44,11 +44,12 @@ def _fake_venv(root: Path, torch_version: str = "2.99.0+cpu", cplusplus: str = "
     return venv
 
 
-def _run(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(*args: str | Path, env: dict[str, str] | None = None,
+         script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     full_env.update(env or {})
     return subprocess.run(
-        ["bash", str(SCRIPT), *map(str, args)],
+        ["bash", str(script), *map(str, args)],
         capture_output=True,
         text=True,
         env=full_env,
@@ -93,9 +94,7 @@ def test_cache_key_covers_the_patches(tmp_path: Path) -> None:
         (copy / "horovod-patches" / patch.name).write_text(patch.read_text())
 
     def key() -> str:
-        out = subprocess.run(["bash", str(copy / "build_horovod.sh"), str(venv), "--print-key"],
-                             capture_output=True, text=True, timeout=120, check=True)
-        return out.stdout.strip()
+        return _run(venv, "--print-key", script=copy / "build_horovod.sh").stdout.strip()
 
     same = key()
     assert same == _run(venv, "--print-key").stdout.strip()
