@@ -222,7 +222,7 @@ class Worker(Generic[B]):
                 pending = client.start_pull(batch_ids(self.job, self.binding, next_batch),
                                             min_versions=waits)
             self._account(int(lease["epoch"]), start, stop, loss.item(), result.dropped,
-                          max(result.staleness.values(), default=0), len(client.failovers))
+                          result.judged_staleness, len(client.failovers))
             current, batch = following, next_batch
             if following is not None and (not result.data_accepted or self._left(client)):
                 if pending is not None:

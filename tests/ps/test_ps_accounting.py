@@ -7,7 +7,9 @@ sample range) must agree, sample by sample:
 
 * re-queue off: every sample is trained once or dropped once, and each drop is one
   the staleness bound asked for;
-* re-queue on: every sample is trained exactly once, its drops re-queued and counted.
+* re-queue on: every sample is trained exactly once, its drops re-queued and counted;
+* two servers: both apply (and drop) the same steps, since shard 0 judges each step and
+  the other shards follow its verdict.
 """
 
 from __future__ import annotations
@@ -107,3 +109,29 @@ def test_requeue_on_every_sample_is_trained_exactly_once(tmp_path: Path) -> None
     assert counts["requeued_stale"][0] == counts["dropped"][0], counts
     assert sum(job.result(w)["trained"] for w in WORKERS) == SAMPLES
 
+
+
+def test_two_servers_apply_and_drop_the_same_steps(tmp_path: Path) -> None:
+    # Two workers pushing side by side with τ = 1: many pushes are borderline, stale on one
+    # shard's clock and not on the other's, had each shard judged them alone.
+    job = LocalPSJob(tmp_path, 2, [*ARGS, "--slow", "0.005"],
+                     consistency("Async", tau=1, requeue_stale=True))
+    try:
+        job.publish(list(WORKERS))
+        job.start_all(list(WORKERS))
+        codes = job.wait_all()
+        assert all(c == 0 for c in codes.values()), job.logs()
+    finally:
+        job.close()
+    steps = _steps(job)
+    trained = [s for s in steps if not s["dropped"]]
+    dropped = [s for s in steps if s["dropped"]]
+    assert dropped, "pushes must be dropped for this test to mean anything"
+    assert _times_covered(trained) == [1] * SAMPLES
+    # Each server applied exactly the steps the workers count as trained and dropped the
+    # rest: no step updated one shard and not the other.
+    for p in job.ps:
+        server = ps_done((job.root / f"{p}.log").read_text())
+        assert sum(server["staleness"].values()) == len(trained), (p, server, job.logs())
+        assert sum(server["dropped_staleness"].values()) == len(dropped), (p, server)
+    assert sum(job.result(w)["trained"] for w in WORKERS) == SAMPLES

@@ -207,8 +207,11 @@ class ParameterServer:
             pushed_from = min(int(header["version"]), h.version)
             with self._lock:
                 workers = len((self.workers | {worker}) - self.retired)
-            verdict = judge(self.config.consistency, h.version, pushed_from, worker in h.round,
-                            len(h.round), workers)
+            # The other shards take shard 0's verdict on the step (a worker's client asks
+            # shard 0 first), so a step updates every shard or none.
+            verdict = Verdict(header["follow"]) if "follow" in header else judge(
+                self.config.consistency, h.version, pushed_from, worker in h.round,
+                len(h.round), workers)
             staleness = h.version - pushed_from
             self.metrics.pushed(shard, verdict, staleness, skip=skip)
             if skip:

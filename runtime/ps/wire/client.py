@@ -48,6 +48,11 @@ class PushResult:
     def dropped(self) -> bool:
         return any(v == "stale" for v in self.verdicts.values())
 
+    @property
+    def judged_staleness(self) -> int:
+        """The staleness the verdict was judged on: shard 0's (the others follow it)."""
+        return self.staleness.get(0, 0)
+
 
 @dataclass
 class PendingPull:
@@ -278,6 +283,28 @@ class PSClient(Routes):
                 requests[s][1][f"r/{name}"] = rows[mask]
         staged = self._stage(requests, push_id)
         servers = dict(enumerate(self.route))
+        # Shard 0 judges the step (staleness, sync round) and the other shards follow its
+        # verdict, so a step's gradients update every shard or none and the data service's
+        # count of trained samples is the truth for all of them. The other shards' tensors
+        # were staged meanwhile; only their small Push waits for shard 0's answer.
+        first = self._send_pushes({0: requests[0]}, servers, staged)
+        verdict = str(first[0]["verdict"])
+        for s in range(1, self.servers):
+            requests[s][0]["follow"] = verdict
+        # The route again: shard 0's push may have gone through a failover.
+        replies = {**first, **self._send_pushes(
+            {s: r for s, r in requests.items() if s != 0}, dict(enumerate(self.route)),
+            staged)}
+        verdicts = {s: str(reply["verdict"]) for s, reply in replies.items()}
+        staleness = {s: int(reply["staleness"]) for s, reply in replies.items()}
+        accepted = all(reply.get("dataAccepted") is not False for reply in replies.values())
+        return PushResult(verdicts, staleness, accepted)
+
+    def _send_pushes(self, requests: Mapping[int, tuple[Header, Tensors]],
+                     servers: Mapping[int, int], staged: Mapping[int, tuple[int, Tensors]]
+                     ) -> dict[int, Header]:
+        """Send pushes to their shards concurrently; each shard's reply, retried through
+        failovers."""
         futures: dict[int, Call] = {}
         for s, request in requests.items():
             if s in staged and staged[s][0] != servers[s]:
@@ -285,21 +312,17 @@ class PSClient(Routes):
                 request = _whole(request, staged[s][1])
             futures[s] = self.stubs[servers[s]].start("Push", *request,
                                                       timeout=self.call_timeout)
-        verdicts, staleness = {}, {}
-        accepted = True
+        replies: dict[int, Header] = {}
         for s, future in futures.items():
             try:
-                reply, _ = result(future)
+                replies[s], _ = result(future)
             except grpc.RpcError as exc:
                 attempt = self.recover(s, exc, servers[s], None)
                 # The retry carries everything: the chunks staged on a server that died
                 # (or that refused the push as incomplete) are gone with it.
                 request = _whole(requests[s], staged[s][1]) if s in staged else requests[s]
-                reply, _ = self._call(s, "Push", *request, attempt)
-            verdicts[s], staleness[s] = str(reply["verdict"]), int(reply["staleness"])
-            if reply.get("dataAccepted") is False:
-                accepted = False
-        return PushResult(verdicts, staleness, accepted)
+                replies[s], _ = self._call(s, "Push", *request, attempt)
+        return replies
 
     def _stage(self, requests: dict[int, tuple[Header, Tensors]], push_id: str
                ) -> dict[int, tuple[int, Tensors]]:
