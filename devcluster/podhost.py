@@ -22,7 +22,6 @@ import http.client
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -36,6 +35,8 @@ import yaml
 from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
 from ringwright.operator.api.conditions import rfc3339
+from ringwright.runtime.local import forkserver
+from ringwright.runtime.local.forkserver import Process
 from ringwright.world import Env
 
 log = logging.getLogger("ringwright.devcluster.podhost")
@@ -117,7 +118,7 @@ class HostedPod:
     name: str
     uid: str
     ip: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     log: IO[bytes]
     health_file: Path
     started: float
@@ -142,8 +143,13 @@ class PodHost:
 
     def __init__(self, kube: KubeClient, namespace: str, job: str, command: Sequence[str],
                  workdir: Path, *, extra_env: dict[str, str] | None = None,
-                 readiness_grace: float = 30.0, graceful: bool = False) -> None:
+                 readiness_grace: float = 30.0, graceful: bool = False,
+                 fork_workers: bool | None = None) -> None:
         self.kube, self.namespace, self.job = kube, namespace, job
+        self.fork_workers = forkserver.wanted() if fork_workers is None else fork_workers
+        """Fork the pods' processes from a fork server that imported torch once (None: as
+        ``RINGWRIGHT_FORK_WORKERS`` says). Off, a pod's process starts from nothing, as a
+        kubelet's container does: the demo and the benchmarks keep it off."""
         self.graceful = graceful
         """Stop a deleted pod's process as a kubelet does: SIGTERM, and SIGKILL only after
         the pod's grace period. Off: SIGKILL at once, as most tests want (KWOK removes a
@@ -218,8 +224,8 @@ class PodHost:
             # What the operator's wrapped command runs: the pod entry point.
             command = [sys.executable, "-m", "ringwright.runtime.launch", "--", *command]
         out = (self.workdir / f"{name}.log").open("ab")
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = forkserver.start_process(command, env, output=out, fork=self.fork_workers,
+                                        new_session=True)
         self.starts[name] += 1
         log.info("pod %s: started pid %d at %s", name, proc.pid, pod["status"]["podIP"])
         return HostedPod(name=name, uid=pod["metadata"]["uid"], ip=pod["status"]["podIP"],
@@ -256,9 +262,9 @@ class PodHost:
         self._terminating = waiting
 
     def _finish(self, hosted: HostedPod) -> None:
-        hosted.proc.wait()
+        code = hosted.proc.wait()
         hosted.log.close()
-        self.finished.setdefault(hosted.name, []).append(hosted.proc.returncode)
+        self.finished.setdefault(hosted.name, []).append(code)
 
     def _check(self, pod: Obj, hosted: HostedPod) -> None:
         code = hosted.proc.poll()

@@ -38,6 +38,7 @@ from ringwright.devcluster.install import install_api
 from ringwright.devcluster.s3server import S3Server
 from ringwright.devcluster.versions import COMPONENTS
 from ringwright.kube import KubeClient
+from ringwright.runtime.local import forkserver
 from tests.jobs import OperatorProcess, fresh_namespace
 from tests.s3 import S3Bucket, new_bucket
 from tests.seeds import SEED_VAR, run_seed, seed_generators, seed_of_test
@@ -45,6 +46,11 @@ from tests.standin import JoiningStandIn
 from tests.xdist_groups import assign_groups, lane_seconds, plain_nodeid
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+# The launchers and harnesses fork their Python workers from a server that imported torch
+# once (runtime/local/forkserver.py): about two CPU-seconds saved per worker on a machine
+# the run keeps busy. A test of start-up itself passes fork_workers=False.
+os.environ.setdefault(forkserver.SETTING, "1")
 
 pytest_plugins = ("tests.queueing",)
 """Kueue's fixtures, for the modules that queue jobs through it."""

@@ -70,6 +70,7 @@ from ringwright.world import (
 
 from ..kvlog import log_event, runtime_logger
 from ..membership.file_source import write_world_file
+from . import forkserver
 from .pods import LocalPod, Loopback, PodNetwork
 
 _log = runtime_logger("local_launcher")
@@ -112,8 +113,12 @@ class LocalJob:
         wall_clock: Callable[[], float] = time.time,
         procs_per_pod: int = 1,
         stragglers: StragglerRule | None = None,
+        fork_workers: bool | None = None,
     ) -> None:
         self.command = list(command)
+        self.fork_workers = forkserver.wanted() if fork_workers is None else fork_workers
+        """Fork worker processes from a fork server that imported torch once (None: as
+        ``RINGWRIGHT_FORK_WORKERS`` says); never when measuring start-up times."""
         self.stragglers = stragglers
         """Replace (or drop) members slow for good, by the operator's rule; None: never."""
         self._spares = stragglers.spares if stragglers else 0
@@ -312,9 +317,9 @@ class LocalJob:
             out = open(self.log_path(name), "ab")  # noqa: SIM115 - owned by the child
         try:
             # A pod of several ranks is a process group, killed as one.
-            proc = subprocess.Popen([*prefix, *command], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT if out else None,
-                                    start_new_session=self.procs_per_pod > 1)
+            proc = forkserver.start_process([*prefix, *command], env, output=out,
+                                            fork=self.fork_workers,
+                                            new_session=self.procs_per_pod > 1)
         finally:
             if out is not None:
                 out.close()
@@ -351,10 +356,10 @@ class LocalJob:
         reports = self.reports()  # read once a round
         for name in [p for p in self._joining if self._pods[p].process.poll() is not None]:
             # Died while starting: it never joined, so there is nothing to republish.
-            code = self._pods[name].process.returncode
-            log_event(_log, logging.WARNING, "pod_failed_starting", pod=name, exit_code=code)
-            if self._restarts() and code != 0:
-                self._restart(name, code)
+            exit_code = self._pods[name].process.wait()
+            log_event(_log, logging.WARNING, "pod_failed_starting", pod=name, exit_code=exit_code)
+            if self._restarts() and exit_code != 0:
+                self._restart(name, exit_code)
             else:
                 self._joining.remove(name)
         if self._joining and self._pending_since is None and \

@@ -7,9 +7,10 @@ test may give :class:`~ringwright.runtime.local.launcher.LocalJob` another
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from typing import Protocol
+
+from .forkserver import Process
 
 FIRST_HOST = 10
 """Pod ``i`` gets 127.0.0.(FIRST_HOST + i); lower addresses are left to the machine."""
@@ -22,7 +23,7 @@ class LocalPod:
     name: str
     ip: str
     index: int
-    process: subprocess.Popen[bytes]
+    process: Process
     rack: str = ""
     leaving: bool = False
     """Dropped by a planned scale-down: its exit is expected and not a failure."""

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, cast
 
+from ringwright.runtime.local.forkserver import Process
 from ringwright.runtime.local.launcher import LocalJob
 from ringwright.runtime.local.pods import LocalPod, PodNetwork
 from ringwright.runtime.settings import SettingsEnv
@@ -51,7 +51,7 @@ class _ExitSeenOnEvidence:
     """A worker process as the stand-in sees it: a failed exit shows only once a peer
     has noticed the failure; clean exits (a member leaving) show at once."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], noticed: Any) -> None:
+    def __init__(self, proc: Process, noticed: Any) -> None:
         self._proc = proc
         self._noticed = noticed
 
@@ -84,8 +84,7 @@ class ClusterStyleJob(LocalJob):
 
     def _spawn(self, index: int | None = None) -> LocalPod:
         pod = super()._spawn(index)
-        pod.process = cast(subprocess.Popen[bytes],
-                           _ExitSeenOnEvidence(pod.process, self._peer_noticed))
+        pod.process = cast(Process, _ExitSeenOnEvidence(pod.process, self._peer_noticed))
         return pod
 
     def _peer_noticed(self, pid: int) -> bool:

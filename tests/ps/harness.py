@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ringwright.runtime.local.forkserver import Process, start_process, wanted
 from ringwright.runtime.membership.file_source import write_world_file
 from ringwright.runtime.ps.env import PSEnv
 from ringwright.world import Env, JobRef, Member, Mode, StoreAddress, World
@@ -68,7 +69,7 @@ class LocalPSJob:
         self.workers: list[str] = []
         self.ps = [f"ps-{i}" for i in range(servers)]
         self.ps_ip = {p: f"127.77.{self.subnet}.{i + 1}" for i, p in enumerate(self.ps)}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Process] = {}
         self.extra_env = env or {}
 
     def publish(self, workers: list[str] | None = None, ps: dict[str, str] | None = None) -> None:
@@ -102,9 +103,8 @@ class LocalPSJob:
             env[Env.PROCS_PER_POD] = str(ranks)
             command = [sys.executable, "-m", "ringwright.runtime.launch", "--", *command]
         log = open(self.root / f"{pod}.log", "ab")  # noqa: SIM115 (the child keeps it)
-        self.procs[pod] = subprocess.Popen(command, env=env, stdout=log,
-                                           stderr=subprocess.STDOUT, cwd=self.root,
-                                           start_new_session=ranks > 1)
+        self.procs[pod] = start_process(command, env, output=log, cwd=str(self.root),
+                                        fork=wanted(), new_session=ranks > 1)
         log.close()
 
     def start_all(self, workers: list[str], extra: dict[str, list[str]] | None = None) -> None:

@@ -1,0 +1,381 @@
+"""Start Python worker processes by forking a server that imported torch once.
+
+``import torch`` costs about two seconds of CPU; a job that starts (and restarts) many
+worker processes on a small machine pays it for each. The fork server is one process
+that imports the heavy modules once, single-threaded, and then forks a child per
+command: the child takes the command's environment, working directory, output file and
+session, and runs the module or script as ``python -m``/``python script.py`` would, as
+the process's main program (its exit code, threads and atexit handlers as usual).
+
+A launcher forks its workers only when asked (``RINGWRIGHT_FORK_WORKERS=1``, see
+:func:`wanted`): a forked worker starts without paying the import, which is what the test
+suite wants and what a measurement of start-up or recovery time must not get (a kubelet
+starts a container's interpreter from nothing). Only commands of this very interpreter
+are forked (:func:`forkable`); anything else, or an interpreter option, goes through
+:mod:`subprocess` as before. Each child gets fresh
+random seeds; ``PYTHONHASHSEED`` and the interpreter's flags are the server's, and the
+server runs unbuffered (``-u``), as the launchers ask of their workers anyway.
+
+Wire format on a Unix socket pair: a 4-byte length, then JSON; a spawn request carries
+the child's output file descriptor alongside (``SCM_RIGHTS``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Protocol
+
+SETTING = "RINGWRIGHT_FORK_WORKERS"
+"""``1``: the local launcher, the local cluster's pod host and the test harnesses fork
+their Python workers from a fork server."""
+
+PRELOAD = ("torch",)
+"""What the server imports before forking (numpy comes with torch)."""
+
+_LENGTH = struct.Struct("!I")
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``environ`` asks for forked workers (:data:`SETTING`)."""
+    return environ.get(SETTING, "") == "1"
+
+
+def forkable(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` runs a module or script with this interpreter and no options."""
+    if len(argv) < 2 or os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+        return False
+    return (argv[1] == "-m" and len(argv) > 2) or not argv[1].startswith("-")
+
+
+def _send(sock: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+    data = json.dumps(message).encode()
+    payload = _LENGTH.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [payload], list(fds))
+    else:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, size: int, fds: list[int]) -> bytes | None:
+    chunks = b""
+    while len(chunks) < size:
+        data, got, _, _ = socket.recv_fds(sock, size - len(chunks), 4)
+        fds.extend(got)
+        if not data:
+            return None
+        chunks += data
+    return chunks
+
+
+def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """The next message and any descriptors it carried; None once the peer is gone."""
+    fds: list[int] = []
+    head = _recv_exact(sock, _LENGTH.size, fds)
+    if head is None:
+        return None
+    body = _recv_exact(sock, _LENGTH.unpack(head)[0], fds)
+    if body is None:
+        return None
+    return json.loads(body), fds
+
+
+def _recv_or_none(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    try:
+        return _recv(sock)
+    except OSError:  # reset by a server that died, or closed by this side
+        return None
+
+
+class Process(Protocol):
+    """What the launchers use of a worker process: a :class:`subprocess.Popen` or a
+    :class:`ForkedProcess`."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+class ForkedProcess:
+    """A forked child as the callers of :class:`subprocess.Popen` use one."""
+
+    def __init__(self, server: ForkServer, pid: int, args: Sequence[str]) -> None:
+        self._server = server
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code (negative: the signal), or None while it runs."""
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit; :class:`subprocess.TimeoutExpired` after ``timeout``."""
+        with self._server.changed:
+            if not self._server.changed.wait_for(lambda: self.returncode is not None,
+                                                 timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the process, unless it has already been reaped."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """One server process and the children it forked for this process.
+
+    Thread-safe. The server exits, killing its children, when this side closes (or this
+    process dies), so no child outlives the launcher that started it.
+    """
+
+    def __init__(self, preload: Sequence[str] = PRELOAD) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with theirs:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "ringwright.runtime.local.forkserver",
+                 str(theirs.fileno()), *preload],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        self._sock = ours
+        self.changed = threading.Condition()
+        self._children: dict[int, ForkedProcess] = {}
+        self._exits: dict[int, int] = {}
+        self._started: list[int] = []
+        self._spawning = threading.Lock()
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, daemon=True, name="forkserver")
+        self._reader.start()
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], *, stdout: int,
+              stderr: int, cwd: str | None = None,
+              new_session: bool = False) -> ForkedProcess:
+        """Fork a child running ``argv`` (see :func:`forkable`) with ``env``, its output
+        and errors to the descriptors ``stdout`` and ``stderr``, input from /dev/null;
+        ``new_session``: the child leads its own session and process group."""
+        if not forkable(argv):
+            raise ValueError(f"the fork server runs this interpreter's modules and scripts "
+                             f"only, not {list(argv)}")
+        request = {"argv": list(argv[1:]), "env": dict(env), "cwd": cwd or os.getcwd(),
+                   "session": new_session}
+        with self._spawning, self.changed:
+            if self._closed:
+                raise RuntimeError("the fork server is closed")
+            _send(self._sock, request, [stdout, stderr])
+            if not self.changed.wait_for(lambda: self._started or self._closed, 120.0):
+                raise RuntimeError("the fork server did not answer within 120 s")
+            if not self._started:
+                raise RuntimeError(f"the fork server exited (code {self._proc.poll()})")
+            pid = self._started.pop(0)
+            child = ForkedProcess(self, pid, argv)
+            self._children[pid] = child
+            if pid in self._exits:  # it exited before we took its pid
+                child.returncode = self._exits.pop(pid)
+            return child
+
+    def _read(self) -> None:
+        while (got := _recv_or_none(self._sock)) is not None:
+            message, _ = got
+            with self.changed:
+                if "started" in message:
+                    self._started.append(int(message["started"]))
+                else:
+                    pid, code = int(message["exited"]), int(message["code"])
+                    child = self._children.pop(pid, None)
+                    if child is None:
+                        self._exits[pid] = code
+                    else:
+                        child.returncode = code
+                self.changed.notify_all()
+        with self.changed:
+            self._closed = True
+            self.changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        """Closed, or the server process is gone."""
+        return self._closed
+
+    def close(self) -> None:
+        """Stop the server; it kills the children still running."""
+        with self.changed:
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+_shared: ForkServer | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> ForkServer:
+    """This process's fork server, started on first use and stopped at exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.closed:
+            _shared = ForkServer()
+            atexit.register(_shared.close)
+        return _shared
+
+
+def start_process(argv: Sequence[str], env: Mapping[str, str], *,
+                  output: IO[bytes] | None, fork: bool, cwd: str | None = None,
+                  new_session: bool = False) -> Process:
+    """Start a worker: forked by this process's fork server when ``fork`` and
+    :func:`forkable`, else with :class:`subprocess.Popen`. ``output`` takes its stdout
+    and stderr (None: this process's); its stdin is /dev/null."""
+    if fork and forkable(argv):
+        out = output.fileno() if output is not None else sys.stdout.fileno()
+        err = output.fileno() if output is not None else sys.stderr.fileno()
+        return shared().spawn(argv, env, stdout=out, stderr=err, cwd=cwd,
+                              new_session=new_session)
+    return subprocess.Popen(argv, env=env, stdout=output,
+                            stderr=subprocess.STDOUT if output is not None else None,
+                            stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=new_session)
+
+
+# -- the server process ------------------------------------------------------------------
+
+
+def _serve(sock: socket.socket) -> dict[str, Any] | None:
+    """Fork a child per request and report exits; in a child, return its request."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, bool] = {}
+    while True:
+        ready = _select([sock.fileno(), wake_r])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap(sock, children)
+        if sock.fileno() not in ready:
+            continue
+        got = _recv(sock)
+        if got is None:  # the launcher is gone: so are its workers
+            for pid, session in children.items():
+                with contextlib.suppress(ProcessLookupError):
+                    (os.killpg if session else os.kill)(pid, signal.SIGKILL)
+            return None
+        request, fds = got
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(wake_r)
+            os.close(wake_w)
+            sock.close()
+            _become(request, fds)
+            return request
+        for fd in fds:
+            os.close(fd)
+        children[pid] = bool(request["session"])
+        _send(sock, {"started": pid})
+
+
+def _select(fds: list[int]) -> list[int]:
+    import select
+
+    while True:
+        try:
+            return select.select(fds, [], [])[0]
+        except InterruptedError:
+            continue
+
+
+def _reap(sock: socket.socket, children: dict[int, bool]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.pop(pid, None)
+        _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _become(request: Mapping[str, Any], fds: list[int]) -> None:
+    """Turn this fresh fork into the requested process (all but running its code)."""
+    import random
+
+    if request["session"]:
+        os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in {null, *fds} - {0, 1, 2}:
+        os.close(fd)
+    os.chdir(request["cwd"])
+    env: dict[str, str] = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if entry not in sys.path:
+            sys.path.insert(1, entry)
+    # Fresh draws, as a new process would make them (the server's state is shared).
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    threads = env.get("OMP_NUM_THREADS")
+    if threads and "torch" in sys.modules:
+        # libgomp read the server's environment when torch loaded; apply the child's.
+        sys.modules["torch"].set_num_threads(int(threads))
+
+
+def _run(argv: list[str]) -> None:
+    """Run ``argv`` (after the interpreter) as this process's main program."""
+    import runpy
+
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(argv[0])
+        sys.argv = [argv[0], *argv[1:]]
+        sys.path[0] = os.path.dirname(script)
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str]) -> None:
+    """The server: ``python -u -m ringwright.runtime.local.forkserver FD [MODULE...]``."""
+    sock = socket.socket(fileno=int(argv[0]))
+    for name in argv[1:]:
+        __import__(name)
+    request = _serve(sock)
+    if request is not None:
+        _run(request["argv"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

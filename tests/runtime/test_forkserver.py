@@ -1,0 +1,125 @@
+"""The fork server starts a worker as ``python script.py`` / ``python -m`` would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ringwright.runtime.local.forkserver import ForkedProcess, ForkServer, forkable
+
+CHILD = """
+import json, os, random, sys, threading, time
+import torch
+
+def late():
+    time.sleep(0.3)
+    open("thread-done", "w").write("yes")
+
+threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+json.dump({"argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("MARK"),
+           "pid": os.getpid(), "pgid": os.getpgid(0), "draw": random.random(),
+           "threads": torch.get_num_threads(), "path0": sys.path[0],
+           "main": sys.modules["__main__"].__file__}, open("seen.json", "w"))
+print("to stdout"); print("to stderr", file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    s = ForkServer()
+    yield s
+    s.close()
+
+
+def _spawn(server: ForkServer, tmp_path: Path, argv: list[str], name: str,
+           **env: str) -> ForkedProcess:
+    work = tmp_path / name
+    work.mkdir()
+    with (work / "out.log").open("wb") as out, (work / "err.log").open("wb") as err:
+        return server.spawn(argv, {**os.environ, **env}, stdout=out.fileno(),
+                            stderr=err.fileno(), cwd=str(work))
+
+
+def test_a_script_runs_as_its_own_main_program(server: ForkServer, tmp_path: Path) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    first = server.spawn([sys.executable, str(script), "3", "x"],
+                         {**os.environ, "MARK": "one", "OMP_NUM_THREADS": "1"},
+                         stdout=os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT),
+                         stderr=os.open(tmp_path / "err", os.O_WRONLY | os.O_CREAT),
+                         cwd=str(tmp_path))
+    assert first.wait(timeout=60) == 3
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["argv"] == [str(script), "3", "x"]
+    assert seen["cwd"] == str(tmp_path) and seen["env"] == "one" and seen["pid"] == first.pid
+    assert seen["path0"] == str(tmp_path) and seen["main"] == str(script)
+    assert seen["threads"] == 1  # the child's OMP_NUM_THREADS, not the server's
+    assert seen["pgid"] != first.pid  # no session asked for
+    assert (tmp_path / "thread-done").read_text() == "yes"
+    assert (tmp_path / "out").read_text() == "to stdout\n"
+    assert (tmp_path / "err").read_text() == "to stderr\n"
+
+    # A second child draws its own random numbers and may lead its own session.
+    second = _spawn(server, tmp_path, [sys.executable, str(script), "0"], "second",
+                    MARK="two")
+    assert second.wait(timeout=60) == 0
+    other = json.loads((tmp_path / "second" / "seen.json").read_text())
+    assert other["env"] == "two" and other["draw"] != seen["draw"]
+
+
+def test_modules_sessions_signals_and_errors(server: ForkServer, tmp_path: Path) -> None:
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    (tmp_path / "broken.py").write_text("raise RuntimeError('broken on purpose')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with (tmp_path / "log").open("wb") as log:
+        sleeper = server.spawn([sys.executable, "-m", "sleeper"], env, stdout=log.fileno(),
+                               stderr=log.fileno(), cwd=str(tmp_path), new_session=True)
+        broken = server.spawn([sys.executable, "-m", "broken"], env, stdout=log.fileno(),
+                              stderr=log.fileno(), cwd=str(tmp_path))
+    assert broken.wait(timeout=60) == 1
+    assert "RuntimeError: broken on purpose" in (tmp_path / "log").read_text()
+    assert os.getpgid(sleeper.pid) == sleeper.pid  # leads its own process group
+    assert sleeper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(timeout=0.2)
+    os.killpg(sleeper.pid, signal.SIGKILL)
+    assert sleeper.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_closing_the_server_kills_its_children(tmp_path: Path) -> None:
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    server = ForkServer(preload=())
+    with (tmp_path / "log").open("wb") as log:
+        child = server.spawn([sys.executable, str(tmp_path / "sleeper.py")], dict(os.environ),
+                             stdout=log.fileno(), stderr=log.fileno())
+    server.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"child {child.pid} outlived its fork server")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    ([sys.executable, "train.py", "--lr", "1"], True),
+    ([sys.executable, "-m", "ringwright.runtime.launch", "--", "x"], True),
+    ([sys.executable, "-m"], False),
+    ([sys.executable, "-u", "train.py"], False),  # an interpreter option
+    (["/bin/echo", "hi"], False),
+    ([sys.executable], False),
+])
+def test_only_this_interpreters_plain_commands_are_forked(argv: list[str],
+                                                           expected: bool) -> None:
+    assert forkable(argv) is expected
