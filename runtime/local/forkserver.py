@@ -253,8 +253,10 @@ def start_process(argv: Sequence[str], env: Mapping[str, str], *,
     :func:`forkable`, else with :class:`subprocess.Popen`. ``output`` takes its stdout
     and stderr (None: this process's); its stdin is /dev/null."""
     if fork and forkable(argv):
-        out = output.fileno() if output is not None else sys.stdout.fileno()
-        err = output.fileno() if output is not None else sys.stderr.fileno()
+        # None: descriptors 1 and 2, as a subprocess inherits them (sys.stdout may be a
+        # capture without a descriptor).
+        out = output.fileno() if output is not None else 1
+        err = output.fileno() if output is not None else 2
         return shared().spawn(argv, env, stdout=out, stderr=err, cwd=cwd,
                               new_session=new_session)
     return subprocess.Popen(argv, env=env, stdout=output,
@@ -339,9 +341,9 @@ def _become(request: Mapping[str, Any], fds: list[int]) -> None:
     env: dict[str, str] = request["env"]
     os.environ.clear()
     os.environ.update(env)
-    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-        if entry not in sys.path:
-            sys.path.insert(1, entry)
+    # sys.path[0] is the server's own start-up entry: _run puts the command's there.
+    entries = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [sys.path[0], *entries, *[p for p in sys.path[1:] if p not in entries]]
     # Fresh draws, as a new process would make them (the server's state is shared).
     random.seed()
     if "numpy" in sys.modules:

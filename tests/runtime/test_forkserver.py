@@ -18,6 +18,7 @@ from ringwright.runtime.local.forkserver import ForkedProcess, ForkServer, forka
 CHILD = """
 import json, os, random, sys, threading, time
 import torch
+import tests.seeds  # on PYTHONPATH only: the server's working directory, not the child's
 
 def late():
     time.sleep(0.3)
@@ -53,7 +54,8 @@ def test_a_script_runs_as_its_own_main_program(server: ForkServer, tmp_path: Pat
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     first = server.spawn([sys.executable, str(script), "3", "x"],
-                         {**os.environ, "MARK": "one", "OMP_NUM_THREADS": "1"},
+                         {**os.environ, "MARK": "one", "OMP_NUM_THREADS": "1",
+                          "PYTHONPATH": os.getcwd()},
                          stdout=os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT),
                          stderr=os.open(tmp_path / "err", os.O_WRONLY | os.O_CREAT),
                          cwd=str(tmp_path))
@@ -70,7 +72,7 @@ def test_a_script_runs_as_its_own_main_program(server: ForkServer, tmp_path: Pat
 
     # A second child draws its own random numbers and may lead its own session.
     second = _spawn(server, tmp_path, [sys.executable, str(script), "0"], "second",
-                    MARK="two")
+                    MARK="two", PYTHONPATH=os.getcwd())
     assert second.wait(timeout=60) == 0
     other = json.loads((tmp_path / "second" / "seen.json").read_text())
     assert other["env"] == "two" and other["draw"] != seen["draw"]
@@ -79,7 +81,8 @@ def test_a_script_runs_as_its_own_main_program(server: ForkServer, tmp_path: Pat
 def test_modules_sessions_signals_and_errors(server: ForkServer, tmp_path: Path) -> None:
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
     (tmp_path / "broken.py").write_text("raise RuntimeError('broken on purpose')\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    # The server's own working directory is on PYTHONPATH too: it must stay on the path.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
     with (tmp_path / "log").open("wb") as log:
         sleeper = server.spawn([sys.executable, "-m", "sleeper"], env, stdout=log.fileno(),
                                stderr=log.fileno(), cwd=str(tmp_path), new_session=True)
