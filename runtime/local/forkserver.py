@@ -12,12 +12,12 @@ A launcher forks its workers only when asked (``RINGWRIGHT_FORK_WORKERS=1``, see
 suite wants and what a measurement of start-up or recovery time must not get (a kubelet
 starts a container's interpreter from nothing). Only commands of this very interpreter
 are forked (:func:`forkable`); anything else, or an interpreter option, goes through
-:mod:`subprocess` as before. Each child gets fresh
-random seeds; ``PYTHONHASHSEED`` and the interpreter's flags are the server's, and the
-server runs unbuffered (``-u``), as the launchers ask of their workers anyway.
+:mod:`subprocess` as before. Each child gets fresh random seeds; ``PYTHONHASHSEED`` and
+the interpreter's flags are the server's, and the server runs unbuffered (``-u``), as
+the launchers ask of their workers anyway.
 
 Wire format on a Unix socket pair: a 4-byte length, then JSON; a spawn request carries
-the child's output file descriptor alongside (``SCM_RIGHTS``).
+the child's output and error descriptors alongside (``SCM_RIGHTS``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ import atexit
 import contextlib
 import json
 import os
+import random
+import runpy
+import select
 import signal
 import socket
 import struct
@@ -275,7 +278,8 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, bool] = {}
     while True:
-        ready = _select([sock.fileno(), wake_r])
+        # SIGCHLD interrupts select; Python retries it, and the wake-up byte ends it.
+        ready = select.select([sock.fileno(), wake_r], [], [])[0]
         if wake_r in ready:
             os.read(wake_r, 4096)
             _reap(sock, children)
@@ -303,16 +307,6 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
         _send(sock, {"started": pid})
 
 
-def _select(fds: list[int]) -> list[int]:
-    import select
-
-    while True:
-        try:
-            return select.select(fds, [], [])[0]
-        except InterruptedError:
-            continue
-
-
 def _reap(sock: socket.socket, children: dict[int, bool]) -> None:
     while children:
         try:
@@ -327,8 +321,6 @@ def _reap(sock: socket.socket, children: dict[int, bool]) -> None:
 
 def _become(request: Mapping[str, Any], fds: list[int]) -> None:
     """Turn this fresh fork into the requested process (all but running its code)."""
-    import random
-
     if request["session"]:
         os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
@@ -356,8 +348,6 @@ def _become(request: Mapping[str, Any], fds: list[int]) -> None:
 
 def _run(argv: list[str]) -> None:
     """Run ``argv`` (after the interpreter) as this process's main program."""
-    import runpy
-
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]
         sys.path[0] = os.getcwd()
