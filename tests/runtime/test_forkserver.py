@@ -98,6 +98,35 @@ def test_modules_sessions_signals_and_errors(server: ForkServer, tmp_path: Path)
     assert sleeper.wait(timeout=60) == -signal.SIGKILL
 
 
+EXITS = {
+    # A file left open is flushed, atexit handlers run, in the order Python runs them
+    # (the function makes the namespace a cycle: only a collection frees it).
+    "unclosed": "import atexit, sys\n"
+                "out = open('left-open', 'w'); out.write('all of it')\n"
+                "def main(): pass\n"
+                "atexit.register(lambda: open('atexit', 'w').write(str(out.closed)))\n"
+                "sys.exit(4)\n",
+    "message": "import sys\nsys.exit('no data here: give DATA_DIR')\n",
+    "interrupted": "raise KeyboardInterrupt\n",
+    "returns": "x = 1\n",
+}
+
+
+def test_a_child_ends_as_the_interpreter_would(server: ForkServer, tmp_path: Path) -> None:
+    # The child skips the teardown of the server's modules (slow), not what a program sees.
+    codes = {}
+    for name, text in EXITS.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        child = _spawn(server, tmp_path, [sys.executable, str(tmp_path / f"{name}.py")], name)
+        codes[name] = child.wait(timeout=60)
+    assert codes == {"unclosed": 4, "message": 1, "interrupted": -signal.SIGINT,
+                     "returns": 0}
+    assert (tmp_path / "unclosed" / "left-open").read_text() == "all of it"
+    assert (tmp_path / "unclosed" / "atexit").read_text() == "False"  # before the teardown
+    assert (tmp_path / "message" / "err.log").read_text() == "no data here: give DATA_DIR\n"
+    assert "KeyboardInterrupt" in (tmp_path / "interrupted" / "err.log").read_text()
+
+
 def test_closing_the_server_kills_its_children(tmp_path: Path) -> None:
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
     server = ForkServer(preload=())
