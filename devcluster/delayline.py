@@ -13,7 +13,8 @@ network changes; rate limits stay ``tc tbf`` qdiscs on the devices.
     python -m ringwright.devcluster.delayline DELAY_MS NAMESPACE DEVICE NAMESPACE DEVICE
 
 opens the persistent TAP ``DEVICE`` in each named network namespace (``ip tuntap add``
-made them), prints ``ready`` and relays until it is killed, or its parent exits.
+made them), stays on one CPU (so frames it writes keep their order), prints ``ready``
+and relays until it is killed, or its parent exits.
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ def main(argv: Sequence[str]) -> int:
         # Back home, where `ip netns pids` finds the relay when its network is removed.
         _check(_libc().setns(home_fd, _CLONE_NEWNET), "setns back")
         os.close(home_fd)
+    # A TAP write queues the frame on the writing CPU's backlog; a relay that moved
+    # between CPUs could let a later frame overtake an earlier one. A link keeps order.
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     print("ready", flush=True)
     relay(fds[0], fds[1], float(argv[0]) / 1000)
     return 0

@@ -51,8 +51,11 @@ print(json.dumps(got), flush=True)
 """
 
 UDP_SENDER = """
-import socket, sys, time
+import os, socket, sys, time
 address, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# A veth queues a frame on the sending CPU's backlog: a sender that moved between CPUs
+# could reorder its own datagrams before they reach the path under test.
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
     for i in range(count):
         s.sendto(str(i).encode(), (address, port))
