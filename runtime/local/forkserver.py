@@ -399,12 +399,11 @@ def _run_and_exit(argv: list[str]) -> None:
     except BaseException as err:
         sys.excepthook(type(err), err, err.__traceback__)
         code, interrupted = 1, isinstance(err, KeyboardInterrupt)
-    # What the interpreter's exit does that a program can see: wait for its non-daemon
-    # threads, run its atexit handlers, write out the files it left open, free its
-    # objects (their finalizers run).
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # What the interpreter's exit does that a program can see: threading's own exit
+    # hooks (they tell idle thread-pool workers to end) and the wait for its non-daemon
+    # threads, its atexit handlers, the files it left open written out, its objects
+    # freed (their finalizers run).
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     _flush_open_files()
     gc.collect()

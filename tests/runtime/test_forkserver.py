@@ -109,6 +109,12 @@ EXITS = {
     "message": "import sys\nsys.exit('no data here: give DATA_DIR')\n",
     "interrupted": "raise KeyboardInterrupt\n",
     "returns": "x = 1\n",
+    # An idle thread-pool worker is told to end; a non-daemon thread is waited for.
+    "threads": "import threading, time\n"
+               "from concurrent.futures import ThreadPoolExecutor\n"
+               "pool = ThreadPoolExecutor(1); pool.submit(int).result()\n"
+               "def late(): time.sleep(0.2); open('late', 'w').write('joined')\n"
+               "threading.Thread(target=late).start()\n",
 }
 
 
@@ -120,7 +126,8 @@ def test_a_child_ends_as_the_interpreter_would(server: ForkServer, tmp_path: Pat
         child = _spawn(server, tmp_path, [sys.executable, str(tmp_path / f"{name}.py")], name)
         codes[name] = child.wait(timeout=60)
     assert codes == {"unclosed": 4, "message": 1, "interrupted": -signal.SIGINT,
-                     "returns": 0}
+                     "returns": 0, "threads": 0}
+    assert (tmp_path / "threads" / "late").read_text() == "joined"
     assert (tmp_path / "unclosed" / "left-open").read_text() == "all of it"
     assert (tmp_path / "unclosed" / "atexit").read_text() == "False"  # before the teardown
     assert (tmp_path / "message" / "err.log").read_text() == "no data here: give DATA_DIR\n"
