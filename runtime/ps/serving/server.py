@@ -151,14 +151,33 @@ class ParameterServer:
                 if left <= 0:
                     break
                 h.cond.wait(left)
-            if h.role is not Role.PRIMARY:
-                raise NotServing(f"ps {self.index} stepped down from shard {shard}")
-            rows = {k.removeprefix("i/"): v for k, v in tensors.items() if k.startswith("i/")}
-            dense = header.get("dense", True)
-            loan = Loan(frozenset())
-            values = h.state.read(dense if isinstance(dense, list) else bool(dense), rows,
-                                  loan)
-            return {"version": h.version}, Lent(values, loan)
+            return self._read(h, shard, header, tensors)
+
+    def pull_at_once(self, header: Header, tensors: Tensors) -> tuple[Header, Tensors] | None:
+        """:meth:`pull`'s reply if it needs no wait: the shard is at ``minVersion`` and
+        no update holds it. None otherwise (call :meth:`pull`, which waits)."""
+        shard = int(header["shard"])
+        h = self._primary(shard)
+        if not h.cond.acquire(blocking=False):
+            return None
+        try:
+            if h.version < int(header.get("minVersion", 0)) and h.role is Role.PRIMARY:
+                return None
+            self.metrics.pulled(shard)
+            return self._read(h, shard, header, tensors)
+        finally:
+            h.cond.release()
+
+    def _read(self, h: Hosted, shard: int, header: Header, tensors: Tensors
+              ) -> tuple[Header, Tensors]:
+        """A pull's reply, read under ``h.cond``."""
+        if h.role is not Role.PRIMARY:
+            raise NotServing(f"ps {self.index} stepped down from shard {shard}")
+        rows = {k.removeprefix("i/"): v for k, v in tensors.items() if k.startswith("i/")}
+        dense = header.get("dense", True)
+        loan = Loan(frozenset())
+        values = h.state.read(dense if isinstance(dense, list) else bool(dense), rows, loan)
+        return {"version": h.version}, Lent(values, loan)
 
     def push(self, header: Header, tensors: Tensors) -> Header:
         """Gradients computed from ``version``: applied, buffered for the round, or dropped."""

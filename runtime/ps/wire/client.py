@@ -170,8 +170,8 @@ class PSClient(Routes):
                 if i == 0:
                     first[s] = tensors  # the rows travel with the first chunk
         for name, raw in ids.items():
-            u = torch.unique(raw.reshape(-1))
-            ids_np = u.numpy()
+            ids_np = _unique(raw)
+            u = torch.from_numpy(ids_np)
             owners = part.row_shards(name, ids_np)
             unique[name] = (u, owners)
             # numpy's boolean indexing: torch's costs a quarter of a 4,096-row pull.
@@ -375,6 +375,16 @@ class PSClient(Routes):
         if self.partition is None:
             raise RuntimeError("initialize() the client before pulling or pushing")
         return self.partition
+
+
+def _unique(ids: torch.Tensor) -> np.ndarray[Any, Any]:
+    """The distinct values of ``ids``, sorted (as ``torch.unique``, in half its time for
+    a few thousand ids: numpy sorts them on this thread)."""
+    flat = np.sort(ids.reshape(-1).numpy())
+    keep = np.empty(len(flat), dtype=bool)
+    keep[:1] = True
+    np.not_equal(flat[1:], flat[:-1], out=keep[1:])
+    return flat[keep]
 
 
 def _target(name: str, numel: int, tensor: torch.Tensor | None) -> torch.Tensor | None:

@@ -44,6 +44,8 @@ DATA_METHODS = frozenset({"Pull", "Stage", "Push"})
 """Calls that carry tensors: they travel on the data plane."""
 
 Handler = Callable[[Header, Tensors], tuple[Header, Tensors]]
+AtOnce = Callable[[Header, Tensors], tuple[Header, Tensors] | None]
+"""A handler that answers only when it can without waiting, else returns None."""
 
 _POLL_MS = 100
 """How often the server's loop looks at its stop flag."""
@@ -89,15 +91,22 @@ def _socket(context: zmq.Context[zmq.Socket[bytes]], kind: int, ipv6: bool
 
 
 class DataServer:
-    """Serves the data-plane calls of one parameter server: a loop thread owns the
-    socket and hands each request to a pool (a sync pull may wait there for its round)."""
+    """Serves the data-plane calls of one parameter server. A loop thread owns the
+    socket and answers there each call that needs no wait (a pull of a shard already at
+    the asked version); the others go to a pool, where a sync pull may wait for its
+    round. A small pull spent most of its time in the hand-offs to a pool thread and
+    back, and a pull that can be answered should not queue behind pulls that wait."""
 
-    def __init__(self, handlers: Mapping[str, Handler], address: str, *, threads: int = 32,
+    def __init__(self, handlers: Mapping[str, Handler], address: str, *,
+                 at_once: Mapping[str, AtOnce] | None = None, threads: int = 32,
                  initializer: Callable[[], None] | None = None,
                  progress: ServingProgress | None = None) -> None:
-        """``address``: the gRPC address (host:port); the data socket binds its host."""
+        """``address``: the gRPC address (host:port); the data socket binds its host.
+        ``at_once``: by method, a handler that answers only when it need not wait (None:
+        the call goes to ``handlers``, in the pool)."""
         host, ipv6 = split_address(address)
         self.handlers = dict(handlers)
+        self.at_once = dict(at_once or {})
         self.progress = progress
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._router = _socket(self._context, zmq.ROUTER, ipv6)
@@ -139,54 +148,83 @@ class DataServer:
             ready = dict(poller.poll(_POLL_MS))
             if self._router in ready:
                 for request in _drain(self._router):
-                    self._pool.submit(self._handle, request[0], request[1:])
+                    self._dispatch(request[0], request[1:])
             if self._replies in ready:
                 for reply in _drain(self._replies):
                     self._router.send_multipart(reply, copy=False)
 
-    def _handle(self, peer: zmq.Frame, frames: list[zmq.Frame]) -> None:
-        call: Any = None
+    def _dispatch(self, peer: zmq.Frame, frames: list[zmq.Frame]) -> None:
+        """Answer a request here if it can be without a wait, else hand it to the pool."""
         try:
             doc, tensors = from_frames(frames)
-            call = doc.get("id")
-            handler = self.handlers.get(str(doc.get("m")))
-            if handler is None:
-                reply = to_frames({"id": call, "err": [grpc.StatusCode.UNIMPLEMENTED.name,
-                                                       f"no data call {doc.get('m')!r}"]})
-            else:
-                reply = self._run(handler, call, doc.get("h", {}), tensors)
         except CodecError as exc:
-            reply = to_frames({"id": call, "err": [grpc.StatusCode.INVALID_ARGUMENT.name,
-                                                   str(exc)]})
-        with self._reply_lock:
-            if not self._stop.is_set():
-                self._reply.send_multipart([peer, *reply], copy=False)
-
-    def _run(self, handler: Handler, call: Any, header: Header, tensors: Tensors
-             ) -> list[Any]:
+            self._answer(peer, _refusal(None, grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+            return
+        call, method, header = doc.get("id"), str(doc.get("m")), doc.get("h", {})
+        handler = self.handlers.get(method)
+        if handler is None:
+            self._answer(peer, _refusal(call, grpc.StatusCode.UNIMPLEMENTED,
+                                        f"no data call {method!r}"))
+            return
+        # Counted from here: a request queued behind wedged pool threads is waiting too.
         if self.progress is not None:
             self.progress.started()
+        quick = self.at_once.get(method)
+        reply = self._run(quick, call, header, tensors) if quick is not None else None
+        if reply is None:
+            self._pool.submit(self._handle, peer, handler, call, header, tensors)
+        else:
+            self._answer(peer, reply)
+
+    def _answer(self, peer: zmq.Frame, reply: list[Any]) -> None:
+        """Send a reply from the loop thread."""
+        self._router.send_multipart([peer, *reply], copy=False)
+        if self.progress is not None:
+            self.progress.finished()
+
+    def _handle(self, peer: zmq.Frame, handler: Handler, call: Any, header: Header,
+                tensors: Tensors) -> None:
+        """Run a request on a pool thread; its reply goes out through the loop."""
         try:
-            out, values = handler(header, tensors)
-            frames = to_frames({"id": call, "h": out}, values)
-            if isinstance(values, Lent):
-                # The shard's own memory goes out: it is lent until ZeroMQ is done
-                # with it, and an update meanwhile writes a copy.
-                lent = [zmq.Frame(f, copy=False, track=True) for f in frames[1:]]
-                tracker = zmq.MessageTracker(*lent)
-                values.loan.until(lambda: tracker.done)
-                return [frames[0], *lent]
-            return frames
+            reply = self._run(handler, call, header, tensors)
+            assert reply is not None  # only an at-once handler declines
+            with self._reply_lock:
+                if not self._stop.is_set():
+                    self._reply.send_multipart([peer, *reply], copy=False)
+        finally:
+            if self.progress is not None:
+                self.progress.finished()
+
+    def _run(self, handler: AtOnce, call: Any, header: Header, tensors: Tensors
+             ) -> list[Any] | None:
+        """The frames of a handler's reply or refusal; None if it declined."""
+        try:
+            answer = handler(header, tensors)
         except Exception as exc:  # answered like the gRPC handlers, or a bug: logged
             code = status_of(exc)
             if code is None:
                 log_event(_log, logging.ERROR, "ps_data_call_failed",
                           error=f"{type(exc).__name__}: {exc}")
                 code = grpc.StatusCode.INTERNAL
-            return to_frames({"id": call, "err": [code.name, error_text(exc)]})
-        finally:
-            if self.progress is not None:
-                self.progress.finished()
+            return _refusal(call, code, error_text(exc))
+        if answer is None:
+            return None
+        out, values = answer
+        frames = to_frames({"id": call, "h": out}, values)
+        if isinstance(values, Lent) and values.loan.keys:
+            # The shard's own memory goes out: it is lent until ZeroMQ is done
+            # with it, and an update meanwhile writes a copy. (Rows are copies:
+            # nothing to track.)
+            lent = [zmq.Frame(f, copy=False, track=True) for f in frames[1:]]
+            tracker = zmq.MessageTracker(*lent)
+            values.loan.until(lambda: tracker.done)
+            return [frames[0], *lent]
+        return frames
+
+
+def _refusal(call: Any, code: grpc.StatusCode, details: str) -> list[Any]:
+    """The frames of a refused call."""
+    return to_frames({"id": call, "err": [code.name, details]})
 
 
 def _drain(sock: zmq.Socket[bytes]) -> list[list[zmq.Frame]]:

@@ -140,8 +140,8 @@ def serve(ps: ParameterServer, address: str, *, threads: int = 32,
     one; the data plane takes a port of its own on the same host), threads pinned to
     ``cpus``, each request counted in ``progress``; the server and the control port."""
     initializer = pin_thread(cpus) if cpus else None
-    data = DataServer(_data_handlers(ps), address, threads=threads, initializer=initializer,
-                      progress=progress)
+    data = DataServer(_data_handlers(ps), address, at_once={"Pull": ps.pull_at_once},
+                      threads=threads, initializer=initializer, progress=progress)
     handlers = _handlers(ps, data.port)
 
     def wrap(name: str, fn: Handler) -> Callable[[bytes, grpc.ServicerContext], bytes]:

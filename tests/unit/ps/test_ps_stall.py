@@ -12,14 +12,21 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 from ringwright.runtime.membership.file_source import FileMembershipSource, write_world_file
 from ringwright.runtime.membership.health import ReadinessServer, StallWatchdog
 from ringwright.runtime.ps.env import wait_until_listed
+from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.progress import ServingProgress
+from ringwright.runtime.ps.serving.consistency import Consistency
+from ringwright.runtime.ps.serving.consistency import Mode as ConsistencyMode
+from ringwright.runtime.ps.serving.hosting import JobConfig
+from ringwright.runtime.ps.serving.optim import ServerOptimizer
 from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.serving.shard import initial_values
 from ringwright.runtime.ps.wire.codec import Header, Tensors
-from ringwright.runtime.ps.wire.transport import Stub, serve
+from ringwright.runtime.ps.wire.transport import Stub, result, serve
 from ringwright.world import JobRef, Member, Mode, StoreAddress, World
 from tests.waiting import wait_for
 
@@ -117,6 +124,26 @@ def test_a_call_that_fails_in_the_handler_still_counts_as_served(running: Runnin
         running.stub.call("Pull", {"shard": 5}, timeout=5)  # not served here
     time.sleep(3 * STALL_S)
     assert running.ready()
+
+
+def test_pulls_waiting_on_a_wedged_update_are_not_progress(running: Running) -> None:
+    spec = TensorSpec("emb", (100, 4), kind=Kind.EMBEDDING)
+    config = JobConfig((spec,), 1, ServerOptimizer(lr=0.1), Consistency(ConsistencyMode.ASYNC, 4),
+                       {"samples": 8, "pieceSize": 4, "epochs": 1})
+    running.ps.init({"shard": 0, "config": config.to_json()},
+                    initial_values(config.partition(), 0, {"emb": torch.zeros(100, 4)}))
+    shard = running.ps.hosted[0].cond
+    pulls = []
+    with shard:  # an update that does not end holds the shard
+        def stalled() -> bool:
+            # Each pull is tried at once first and declined: the decline is no answer.
+            pulls.append(running.stub.start("Pull", {"shard": 0, "dense": False},
+                                            {"i/emb": torch.tensor([1, 2])}, timeout=60))
+            return not running.ready()
+
+        assert _until(stalled)
+    assert all(result(p)[0]["version"] == 0 for p in pulls)
+    assert _until(running.ready)
 
 
 def _world(generation: int, ps: tuple[str, ...]) -> World:

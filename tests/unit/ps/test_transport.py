@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,8 @@ from ringwright.runtime.ps.serving.replication import GrpcJournal, Replicator
 from ringwright.runtime.ps.serving.server import ParameterServer
 from ringwright.runtime.ps.serving.shard import initial_values
 from ringwright.runtime.ps.wire.client import PSClient, dense_chunks
-from ringwright.runtime.ps.wire.transport import Stub, serve
+from ringwright.runtime.ps.wire.codec import Header, Tensors
+from ringwright.runtime.ps.wire.transport import Stub, result, serve
 
 SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
          TensorSpec("emb", (1000, 8), kind=Kind.EMBEDDING))
@@ -129,6 +131,46 @@ def test_a_second_server_on_a_port_in_use_fails_to_start() -> None:
             serve(ParameterServer(1), f"127.0.0.1:{port}")
     finally:
         first.stop(0)
+
+
+def test_a_pull_that_needs_no_wait_is_answered_while_the_pool_is_busy() -> None:
+    # One pool thread, taken by a pull waiting for a version the shard has not reached:
+    # a pull of the version there is answered anyway, by the data plane's own loop.
+    ps = ParameterServer(0)
+    ps.set_workers(frozenset({"w0"}))
+    waiting = threading.Event()
+    pull = ps.pull
+
+    def pull_that_shows_it_waits(header: Header, tensors: Tensors) -> tuple[Header, Tensors]:
+        waiting.set()
+        return pull(header, tensors)
+
+    ps.pull = pull_that_shows_it_waits  # type: ignore[method-assign]
+    server, port = serve(ps, "127.0.0.1:0", threads=1)
+    address = f"127.0.0.1:{port}"
+    c = PSClient([address], "w0")
+    behind, ahead = Stub(address), Stub(address)
+    try:
+        c.wait_ready(10)
+        config = JobConfig(SPECS, 1, ServerOptimizer(lr=0.5), Consistency(Mode.ASYNC, tau=5),
+                           {"samples": 10, "pieceSize": 5, "epochs": 1})
+        params = {"w": torch.randn(300_000), "b": torch.randn(7), "emb": torch.randn(1000, 8)}
+        c.initialize(config, params)
+        ids = {"i/emb": torch.tensor([4, 2])}
+        later = behind.start("Pull", {"shard": 0, "minVersion": 1, "timeout": 120,
+                                      "dense": False}, ids, timeout=120)
+        assert waiting.wait(30)
+        header, rows = ahead.call("Pull", {"shard": 0, "minVersion": 0, "dense": False}, ids,
+                                  timeout=30)
+        assert header["version"] == 0 and torch.equal(rows["emb"], params["emb"][[4, 2]])
+        ps.step_down(0)  # ends the wait: the waiting pull is refused, and goes elsewhere
+        with pytest.raises(grpc.RpcError) as refused:
+            result(later)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        for closing in (c, behind, ahead):
+            closing.close()
+        server.stop(0)
 
 
 FROZEN_SERVER = """
