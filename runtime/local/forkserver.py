@@ -49,6 +49,8 @@ PRELOAD = ("torch",)
 """What the server imports before forking (numpy comes with torch)."""
 
 _LENGTH = struct.Struct("!I")
+_ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Signals that end the server, and its children with it."""
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -280,6 +282,16 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, bool] = {}
+
+    def end(signum: int, _frame: object) -> None:
+        # Told to stop (a Ctrl-C or kill of the launcher's process group reaches the
+        # server too): its children go first, else those in sessions of their own
+        # would train on without a launcher.
+        _kill(children)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    ending = {signum: signal.signal(signum, end) for signum in _ENDING}
     while True:
         # SIGCHLD interrupts select; Python retries it, and the wake-up byte ends it.
         ready = select.select([sock.fileno(), wake_r], [], [])[0]
@@ -290,15 +302,15 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
             continue
         got = _recv(sock)
         if got is None:  # the launcher is gone: so are its workers
-            for pid, session in children.items():
-                with contextlib.suppress(ProcessLookupError):
-                    (os.killpg if session else os.kill)(pid, signal.SIGKILL)
+            _kill(children)
             return None
         request, fds = got
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for signum, handler in ending.items():
+                signal.signal(signum, handler)
             os.close(wake_r)
             os.close(wake_w)
             sock.close()
@@ -308,6 +320,13 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
             os.close(fd)
         children[pid] = bool(request["session"])
         _send(sock, {"started": pid})
+
+
+def _kill(children: Mapping[int, bool]) -> None:
+    """SIGKILL each child (the process group of one that leads its own session)."""
+    for pid, session in children.items():
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if session else os.kill)(pid, signal.SIGKILL)
 
 
 def _reap(sock: socket.socket, children: dict[int, bool]) -> None:

@@ -134,12 +134,19 @@ def test_a_child_ends_as_the_interpreter_would(server: ForkServer, tmp_path: Pat
     assert "KeyboardInterrupt" in (tmp_path / "interrupted" / "err.log").read_text()
 
 
-def test_closing_the_server_kills_its_children(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ending", ["closed", signal.SIGTERM, signal.SIGINT])
+def test_a_server_that_ends_kills_its_children(tmp_path: Path,
+                                                ending: str | signal.Signals) -> None:
+    # Closed by the launcher, or signalled with the launcher's process group (a Ctrl-C, a
+    # kill): a child in a session of its own is out of that group's reach.
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
     server = ForkServer(preload=())
     with (tmp_path / "log").open("wb") as log:
         child = server.spawn([sys.executable, str(tmp_path / "sleeper.py")], dict(os.environ),
-                             stdout=log.fileno(), stderr=log.fileno())
+                             stdout=log.fileno(), stderr=log.fileno(), new_session=True)
+    if isinstance(ending, signal.Signals):
+        os.kill(server._proc.pid, ending)
+        assert server._proc.wait(timeout=30) == -ending  # it ends as the signal would
     server.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
