@@ -323,10 +323,14 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
 
 
 def _kill(children: Mapping[int, bool]) -> None:
-    """SIGKILL each child (the process group of one that leads its own session)."""
+    """SIGKILL each child, and the process group of one that leads its own session."""
     for pid, session in children.items():
+        # The child itself too: one just forked may not have made its session yet.
         with contextlib.suppress(ProcessLookupError):
-            (os.killpg if session else os.kill)(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+        if session:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def _reap(sock: socket.socket, children: dict[int, bool]) -> None:
