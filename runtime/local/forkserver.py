@@ -288,8 +288,7 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
         # server too): its children go first, else those in sessions of their own
         # would train on without a launcher.
         _kill(children)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        _end_by(signum)
 
     ending = {signum: signal.signal(signum, end) for signum in _ENDING}
     while True:
@@ -431,9 +430,14 @@ def _run_and_exit(argv: list[str]) -> None:
     _flush_open_files()
     gc.collect()
     if interrupted:  # as the interpreter ends on an unhandled KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+        _end_by(signal.SIGINT)
     os._exit(code)
+
+
+def _end_by(signum: int) -> None:
+    """End this process as ``signum``'s default action does (its status says so)."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def main(argv: list[str]) -> None:
