@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,8 @@ def test_pods_of_three_ranks_survive_a_rank_kill_and_grow(
         assert_every_sample_once(t, SAMPLES, EPOCHS)
         assert_params_identical(t)
     except BaseException:
+        # First, so that a truncated report still holds it.
+        print("traces:", runner.traces().summary(time.time()), sep="\n")
         print(runner.tails(30))
         status = kube.get(tj_path(ns, "elastic")).get("status") or {}
         print("job status:", status)

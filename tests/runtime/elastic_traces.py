@@ -71,6 +71,22 @@ class Traces:
         """Pods that completed at least one step in world generation ``generation``."""
         return {pod for pod, r in self.events("stepped") if r["generation"] == generation}
 
+    def summary(self, now: float) -> str:
+        """One line per process: the worlds it started (generation:size@step), its last
+        record and how long ago it was written, for a failing test's message (a stalled
+        process shows as an old last record; a slow one as a young one)."""
+        lines = []
+        for pod, records in self.by_pod.items():
+            worlds = " ".join(f"{r['generation']}:{r['size']}@{r['step']}"
+                              for r in records if r["ev"] == "start")
+            last = records[-1] if records else {}
+            what = " ".join(f"{k}={last[k]}" for k in ("ev", "generation", "step", "why")
+                            if k in last)
+            age = f"{now - last['t']:.0f}s ago" if "t" in last else "-"
+            lines.append(f"{pod}: {len(records)} records; worlds {worlds or '-'}; "
+                         f"last {what or '-'} ({age})")
+        return "\n".join(lines)
+
     def pids(self, pod: str) -> list[int]:
         """Process ids that trained as ``pod``, in order of their first world start."""
         seen: list[int] = []
