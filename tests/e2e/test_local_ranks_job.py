@@ -10,6 +10,7 @@ once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -51,6 +52,21 @@ def local_ranks_of(host: PodHost, pod: str) -> dict[int, int]:
         local = next(v for v in env if v.startswith(Env.LOCAL_RANK.encode() + b"="))
         out[int(local.split(b"=", 1)[1])] = int(pid)
     return out
+
+
+def stacks(host: PodHost) -> str:
+    """Where every rank's training thread is (the worker writes its threads' stacks on
+    SIGUSR1; the one that runs the worker's script is kept), for a stalled test."""
+    for pod in list(host.pods):
+        with contextlib.suppress(OSError, StopIteration, KeyError):
+            for pid in local_ranks_of(host, pod).values():
+                os.kill(pid, signal.SIGUSR1)
+    time.sleep(1)
+    out = []
+    for path in sorted((host.workdir / "trace").glob("*.stacks")):
+        threads = path.read_text(errors="replace").split("\n\n")
+        out += [f"--- {path.stem}"] + [t for t in threads if WORKER.name in t]
+    return "\n".join(out)
 
 
 def test_pods_of_three_ranks_survive_a_rank_kill_and_grow(
@@ -105,6 +121,7 @@ def test_pods_of_three_ranks_survive_a_rank_kill_and_grow(
         # First, so that a truncated report still holds it.
         print("traces:", runner.traces().summary(time.time()), sep="\n")
         print(runner.tails(30))
+        print("stacks:", stacks(runner.host), sep="\n")
         status = kube.get(tj_path(ns, "elastic")).get("status") or {}
         print("job status:", status)
         pods = kube.list(api_path("v1", "pods", ns))

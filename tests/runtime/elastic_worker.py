@@ -19,6 +19,7 @@ that kills a member mid-training holds a later step, so the job cannot end first
 PAUSE_RANK, PAUSE_STEP and PAUSE_SECONDS make the member of that rank that completes
 that step first sleep once per job (a slow evaluation, a straggler: late, not dead);
 PAUSE_FILE (default: in TRACE_DIR) records that it happened.
+SIGUSR1 writes every thread's stack to ``$TRACE_DIR/<pod>.stacks`` (a stalled test's report).
 SLOW_POD=<pod> and SLOW_FACTOR make that pod's STEP_SLEEP (its stand-in for compute)
 SLOW_FACTOR times longer, for good: a throttled GPU.
 USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
@@ -42,6 +43,7 @@ gone, so a test can hold a newcomer in its start-up for as long as it needs.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import logging
@@ -81,6 +83,7 @@ class Trace:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def write(self, **record: Any) -> None:
@@ -193,6 +196,9 @@ def main() -> int:
     trace = Trace(Path(os.environ["TRACE_DIR"]) / f"{pod}{'.' + local if local else ''}.jsonl")
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {pod} %(name)s %(message)s")
+    # A test that finds the job stalled asks for every thread's stack (SIGUSR1).
+    stacks = trace.path.with_suffix(".stacks").open("w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     slow_start(trace)
 
     data = torch.Generator().manual_seed(1234)
