@@ -36,7 +36,8 @@ WORKER = Path(__file__).resolve().parents[1] / "runtime" / "elastic_worker.py"
 LOCAL = 3
 SAMPLES, EPOCHS = 6144, 2
 """Long enough (at half a second a step) that the pods the test kills and adds join
-before the data runs out: a held gate would keep the survivors from seeing them."""
+before the data runs out: a held gate would keep the survivors from seeing them. Once
+they have, the steps speed up (STEP_SLEEP_FILE): the rest only has to be trained once."""
 
 
 def processes(world: World) -> set[str]:
@@ -52,6 +53,14 @@ def local_ranks_of(host: PodHost, pod: str) -> dict[int, int]:
         local = next(v for v in env if v.startswith(Env.LOCAL_RANK.encode() + b"="))
         out[int(local.split(b"=", 1)[1])] = int(pid)
     return out
+
+
+def rejoined(kube: KubeClient, ns: str, runner: HostThread, after: int) -> World | None:
+    """A world of three pods newer than ``after`` in which every rank has trained."""
+    current = world_where(kube, ns, 3 * LOCAL, after=after)
+    if current is None or not processes(current) <= runner.traces().trained(current.generation):
+        return None
+    return current
 
 
 def stacks(host: PodHost) -> str:
@@ -81,7 +90,7 @@ def test_pods_of_three_ranks_survive_a_rank_kill_and_grow(
     kube.create(tj_path(ns), manifest)
     env = {"TRACE_DIR": str(tmp_path / "pods" / "trace"), "EPOCHS": str(EPOCHS),
            "SAMPLES": str(SAMPLES), "BATCH": "4", "COMMIT_EVERY": "4", "STEP_SLEEP": "0.5",
-           "OMP_NUM_THREADS": "1"}
+           "STEP_SLEEP_FILE": str(tmp_path / "step-sleep"), "OMP_NUM_THREADS": "1"}
     runner = HostThread(PodHost(kube, ns, "elastic", [sys.executable, str(WORKER)],
                                 tmp_path / "pods", extra_env=env, readiness_grace=120))
     try:
@@ -105,11 +114,15 @@ def test_pods_of_three_ranks_survive_a_rank_kill_and_grow(
                          "a new generation after the kill", timeout=180)
         survivors = [p for p in grown.pods if p != victim]
         assert set(survivors) <= set(after.pods)
+        # The killed pod's ranks come back (restarted in place, or a replacement pod)
+        # and train with the survivors.
+        back = wait_for(lambda: rejoined(kube, ns, runner, grown.generation),
+                        "the killed pod's ranks to train with the survivors again", timeout=240)
+        (tmp_path / "step-sleep").write_text("0.02")
         # Read from the traces, not from exits: in one run of two, a rank of a survivor
         # traced the end of training and then did not exit (not yet explained).
-        ranks = {f"{p}.{k}" for p in survivors for k in range(LOCAL)}
-        wait_for(lambda: ranks <= {name for name, _ in runner.traces().events("done")},
-                 "the survivors' ranks to finish training", timeout=420)
+        wait_for(lambda: processes(back) <= {name for name, _ in runner.traces().events("done")},
+                 "every rank to finish training", timeout=420)
         # The entry point ended the pod as its rank died (then the pod host restarted it
         # in place, or the operator replaced the pod its peers named dead).
         assert runner.host.finished[victim][ended] == 128 + signal.SIGKILL

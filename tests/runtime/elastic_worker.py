@@ -22,6 +22,9 @@ PAUSE_FILE (default: in TRACE_DIR) records that it happened.
 SIGUSR1 writes every thread's stack to ``$TRACE_DIR/<pod>.stacks`` (a stalled test's report).
 SLOW_POD=<pod> and SLOW_FACTOR make that pod's STEP_SLEEP (its stand-in for compute)
 SLOW_FACTOR times longer, for good: a throttled GPU.
+STEP_SLEEP_FILE: while it exists, the seconds it holds replace STEP_SLEEP, read at every
+step (a test that needs a long run until it has seen a fault and a rejoin speeds up the
+rest, which only has to be trained once).
 USER_ALLREDUCE=1 also sums the loss with the library's own all-reduce inside the
 training function, as user code may.
 LOADER_WORKERS=N draws each step's samples through a torch ``DataLoader`` with N worker
@@ -162,6 +165,14 @@ def held_step(gate: Path, default: int) -> int | None:
     return int(text) if text else default
 
 
+def paced(step_sleep: float, pace: Path) -> float:
+    """STEP_SLEEP, or the seconds written in STEP_SLEEP_FILE while it exists."""
+    try:
+        return float(pace.read_text())
+    except (OSError, ValueError):  # none, or caught while being written
+        return step_sleep
+
+
 def slow_start(trace: Trace) -> None:
     """The start-up delays of the module's docstring (START_DELAY_S, START_GATE_FILE)."""
     time.sleep(float(os.environ.get("START_DELAY_S", "0")))
@@ -181,8 +192,8 @@ def main() -> int:
     batch = int(os.environ.get("BATCH", "4"))
     commit_every = int(os.environ.get("COMMIT_EVERY", "4"))
     step_sleep = float(os.environ.get("STEP_SLEEP", "0.03"))
-    if os.environ.get("SLOW_POD") == pod:
-        step_sleep *= float(os.environ.get("SLOW_FACTOR", "1"))
+    pace = Path(os.environ.get("STEP_SLEEP_FILE", "/nonexistent"))
+    slow = float(os.environ.get("SLOW_FACTOR", "1")) if os.environ.get("SLOW_POD") == pod else 1
     gate = Path(os.environ.get("GATE_FILE", "/nonexistent"))
     gate_step = int(os.environ.get("GATE_STEP", "-1"))
     pause_rank = int(os.environ.get("PAUSE_RANK", "-1"))
@@ -290,7 +301,7 @@ def main() -> int:
             state.advance()
             trace.write(ev="stepped", generation=world.generation, rank=state.binding.rank,
                         size=world.size, step=state.step)
-            time.sleep(step_sleep)
+            time.sleep(paced(step_sleep, pace) * slow)
             if (state.step == pause_step and state.binding.rank == pause_rank
                     and pause_once(pause_file, pause_s)):
                 trace.write(ev="pause", step=state.step, seconds=pause_s)
