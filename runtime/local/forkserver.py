@@ -304,20 +304,26 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
             _kill(children)
             return None
         request, fds = got
+        # Held until the child is recorded (the parent) or has the handlers it should
+        # have (the child): an ending signal in between would pass over the new child,
+        # or, taken by the server's handler in the child, kill the child's siblings.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             for signum, handler in ending.items():
                 signal.signal(signum, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.close(wake_r)
             os.close(wake_w)
             sock.close()
             _become(request, fds)
             return request
+        children[pid] = bool(request["session"])
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in fds:
             os.close(fd)
-        children[pid] = bool(request["session"])
         _send(sock, {"started": pid})
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,6 +158,58 @@ def test_a_server_that_ends_kills_its_children(tmp_path: Path,
             return
         time.sleep(0.05)
     pytest.fail(f"child {child.pid} outlived its fork server")
+
+
+SLOW_FORK = """import os, pathlib, time
+_fork = os.fork
+def fork():
+    pid = _fork()
+    if pid:  # the server, before it has recorded its new child
+        pathlib.Path(os.environ["FORKED_MARK"]).write_text(str(pid))
+        time.sleep(2)
+    return pid
+os.fork = fork
+"""
+
+
+def test_a_signal_that_comes_while_a_child_is_forked_kills_that_child_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server's fork is slowed (a module it preloads) so that the signal comes between
+    # the fork and the server's record of the child.
+    (tmp_path / "slowfork.py").write_text(SLOW_FORK)
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    mark = tmp_path / "forked"
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("FORKED_MARK", str(mark))
+    server = ForkServer(preload=("slowfork",))
+
+    def spawn() -> None:
+        with (tmp_path / "log").open("wb") as log, contextlib.suppress(RuntimeError):
+            server.spawn([sys.executable, str(tmp_path / "sleeper.py")], dict(os.environ),
+                         stdout=log.fileno(), stderr=log.fileno(), new_session=True)
+
+    spawning = threading.Thread(target=spawn)
+    spawning.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() or not mark.read_text():
+            assert time.monotonic() < deadline, "the server never forked"
+            time.sleep(0.01)
+        child = int(mark.read_text())
+        os.kill(server._proc.pid, signal.SIGTERM)
+        assert server._proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        spawning.join(timeout=30)
+        server.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.killpg(child, signal.SIGKILL)
+    pytest.fail(f"child {child}, forked as the server was signalled, outlived it")
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
