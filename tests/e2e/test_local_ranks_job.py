@@ -4,8 +4,8 @@
 pod host starts the pod entry point (``ringwright.runtime.launch``), as the operator's
 wrapped command does in a real pod. The job grows from two pods to three, then one
 local rank is killed (its pod's ranks go together: the pod host restarts the container,
-as the kubelet does, or the operator replaces the pod); every sample is trained exactly
-once.
+as the kubelet does, or the operator replaces the pod) and the pod's ranks train with
+the others again; every sample is trained exactly once.
 """
 
 from __future__ import annotations
