@@ -45,7 +45,7 @@ from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.storage import storage_for
 from ringwright.world import World
 from tests.jobs import OperatorProcess, get_status, tj_path
-from tests.realnode.staging import hostpath_policy, run_staged_worker, stage_worker
+from tests.realnode.staging import MOUNT, hostpath_policy, run_staged_worker, stage_worker
 from tests.runtime.elastic_traces import (
     Traces,
     assert_every_sample_once,
@@ -401,9 +401,10 @@ def test_the_horovod_images_job_survives_a_deleted_pod(
 
 
 ACCOUNTED = {"EPOCHS": "2", "SAMPLES": "2304", "BATCH": "4", "COMMIT_EVERY": "4",
-             "STEP_SLEEP": "0.2", "OMP_NUM_THREADS": "1"}
+             "STEP_SLEEP": "0.2", "STEP_SLEEP_FILE": f"{MOUNT}/step-sleep",
+             "OMP_NUM_THREADS": "1"}
 """About 190 steps per epoch at three workers: the job outlasts both faults and their
-rejoins, then ends by itself."""
+rejoins, then ends by itself, faster once the last rejoin has trained (STEP_SLEEP_FILE)."""
 
 
 def test_every_sample_is_trained_once_through_a_deleted_pod_and_a_killed_container(
@@ -453,6 +454,8 @@ def test_every_sample_is_trained_once_through_a_deleted_pod_and_a_killed_contain
         back = wait_for(rejoined, "a world of 3 with the restarted container", timeout=600)
         trained_in(back)
 
+        # Both faults are behind: the rest only has to be trained once.
+        (folder / "step-sleep").write_text("0.02")
         wait_for(lambda: get_status(kube, namespace, "accounted").get("phase") == "Succeeded",
                  "the job to train to its end", timeout=900, interval=2)
     t = Traces.load(traces)
