@@ -9,13 +9,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ringwright.runtime.local.forkserver import ForkedProcess, ForkServer, forkable
+from tests.waiting import wait_for
 
 CHILD = """
 import json, os, random, sys, threading, time
@@ -136,6 +136,24 @@ def test_a_child_ends_as_the_interpreter_would(server: ForkServer, tmp_path: Pat
     assert "KeyboardInterrupt" in (tmp_path / "interrupted" / "err.log").read_text()
 
 
+def assert_ends(pid: int, why: str) -> None:
+    """Fail unless process ``pid`` (a session leader) is gone within 30 s; kill its group
+    if it is not."""
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    try:
+        wait_for(gone, f"child {pid} to end ({why})", timeout=30, interval=0.05)
+    except AssertionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        raise
+
+
 @pytest.mark.parametrize("ending", ["closed", signal.SIGTERM, signal.SIGINT])
 def test_a_server_that_ends_kills_its_children(tmp_path: Path,
                                                 ending: str | signal.Signals) -> None:
@@ -150,14 +168,7 @@ def test_a_server_that_ends_kills_its_children(tmp_path: Path,
         os.kill(server._proc.pid, ending)
         assert server._proc.wait(timeout=30) == -ending  # it ends as the signal would
     server.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    pytest.fail(f"child {child.pid} outlived its fork server")
+    assert_ends(child.pid, "its fork server ended")
 
 
 SLOW_FORK = """import os, pathlib, time
@@ -191,25 +202,14 @@ def test_a_signal_that_comes_while_a_child_is_forked_kills_that_child_too(
     spawning = threading.Thread(target=spawn)
     spawning.start()
     try:
-        deadline = time.monotonic() + 60
-        while not mark.exists() or not mark.read_text():
-            assert time.monotonic() < deadline, "the server never forked"
-            time.sleep(0.01)
-        child = int(mark.read_text())
+        child = int(wait_for(lambda: mark.read_text() if mark.exists() else None,
+                             "the server to fork", interval=0.01))
         os.kill(server._proc.pid, signal.SIGTERM)
         assert server._proc.wait(timeout=30) == -signal.SIGTERM
     finally:
         spawning.join(timeout=30)
         server.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.killpg(child, signal.SIGKILL)
-    pytest.fail(f"child {child}, forked as the server was signalled, outlived it")
+    assert_ends(child, "its fork server was signalled as it forked the child")
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
