@@ -29,7 +29,7 @@ from ringwright.world import Env
 
 from ..launch import local_rank_from_env
 from ..membership.health import HealthFile
-from .env import membership_source, ps_port, recovery_settings, spec_consistency
+from .env import membership_source, ps_port, ps_shards, recovery_settings, spec_consistency
 from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
 from .process import PSSettings, run_server
@@ -75,7 +75,7 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
             return None
         return Worker(job, source, pod, ps_port(env), metrics=metrics,
                       recovery=recovery_settings(env), beat=readiness.watchdog.beat,
-                      local_rank=local_rank_from_env(env)).run()
+                      local_rank=local_rank_from_env(env), shards=ps_shards(env)).run()
     finally:
         readiness.close()
         if endpoint is not None:

@@ -27,6 +27,9 @@ class PSEnv:
     CHECKPOINT_VERSIONS = "RINGWRIGHT_PS_CHECKPOINT_VERSIONS"
     RECOVER_SECONDS = "RINGWRIGHT_PS_RECOVER_SECONDS"
     """How long a worker keeps looking for a shard's primary before it fails (30)."""
+    SHARDS = "RINGWRIGHT_PS_SHARDS"
+    """Shards of the model, fixed for the job's life (the number of servers when unset or
+    smaller): a job whose servers may grow sets it to at least their largest number."""
 
 
 WORLD_POLL_S = 5.0
@@ -67,6 +70,11 @@ def ps_addresses(world: World, port: int) -> list[str]:
     down, absent from the world, gets an address that refuses connections)."""
     by_rank = {m.rank: f"{m.ip}:{port}" for m in world.ps}
     return [by_rank.get(i, DOWN_ADDRESS) for i in range(world.ps_count)]
+
+
+def ps_shards(environ: Mapping[str, str]) -> int:
+    """The shard count the environment asks for (0: one per server)."""
+    return int(environ.get(PSEnv.SHARDS) or 0)
 
 
 def recovery_settings(environ: Mapping[str, str]) -> RecoverySettings:

@@ -3,11 +3,14 @@
 Follows the job's world: finds its PS index, serves on its pod IP with handler
 threads pinned to the pod's CPUs, keeps the sync rounds and data leases in step with
 the current workers, sends its primary shards to their replica hosts and checkpoints
-them in the background. Exits 0 when the data is done or when it leaves the world.
+them in the background. When the job's servers grow or shrink it hands the shards that
+now belong elsewhere to their new homes (:mod:`.serving.moving`). Exits 0 when the data
+is done or when it leaves the world (after a shrink, once its shards are handed over).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -33,7 +36,9 @@ from .env import (
 )
 from .memory import retain_freed_memory
 from .metrics import PSMetrics, serve_from_env
+from .placement import Placement
 from .progress import PSReadiness, ServingProgress
+from .serving.moving import Mover
 from .serving.replication import GrpcJournal, GrpcSend, Replicator
 from .serving.server import ParameterServer
 from .wire.routing import RecoverySettings, Routes
@@ -52,6 +57,9 @@ class PSSettings:
     """Checkpoint primary shards every this many versions; 0: as spec.checkpoint says."""
     linger_s: float = 2.0
     """After the data is done, keep serving this long for the last pushes and pulls."""
+    drain_s: float = 120.0
+    """A server that a shrink took away hands its shards over for at most this long;
+    what is still here then fails over to its replicas, as if it had died."""
     world_wait_s: float = 900.0
     detect_s: float = DETECT_S
     """The job's failureDetectSeconds: a replica host that leaves the transport's pings
@@ -156,9 +164,9 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     servers = world.ps_count
     cpus = pinned_cpus()
     torch.set_num_threads(len(cpus))
+    # A journal sender even alone: the job may grow a server to keep shard 0's replica.
     ps = ParameterServer(me.rank, clock=clock, metrics=metrics,
-                         journal=GrpcJournal(detect_s=settings.detect_s) if servers > 1
-                         else None)
+                         journal=GrpcJournal(detect_s=settings.detect_s))
     # Know the workers before the first push: a sync round must not complete early.
     ps.set_workers(frozenset(m.process for m in world.members))
     checkpoints = shard_checkpoints(ps, settings, world, clock)
@@ -174,19 +182,38 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
     replicator = Replicator(ps, servers, GrpcSend(detect_s=settings.detect_s))
+    mover = Mover(ps, GrpcSend(method="Adopt", detect_s=settings.detect_s))
     done_at: float | None = None
+    leaving_at: float | None = None
     try:
         while stop is None or not stop.is_set():
             latest = source.latest() or world
-            if all(m.pod != pod for m in latest.ps):
-                log_event(_log, logging.INFO, "ps_left_world", generation=latest.generation)
+            listed = any(m.pod == pod for m in latest.ps)
+            # Taken away by a shrink (its index is past the new count), not dropped as
+            # unready or lost: hand the shards over first.
+            leaving = not listed and me.rank >= latest.ps_count
+            if not listed and (not leaving or _drained(ps, mover, leaving_at, clock,
+                                                       settings.drain_s)):
+                log_event(_log, logging.INFO, "ps_left_world", generation=latest.generation,
+                          primaries=len(ps.primaries()))
                 return 0
+            if leaving and leaving_at is None:
+                leaving_at = clock()
             world = latest
+            if world.ps_count != servers:
+                mover.resized(servers, world.ps_count)
+                log_event(_log, logging.INFO, "ps_resized", servers=servers,
+                          to=world.ps_count, hands_over=_listed(mover.pending))
+                servers = world.ps_count
             ps.set_workers(frozenset(m.process for m in world.members))
             if progress is not None:
                 progress.tick()
-            if servers > 1:
-                replicator.round(ps_addresses(world, port))
+            addresses = ps_addresses(world, port)
+            replicator.round(addresses)
+            mover.round(addresses, replicator)
+            if ps.config is not None:
+                keeps = Placement(ps.config.shards, servers).keeps
+                ps.drop_replicas(functools.partial(keeps, server=me.rank))
             if checkpoints is not None:
                 checkpoints.round()
             if ps.finished.is_set():
@@ -202,15 +229,31 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
             checkpoints.close()
 
 
+def _drained(ps: ParameterServer, mover: Mover, since: float | None,
+             clock: Callable[[], float], drain_s: float) -> bool:
+    """Whether a server leaving after a shrink may exit: it handed over every shard it
+    served, or it tried for ``drain_s``."""
+    if since is None:
+        return False
+    return not (mover.pending or ps.primaries()) or clock() - since >= drain_s
+
+
+def _listed(moves: Mapping[int, int]) -> str:
+    return ",".join(f"{shard}>{to}" for shard, to in sorted(moves.items())) or "-"
+
+
 def _summary(ps: ParameterServer) -> dict[str, object]:
-    """Counters for the last log line: pushes, staleness, and the data accounting
-    (``epoch:samples`` pairs) when this server holds the data-shard service."""
+    """Counters for the last log line: pushes, staleness, the version of each primary
+    shard (``shard:version``), and the data accounting (``epoch:samples`` pairs) when this
+    server holds the data-shard service."""
     status = ps.status()
 
     def pairs(table: Mapping[str, int]) -> str:
         return ",".join(f"{k}:{v}" for k, v in sorted(table.items())) or "-"
 
+    versions = {s: v["version"] for s, v in status["shards"].items() if v["role"] == "primary"}
     out: dict[str, object] = {"applied": status["applied"], "stale": status["stale"],
+                              "versions": pairs(versions),
                               "staleness": pairs(status["staleness"]),
                               "dropped_staleness": pairs(status["droppedStaleness"])}
     data = status["data"]

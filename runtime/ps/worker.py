@@ -112,11 +112,15 @@ class Worker(Generic[B]):
                  addresses: Callable[[World, int], list[str]] | None = None,
                  metrics: PSMetrics | None = None,
                  recovery: RecoverySettings | None = None,
-                 beat: Callable[[], None] | None = None, local_rank: int = 0) -> None:
+                 beat: Callable[[], None] | None = None, local_rank: int = 0,
+                 shards: int = 0) -> None:
         """``beat``: called on progress (each step, and while waiting alive), for the
-        pod's stall watchdog; ``local_rank``: this process's rank inside its pod."""
+        pod's stall watchdog; ``local_rank``: this process's rank inside its pod;
+        ``shards``: the model's shards when the first worker creates them (at least one
+        per server; more let the servers grow, see :mod:`.placement`)."""
         self.job, self.source, self.pod, self.port = job, source, pod, port
         self.local_rank = local_rank
+        self.shards = shards
         self.name = pod if local_rank == 0 else f"{pod}/{local_rank}"
         """How the servers know this worker (:attr:`ringwright.world.Member.process`)."""
         self.world_wait_s = world_wait_s
@@ -139,7 +143,8 @@ class Worker(Generic[B]):
         try:
             client.wait_ready(self.world_wait_s, self.beat)
             client.discover()
-            client.initialize(self.job.config(world.ps_count, self.binding.specs()),
+            client.initialize(self.job.config(max(self.shards, world.ps_count),
+                                              self.binding.specs()),
                               self.binding.initial())
             self.binding.release_tables()
             self._loop(client)

@@ -86,7 +86,7 @@ class LocalPSJob:
                                  ip="127.0.0.1")
                           for i, w in enumerate(self.workers) for k in range(self.local_ranks)),
             ps=tuple(Member(rank=int(p.rsplit("-", 1)[1]), pod=p, ip=ip)
-                     for p, ip in self.ps_ip.items()),
+                     for p, ip in self.ps_ip.items() if p in self.ps),
             ps_replicas=len(self.ps))
         write_world_file(self.world_file, world)
 
@@ -106,6 +106,36 @@ class LocalPSJob:
         self.procs[pod] = start_process(command, env, output=log, cwd=str(self.root),
                                         fork=wanted(), new_session=ranks > 1)
         log.close()
+
+    def resize(self, servers: int) -> None:
+        """Grow or shrink the job's servers to ``servers`` and publish it, as the operator
+        does: a server taken away is left out of the world (it exits once it has handed
+        its shards over); a new one is listed (start its process first, with
+        :meth:`start_server`, so that it waits for the world that lists it)."""
+        self.ps = [f"ps-{i}" for i in range(servers)]
+        self.publish()
+
+    def start_server(self, index: int) -> str:
+        """Start PS ``index`` beyond the job's current servers, on its own address, not
+        yet listed in the world (its pod is up before the operator lists it)."""
+        pod = f"ps-{index}"
+        self.ps_ip.setdefault(pod, f"127.77.{self.subnet}.{index + 1}")
+        self.start(pod, "ps")
+        return pod
+
+    def wait_log(self, pod: str, needle: str, timeout: float = WAIT_S) -> str:
+        """The first line of ``pod``'s log that contains ``needle``, once it is there."""
+        path = self.root / f"{pod}.log"
+        deadline = time.monotonic() + timeout
+        while True:
+            text = path.read_text() if path.exists() else ""
+            for line in text.splitlines():
+                if needle in line:
+                    return line
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pod}: no {needle!r} in {timeout}s\n{self.logs()}")
+            time.sleep(0.05)
 
     def start_all(self, workers: list[str], extra: dict[str, list[str]] | None = None) -> None:
         self.publish(workers)

@@ -22,6 +22,8 @@ from .shard import ShardState
 class Role(StrEnum):
     PRIMARY = "primary"
     REPLICA = "replica"
+    MOVING = "moving"
+    """Being handed to its new home (a resize): served by nobody until the home takes it."""
 
 
 class NotServing(RuntimeError):

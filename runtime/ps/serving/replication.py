@@ -17,8 +17,8 @@ from collections.abc import Callable
 import grpc
 
 from ...kvlog import log_event, runtime_logger
+from ..placement import Placement
 from ..wire.codec import Header, Tensors
-from ..wire.routing import other_copy
 from ..wire.transport import DETECT_S, Stub
 from .server import ParameterServer
 
@@ -68,18 +68,27 @@ class Replicator:
 
     def __init__(self, ps: ParameterServer, servers: int, send: Send | None = None,
                  logger: logging.Logger = _log) -> None:
+        """``servers``: the job's servers until a round says otherwise (each round
+        follows the addresses it is given)."""
         self.ps, self.servers = ps, servers
         self.send = send or GrpcSend()
         self.log = logger
         self._targets: dict[int, str] = {}
+        self.accepted: dict[int, tuple[str, int]] = {}
+        """Per shard: the address that last accepted a copy of it, and its version."""
 
     def target(self, shard: int) -> int:
-        """A home shard's replica goes to the next server; a shard served here after a
-        failover goes back to its home server (re-seeding a replacement)."""
-        return other_copy(shard, self.ps.index, self.servers)
+        """A home shard's replica goes to the next server; a shard served elsewhere
+        (after a failover, or on a server that is handing it to its new home after a
+        resize) goes to its home (re-seeding a replacement, or seeding the new home)."""
+        config = self.ps.config
+        shards = config.shards if config is not None else self.servers
+        return Placement(shards, self.servers).other_copy(shard, self.ps.index)
 
     def round(self, addresses: list[str]) -> None:
-        """Send every primary shard changed since its last replication."""
+        """Send every primary shard changed since its last replication (``addresses``:
+        every server of the job, by index)."""
+        self.servers = len(addresses)
         for shard in self.ps.primaries():
             target = self.target(shard)
             if target == self.ps.index:
@@ -101,6 +110,7 @@ class Replicator:
             if reply.get("accepted") is False:
                 self._refused(shard, target, int(reply["version"]))
             else:
+                self.accepted[shard] = (address, int(snap[0]["version"]))
                 self.ps.copied(shard, address)
 
     def _refused(self, shard: int, target: int, theirs: int) -> None:

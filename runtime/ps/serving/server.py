@@ -25,6 +25,12 @@ from .shard import Lent, Loan, ShardState, reduce_sparse
 
 DATA_SHARD = 0
 """The data-shard service lives with shard 0 (and fails over with it)."""
+MOVE_WAIT_S = 10.0
+"""How long a call for a shard being handed over waits for the hand-over to end (it
+then fails with :class:`NotServing`, and the worker follows the shard to its new home)."""
+
+HandOver = Callable[[Header, Tensors], bool]
+"""Deliver a shard's whole state to its new home (``Adopt``); True once it serves it."""
 
 
 class ParameterServer:
@@ -130,8 +136,13 @@ class ParameterServer:
     # -- serving ---------------------------------------------------------------------
 
     def _primary(self, shard: int) -> Hosted:
+        """The shard if served here; a call for a shard being handed over waits for the
+        hand-over to end, so that the worker finds the new home at its first look."""
         with self._lock:
             h = self.hosted.get(shard)
+        if h is not None and h.role is Role.MOVING:
+            with h.cond:
+                h.cond.wait_for(lambda: h.role is not Role.MOVING, MOVE_WAIT_S)
         if h is None or h.role is not Role.PRIMARY:
             raise NotServing(f"ps {self.index} does not serve shard {shard}")
         return h
@@ -157,6 +168,10 @@ class ParameterServer:
         """:meth:`pull`'s reply if it needs no wait: the shard is at ``minVersion`` and
         no update holds it. None otherwise (call :meth:`pull`, which waits)."""
         shard = int(header["shard"])
+        with self._lock:
+            h = self.hosted.get(shard)
+        if h is not None and h.role is Role.MOVING:
+            return None  # waits in the pool (:meth:`pull`), not on the loop thread
         h = self._primary(shard)
         if not h.cond.acquire(blocking=False):
             return None
@@ -351,11 +366,7 @@ class ParameterServer:
             if h.replicated == h.version:
                 return None
             h.replicated = h.version
-            header = {"shard": shard, "version": h.version, "config": config.to_json(),
-                      "data": None,
-                      "pushes": {w: [i, r] for w, (i, r) in h.pushes.items()}}
-            # Copies: the transport encodes after the lock is released.
-            tensors = {k: v.clone() for k, v in h.state.payload().items()}
+            header, tensors = _whole_copy(h, shard, config)
         if shard == DATA_SHARD:
             # After the parameters, outside their lock (a push holds it while it
             # journals); the data may be newer than them, never older than the journal.
@@ -378,15 +389,15 @@ class ParameterServer:
             partition = self.partition
             h = self.hosted.get(shard)
         assert partition is not None
-        if h is not None and h.role is Role.PRIMARY:
+        if h is not None and h.role is not Role.REPLICA:
             return {"accepted": False, "version": h.version}
         # Copied outside the lock: a large shard must not hold up this server's own.
         state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
         version = int(header["version"])
-        pushes = {str(w): (str(i), dict(r)) for w, (i, r) in header.get("pushes", {}).items()}
+        pushes = _pushes(header)
         with self._lock:
             h = self.hosted.get(shard)
-            if h is not None and h.role is Role.PRIMARY:
+            if h is not None and h.role is not Role.REPLICA:
                 return {"accepted": False, "version": h.version}
             self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version,
                                         pushes=pushes)
@@ -399,7 +410,7 @@ class ParameterServer:
         elsewhere; refused while this server serves shard 0 itself."""
         with self._lock:
             h = self.hosted.get(DATA_SHARD)
-        if h is not None and h.role is Role.PRIMARY:
+        if h is not None and h.role is not Role.REPLICA:
             return {"accepted": False}
         return {"accepted": self._journal_in.entries(list(entry["entries"]))}
 
@@ -407,21 +418,99 @@ class ParameterServer:
         """Serve the replica of ``shard`` as its primary (its primary is gone)."""
         with self._journal_out.lock, self._lock:
             h = self.hosted.get(shard)
-            if h is None:
+            if h is None or h.role is Role.MOVING:
                 raise NotServing(f"ps {self.index} holds no replica of shard {shard}")
             if h.role is Role.REPLICA:
                 h.role = Role.PRIMARY
                 h.replicated = -1
                 data = self._journal_in.take() if shard == DATA_SHARD else None
                 if data is not None:
-                    # A new term: this copy's journal starts afresh. Leases stay:
-                    # their holders go on from the last sample they reported.
-                    data.term, data.seq = data.term + 1, 0
-                    for worker in sorted(data.holders() - self.workers):
-                        data.release(worker)
-                    self.data = data
-                    self._journal_out.off()
+                    self._serve_data(data)
             return {"version": h.version}
+
+    def _serve_data(self, data: DataShardService) -> None:
+        """Serve the data-shard service as its new primary (holds the journal's lock and
+        ``_lock``). A new term: this copy's journal starts afresh, and goes to the
+        replica once replication has sent it a whole copy. Leases stay: their holders go
+        on from the last sample they reported."""
+        data.term, data.seq = data.term + 1, 0
+        for worker in sorted(data.holders() - self.workers):
+            data.release(worker)
+        self.data = data
+        self._journal_out.off()
+
+    # -- moves (resizing) ------------------------------------------------------------
+
+    def hand_over(self, shard: int, send: HandOver) -> tuple[int, float] | None:
+        """Hand the primary ``shard`` to its new home through ``send`` (the servers were
+        resized). Calls for the shard wait meanwhile and then go to the new home: no
+        update is applied here after the copy is taken, so none is lost. Returns the
+        version handed over and how long the shard was served by nobody; None when it
+        was not handed over (not primary here, a sync round under way: try again, or
+        the new home refused it). Called holding no lock."""
+        with self._lock:
+            h = self.hosted.get(shard)
+            config = self.config
+        if h is None or config is None:
+            return None
+        with h.cond:
+            if h.role is not Role.PRIMARY or h.round:
+                # A round's buffered pushes would be lost with the move: wait for it.
+                return None
+            h.role = Role.MOVING
+            started = self.clock()
+            header, tensors = _whole_copy(h, shard, config)
+        data = None
+        if shard == DATA_SHARD:
+            # Taken, not copied: a lease or release racing the move finds no service
+            # here and is retried at the new home.
+            with self._journal_out.lock, self._lock:
+                data, self.data = self.data, None
+                self._journal_out.off()
+            header["data"] = data.to_json() if data is not None else None
+        adopted = send(header, tensors)
+        with h.cond:
+            h.role = Role.REPLICA if adopted else Role.PRIMARY
+            h.replicated = -1
+            h.cond.notify_all()
+            held = self.clock() - started
+        if not adopted and data is not None:
+            with self._journal_out.lock, self._lock:
+                self.data = data
+            self.resend(DATA_SHARD)  # its journal is off: a whole copy turns it on again
+        return (int(header["version"]), held) if adopted else None
+
+    def adopt(self, header: Header, tensors: Tensors) -> Header:
+        """Serve a shard as primary that its old home handed over (``accepted``), unless
+        this server serves it already."""
+        shard = int(header["shard"])
+        with self._lock:
+            config = self._configure(header["config"])
+            partition = self.partition
+            h = self.hosted.get(shard)
+        assert partition is not None
+        if h is not None and h.role is not Role.REPLICA:
+            return {"accepted": False, "version": h.version}
+        state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
+        version = int(header["version"])
+        with self._journal_out.lock, self._lock:
+            h = self.hosted.get(shard)
+            if h is not None and h.role is not Role.REPLICA:
+                return {"accepted": False, "version": h.version}
+            self.hosted[shard] = Hosted(state, version, Role.PRIMARY, pushes=_pushes(header))
+            if shard == DATA_SHARD and header.get("data") is not None:
+                self._journal_in.take()  # a replica's copy, older than this one
+                self._serve_data(DataShardService.from_json(header["data"]))
+        return {"accepted": True, "version": version}
+
+    def drop_replicas(self, keep: Callable[[int], bool]) -> list[int]:
+        """Drop the replicas of the shards ``keep`` says no longer belong here (after a
+        resize): a stale copy must never be promoted. Returns the shards dropped."""
+        with self._lock:
+            gone = [s for s, h in self.hosted.items() if h.role is Role.REPLICA and not keep(s)]
+            for shard in gone:
+                del self.hosted[shard]
+        return gone
 
     def step_down(self, shard: int) -> Header | None:
         """Serve ``shard`` no longer (another server was promoted in its place while this
@@ -493,6 +582,19 @@ class ParameterServer:
     def finish(self) -> None:
         """A worker saw the last epoch end: the PS may exit."""
         self.finished.set()
+
+
+def _whole_copy(h: Hosted, shard: int, config: JobConfig) -> tuple[Header, Tensors]:
+    """A shard's whole state for another server (holds ``h.cond``): copies, since the
+    transport encodes them after the lock is let go."""
+    header: Header = {"shard": shard, "version": h.version, "config": config.to_json(),
+                      "data": None, "pushes": {w: [i, r] for w, (i, r) in h.pushes.items()}}
+    return header, {k: v.clone() for k, v in h.state.payload().items()}
+
+
+def _pushes(header: Header) -> dict[str, tuple[str, Header]]:
+    """The last push id and reply per worker, as a copy of a shard carries them."""
+    return {str(w): (str(i), dict(r)) for w, (i, r) in header.get("pushes", {}).items()}
 
 
 def _layout(config: JobConfig) -> str:

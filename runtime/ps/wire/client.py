@@ -124,7 +124,7 @@ class PSClient(Routes):
         """Create every shard from ``params`` unless it exists (the first worker wins)."""
         self.attach(config)
         partition = self._partition()
-        for shard in range(self.servers):
+        for shard in range(self.shards):
             header = {"shard": shard, "config": config.to_json()}
             reply, _ = self._call(shard, "Init", header,
                                   initial_values(partition, shard, params))
@@ -132,10 +132,11 @@ class PSClient(Routes):
 
     def attach(self, config: JobConfig) -> None:
         """Use shards that exist already, laid out by ``config``, creating none: for a
-        client that only reads (:class:`..evaluator.Evaluator`)."""
-        if config.shards != self.servers:
-            raise ValueError(f"config for {config.shards} shards but {self.servers} servers")
+        client that only reads (:class:`..evaluator.Evaluator`). Each shard is routed
+        to the server that serves it, else to its home."""
         self.config, self.partition = config, config.partition()
+        self.place(config.shards)
+        self.discover()
 
     # -- calls with retries -----------------------------------------------------------
 
@@ -160,7 +161,7 @@ class PSClient(Routes):
         unique: dict[str, tuple[torch.Tensor, np.ndarray[Any, Any]]] = {}
         parts: list[tuple[int, Header, Tensors]] = []
         first: dict[int, Tensors] = {}
-        for s in range(self.servers):
+        for s in range(self.shards):
             base = {"shard": s, "timeout": timeout,
                     "minVersion": (min_versions or {}).get(s, 0)}
             chunks = dense_chunks(part, s, self.chunk_bytes) if dense else [[]]
@@ -175,7 +176,7 @@ class PSClient(Routes):
             owners = part.row_shards(name, ids_np)
             unique[name] = (u, owners)
             # numpy's boolean indexing: torch's costs a quarter of a 4,096-row pull.
-            for s in range(self.servers):
+            for s in range(self.shards):
                 first[s][f"i/{name}"] = torch.from_numpy(ids_np[owners == s])
         servers = [self.route[s] for s, _, _ in parts]
         futures = [self.stubs[server].start("Pull", header, tensors, timeout=self.call_timeout)
@@ -232,7 +233,7 @@ class PSClient(Routes):
             self.versions[s] = v
         for name, (u, owners) in pending.ids.items():
             rows = np.empty((len(u), part.spec(name).shape[1]), dtype=np.float32)
-            for s in range(self.servers):
+            for s in range(self.shards):
                 mask = owners == s
                 if mask.all():
                     np.copyto(rows, rows_of[s][name].numpy())  # no mask to apply
@@ -269,7 +270,7 @@ class PSClient(Routes):
         requests: dict[int, tuple[Header, Tensors]] = {
             s: ({"shard": s, "worker": self.worker, "version": versions.get(s, 0),
                  "skip": skip, "retire": retire, "push": push_id}, {})
-            for s in range(self.servers)}
+            for s in range(self.shards)}
         if data is not None:
             requests[0][0]["data"] = dict(data)
         for d in part.dense if dense else ():
@@ -277,7 +278,7 @@ class PSClient(Routes):
             requests[d.shard][1][f"g/{dense_key(d.name, d.start)}"] = grad
         for name, (ids, rows) in sparse.items():
             owners = torch.from_numpy(part.row_shards(name, ids.numpy()))
-            for s in range(self.servers):
+            for s in range(self.shards):
                 mask = owners == s
                 requests[s][1][f"i/{name}"] = ids[mask]
                 requests[s][1][f"r/{name}"] = rows[mask]
@@ -289,7 +290,7 @@ class PSClient(Routes):
         # were staged meanwhile; only their small Push waits for shard 0's answer.
         first = self._send_pushes({0: requests[0]}, servers, staged)
         verdict = str(first[0]["verdict"])
-        for s in range(1, self.servers):
+        for s in range(1, self.shards):
             requests[s][0]["follow"] = verdict
         # The route again: shard 0's push may have gone through a failover.
         replies = {**first, **self._send_pushes(

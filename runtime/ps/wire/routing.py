@@ -1,12 +1,14 @@
 """Which server serves each shard, and how a worker finds out again after a failure.
 
-Shard ``s`` lives on PS ``s`` (its home) with a replica on PS ``(s+1) % n``; after a
-failover the two swap roles. When a call fails, the client asks every server what it
-serves (a short ``Status``, bounded so that a dead server costs at most ``probe_s``)
-and :func:`decide` picks the next step from the answers: retry where the shard is
-served as primary (a slow or briefly unreachable primary is not a dead one), promote a
-replica when no primary answers, or wait and ask again. A shard without a primary for
-``deadline_s`` fails the call with :class:`ShardUnavailable`.
+Shard ``s`` lives on its home server with a replica on the next one
+(:mod:`..placement`; with as many shards as servers, PS ``s`` and ``(s+1) % n``); after a
+failover the two swap roles, and after a resize the shard moves to its new home. When a
+call fails, the client asks every server what it serves (a short ``Status``, bounded so
+that a dead server costs at most ``probe_s``) and :func:`decide` picks the next step from
+the answers: retry where the shard is served as primary (a slow or briefly unreachable
+primary is not a dead one), promote a replica when no primary answers, or wait and ask
+again (also while the shard is being handed to its new home). A shard without a primary
+for ``deadline_s`` fails the call with :class:`ShardUnavailable`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ...kvlog import log_event, runtime_logger
+from ..placement import Placement
 from .transport import DETECT_S, Stub, result
 
 _log = runtime_logger("ps.client")
@@ -34,16 +37,6 @@ RETRYABLE = TRANSIENT | frozenset({
     grpc.StatusCode.ABORTED,
 })
 """Call failures that a retry elsewhere or later may cure; others are raised."""
-
-
-def replica_host(shard: int, servers: int) -> int:
-    """The PS that keeps the replica of ``shard``."""
-    return (shard + 1) % servers
-
-
-def other_copy(shard: int, at: int, servers: int) -> int:
-    """The server holding the other copy of ``shard`` when one copy is at ``at``."""
-    return replica_host(shard, servers) if at == shard else shard
 
 
 @dataclass(frozen=True)
@@ -89,23 +82,29 @@ class Wait:
 Step = Retry | Promote | Wait
 
 
-def decide(shard: int, used: int, views: Sequence[ShardView | None]) -> Step:
+def decide(shard: int, used: int, views: Sequence[ShardView | None],
+           placement: Placement | None = None) -> Step:
     """The next step for ``shard`` after a call to server ``used`` failed, from every
-    server's answer (None: no answer within the probe bound). Pure."""
-    servers = len(views)
-    primaries = [i for i, v in enumerate(views) if v is not None and
-                 v.get(shard, ("", 0))[0] == "primary"]
+    server's answer (None: no answer within the probe bound). ``placement``: where the
+    shards live (default: one shard per server answering). Pure."""
+    place = placement or Placement(len(views), len(views))
+    primaries = [i for i, v in enumerate(views) if _role(v, shard) == "primary"]
     if primaries:
         # Two primaries is a false failover being settled: the home copy steps down
         # when its replication is refused, so the promoted copy is the one to use.
-        promoted = [i for i in primaries if i != shard]
+        promoted = [i for i in primaries if i != place.home(shard)]
         return Retry(promoted[0] if promoted else primaries[0])
-    replicas = [i for i, v in enumerate(views) if v is not None and
-                v.get(shard, ("", 0))[0] == "replica"]
+    if any(_role(v, shard) == "moving" for v in views):
+        return Wait()  # being handed to its new home: never promote a copy meanwhile
+    replicas = [i for i, v in enumerate(views) if _role(v, shard) == "replica"]
     if replicas:
-        preferred = other_copy(shard, used, servers)
+        preferred = place.other_copy(shard, used)
         return Promote(preferred if preferred in replicas else replicas[0])
     return Wait()
+
+
+def _role(view: ShardView | None, shard: int) -> str:
+    return "" if view is None else view.get(shard, ("", 0))[0]
 
 
 class ShardUnavailable(RuntimeError):
@@ -132,8 +131,12 @@ class Routes:
                  logger: logging.Logger | None = None) -> None:
         self.recovery = recovery or RecoverySettings()
         self.stubs = [Stub(a, self.recovery.detect_s) for a in addresses]
+        self.placement = Placement(len(addresses), len(addresses))
+        """Where the shards live; one shard per server until :meth:`place` says more."""
         self.route = list(range(len(addresses)))
+        """Per shard: the server its calls go to."""
         self.versions = [0] * len(addresses)
+        """Per shard: the last version seen."""
         self.lost_updates = 0
         self.failovers: list[tuple[int, float]] = []
         """(shard, clock time) of each failover this client performed or followed (a
@@ -143,14 +146,33 @@ class Routes:
 
     @property
     def servers(self) -> int:
+        """Servers known: the job's, and those that left it (they may still be handing
+        their shards over)."""
         return len(self.stubs)
 
+    @property
+    def shards(self) -> int:
+        return len(self.route)
+
+    def place(self, shards: int) -> None:
+        """The job has ``shards`` shards (fixed for its life, at least one per server):
+        route each to its home until a call finds it elsewhere."""
+        self.placement = Placement(shards, self.placement.servers)
+        self.route = [self.placement.home(s) for s in range(shards)]
+        self.versions = [0] * shards
+
     def set_addresses(self, addresses: Sequence[str]) -> None:
-        """Follow a new list of PS addresses (a replacement PS came up elsewhere)."""
+        """Follow a new list of PS addresses: a replacement PS came up elsewhere, or the
+        job's servers grew or shrank. A server that left keeps its connection: it serves
+        its shards until it has handed them over, and its calls then fail over."""
         for i, address in enumerate(addresses):
-            if self.stubs[i].address != address:
+            if i == len(self.stubs):
+                self.stubs.append(Stub(address, self.recovery.detect_s))
+            elif self.stubs[i].address != address:
                 self.stubs[i].close()
                 self.stubs[i] = Stub(address, self.recovery.detect_s)
+        if len(addresses) != self.placement.servers:
+            self.placement = Placement(self.placement.shards, len(addresses))
 
     def close(self) -> None:
         for stub in self.stubs:
@@ -173,8 +195,8 @@ class Routes:
     def discover(self, timeout: float = 5.0) -> dict[int, int]:
         """Route each shard to the server that serves it as primary; returns the route."""
         views = self.views(timeout)
-        for shard in range(self.servers):
-            step = decide(shard, self.route[shard], views)
+        for shard in range(self.shards):
+            step = decide(shard, self.route[shard], views, self.placement)
             if isinstance(step, Retry):
                 self._route(shard, step.server, views)
         return dict(enumerate(self.route))
@@ -204,7 +226,7 @@ class Routes:
         for i, view in enumerate(views):
             if view is None:
                 attempt.tried.setdefault(i, "no answer")
-        step = decide(shard, used, views)
+        step = decide(shard, used, views, self.placement)
         if isinstance(step, Retry):
             self._route(shard, step.server, views)
             if step.server != used:

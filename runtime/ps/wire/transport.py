@@ -23,8 +23,10 @@ from .codec import Header, Tensors, decode, encode
 from .dataplane import DATA_METHODS, DataCall, DataChannel, DataServer, error_text, status_of
 
 SERVICE = "ringwright.ps.ParameterServer"
-METHODS = ("Init", "Status", "Data", "Lease", "Replicate", "Journal", "Promote", "Finish")
-"""The control plane's calls (``Data``: the port of the server's data plane)."""
+METHODS = ("Init", "Status", "Data", "Lease", "Replicate", "Journal", "Promote", "Adopt",
+           "Finish")
+"""The control plane's calls (``Data``: the port of the server's data plane; ``Adopt``:
+a shard handed over by its old home after a resize)."""
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
@@ -87,6 +89,7 @@ def _handlers(ps: ParameterServer, data_port: int) -> dict[str, Handler]:
         "Replicate": lambda h, t: only(ps.replicate(h, t)),
         "Journal": lambda h, t: only(ps.journal(h)),
         "Promote": lambda h, t: only(ps.promote(int(h["shard"]))),
+        "Adopt": lambda h, t: only(ps.adopt(h, t)),
         "Finish": lambda h, t: only(_finish(ps)),
     }
 

@@ -1,0 +1,219 @@
+"""A shard handed to its new home after a resize: the PS state machine, its replicator
+and mover wired to each other without a transport, and the routing decision while a
+shard moves."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from ringwright.runtime.ps.partition import Kind, TensorSpec
+from ringwright.runtime.ps.placement import Placement
+from ringwright.runtime.ps.serving.consistency import Consistency, Mode
+from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing
+from ringwright.runtime.ps.serving.moving import Mover
+from ringwright.runtime.ps.serving.optim import ServerOptimizer
+from ringwright.runtime.ps.serving.replication import Replicator
+from ringwright.runtime.ps.serving.server import HandOver, ParameterServer
+from ringwright.runtime.ps.serving.shard import initial_values
+from ringwright.runtime.ps.wire.codec import Header, Tensors
+from ringwright.runtime.ps.wire.routing import Promote, Retry, Routes, Wait, decide
+
+SPECS = (TensorSpec("w", (6, 40)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))
+SHARDS = 3
+
+
+def _job(mode: Mode = Mode.ASYNC) -> list[ParameterServer]:
+    """Three shards on two servers (shards 0 and 2 on ps-0, 1 on ps-1) and a third
+    server that holds nothing yet."""
+    config = JobConfig(SPECS, SHARDS, ServerOptimizer(lr=0.1), Consistency(mode),
+                       {"samples": 100, "pieceSize": 10, "epochs": 1})
+    servers = [ParameterServer(i) for i in range(3)]
+    params = {"w": torch.zeros(6, 40), "emb": torch.zeros(50, 2)}
+    for shard, home in enumerate((0, 1, 0)):
+        servers[home].init({"shard": shard, "config": config.to_json()},
+                           initial_values(config.partition(), shard, params))
+    for ps in servers:
+        ps.set_workers(frozenset({"a", "b"}))
+    return servers
+
+
+def _push(ps: ParameterServer, shard: int, worker: str = "a", push: str = "") -> Header:
+    part = ps.partition
+    assert part is not None
+    grads: Tensors = {f"g/w@{d.start}": torch.ones(d.stop - d.start)
+                      for d in part.dense_on(shard)}
+    version = int(ps.status()["shards"][str(shard)]["version"])
+    return ps.push({"shard": shard, "worker": worker, "version": version, "push": push}, grads)
+
+
+def _role(ps: ParameterServer, shard: int) -> str | None:
+    info = ps.status()["shards"].get(str(shard))
+    return None if info is None else str(info["role"])
+
+
+def _adopt_on(ps: ParameterServer) -> HandOver:
+    return lambda header, tensors: ps.adopt(header, tensors)["accepted"] is True
+
+
+def test_a_hand_over_moves_the_primary_with_every_update() -> None:
+    servers = _job()
+    replies = [_push(servers[0], 2, push=f"p{i}") for i in range(3)]
+    before = servers[0].checkpoint_payload(2)
+    assert before is not None
+    moved = servers[0].hand_over(2, _adopt_on(servers[2]))
+    assert moved is not None and moved[0] == 3
+    assert (_role(servers[0], 2), _role(servers[2], 2)) == ("replica", "primary")
+    after = servers[2].checkpoint_payload(2)
+    assert after is not None and after[0] == 3
+    assert all(torch.equal(before[1][k], after[1][k]) for k in before[1])
+    # The old home serves it no more; a push retried after a lost answer is known there.
+    with pytest.raises(NotServing):
+        _push(servers[0], 2)
+    # (answered with its first reply, and not applied again).
+    assert _push(servers[2], 2, push="p2") == replies[-1]
+    assert _push(servers[2], 2, push="p3")["version"] == 4
+
+
+def test_calls_during_a_hand_over_wait_and_then_follow_the_shard() -> None:
+    servers = _job()
+    outcome: list[object] = []
+    started = threading.Event()
+
+    def late_push() -> None:
+        started.set()
+        try:
+            outcome.append(_push(servers[0], 2, push="late"))
+        except NotServing as exc:
+            outcome.append(exc)
+
+    def send(header: Header, tensors: Tensors) -> bool:
+        # The shard is on its way: a push that comes now must not be applied here.
+        pusher = threading.Thread(target=late_push)
+        pusher.start()
+        started.wait()
+        pusher.join(0.3)
+        assert pusher.is_alive(), "a push was answered while the shard was moving"
+        assert _role(servers[0], 2) == "moving"
+        accepted = servers[2].adopt(header, tensors)["accepted"] is True
+        threads.append(pusher)
+        return accepted
+
+    threads: list[threading.Thread] = []
+    assert servers[0].hand_over(2, send) is not None
+    threads[0].join(5)
+    assert isinstance(outcome[0], NotServing), outcome
+    assert servers[2].status()["shards"]["2"]["version"] == 0  # nothing lost or half applied
+
+
+def test_a_failed_hand_over_keeps_serving_at_the_old_home() -> None:
+    servers = _job()
+    assert servers[0].hand_over(2, lambda header, tensors: False) is None
+    assert _role(servers[0], 2) == "primary"
+    assert _push(servers[0], 2)["verdict"] == "apply"
+
+
+def test_a_server_that_serves_the_shard_already_refuses_it() -> None:
+    servers = _job()
+    taken: list[tuple[Header, Tensors]] = []
+
+    def undelivered(header: Header, tensors: Tensors) -> bool:
+        taken.append((header, tensors))
+        return False
+
+    servers[0].hand_over(2, undelivered)
+    assert servers[2].adopt(*taken[0])["accepted"] is True
+    assert servers[2].adopt(*taken[0])["accepted"] is False
+
+
+def test_the_data_shard_moves_with_its_queue() -> None:
+    servers = _job()
+    first = servers[0].lease({"worker": "a"})
+    assert servers[0].hand_over(0, _adopt_on(servers[2])) is not None
+    with pytest.raises(NotServing):
+        servers[0].lease({"worker": "b"})
+    # The same queue at the new home: the next piece, and the first one still leased.
+    second = servers[2].lease({"worker": "b"})
+    assert (second["piece"], second["epoch"]) != (first["piece"], first["epoch"])
+    data = servers[2].status()["data"]
+    assert data is not None and servers[0].status()["data"] is None
+
+
+def test_a_sync_shard_moves_between_rounds_only() -> None:
+    servers = _job(Mode.SYNC)
+    _push(servers[0], 2, worker="a")  # buffered: b has not pushed this round
+    assert servers[0].hand_over(2, _adopt_on(servers[2])) is None
+    assert _role(servers[0], 2) == "primary"
+    _push(servers[0], 2, worker="b")  # the round completes
+    assert servers[0].hand_over(2, _adopt_on(servers[2])) is not None
+    assert servers[2].status()["shards"]["2"]["version"] == 1
+
+
+def test_the_mover_seeds_the_new_home_then_hands_over() -> None:
+    servers = _job()
+    addresses = ["0", "1", "2"]
+
+    def replicate(address: str, header: Header, tensors: Tensors) -> Header:
+        return servers[int(address)].replicate(header, tensors)
+
+    def adopt(address: str, header: Header, tensors: Tensors) -> Header:
+        return servers[int(address)].adopt(header, tensors)
+
+    replicator = Replicator(servers[0], 2, replicate)
+    mover = Mover(servers[0], adopt)
+    mover.resized(2, 3)
+    assert mover.pending == {2: 2}
+    # Not before the new home holds a copy (it may still be starting).
+    assert mover.round(addresses, Replicator(servers[0], 3, replicate)) == []
+    assert _role(servers[0], 2) == "primary"
+    replicator.round(addresses)  # a copy away from its (new) home goes home
+    assert _role(servers[2], 2) == "replica"
+    _push(servers[0], 2)  # an update after the seed travels with the hand-over
+    [moved] = mover.round(addresses, replicator)
+    assert (moved.shard, moved.to, moved.version) == (2, 2, 1)
+    assert servers[2].status()["shards"]["2"] == {"role": "primary", "version": 1}
+    assert mover.pending == {}
+    assert _role(servers[0], 2) == "replica"  # ps-0 is shard 2's replica host now
+
+
+def test_replicas_that_no_longer_belong_here_are_dropped() -> None:
+    servers = _job()
+
+    def replicate(address: str, header: Header, tensors: Tensors) -> Header:
+        return servers[int(address)].replicate(header, tensors)
+
+    for home in (0, 1):
+        Replicator(servers[home], 2, replicate).round(["0", "1"])
+    assert (_role(servers[0], 1), _role(servers[1], 0), _role(servers[1], 2)) == (
+        "replica", "replica", "replica")
+    # With three servers shard 1's replica lives on ps-2 and shard 2's on ps-0: a stale
+    # copy left behind could be promoted after a failure.
+    three = Placement(SHARDS, 3)
+    assert servers[0].drop_replicas(lambda s: three.keeps(s, 0)) == [1]
+    assert servers[1].drop_replicas(lambda s: three.keeps(s, 1)) == [2]
+    assert _role(servers[1], 0) == "replica"
+
+
+def test_a_shard_being_moved_is_waited_for_never_promoted() -> None:
+    moving = {2: ("moving", 5)}
+    assert decide(2, 0, [moving, {}, {2: ("replica", 4)}]) == Wait()
+    # Once its new home serves it, calls go there; if the moving server died meanwhile,
+    # the replica is promoted as after any failure.
+    assert decide(2, 0, [{2: ("replica", 5)}, {}, {2: ("primary", 5)}]) == Retry(2)
+    assert decide(2, 0, [None, {}, {2: ("replica", 4)}]) == Promote(2)
+
+
+def test_routes_follow_servers_that_join_and_keep_those_that_leave() -> None:
+    routes = Routes(["127.0.0.1:1", "127.0.0.1:2"])
+    try:
+        routes.place(SHARDS)
+        assert routes.route == [0, 1, 0]
+        routes.set_addresses(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+        assert routes.servers == 3 and routes.placement.servers == 3
+        routes.set_addresses(["127.0.0.1:1", "127.0.0.1:2"])
+        # ps-2 may still serve shard 2 until it has handed it over.
+        assert routes.servers == 3 and routes.placement.servers == 2
+    finally:
+        routes.close()
