@@ -9,6 +9,9 @@
   raw TCP round trip of the same bytes;
 * PS failover: from SIGKILL of a PS to the first update after it, against the normal
   step interval;
+* resize: servers 2 -> 3 -> 2 under training; per moved shard, how long it had no
+  primary and how much longer than the median step the workers' step around the move
+  took;
 * accuracy per wall-clock minute: held-out loss and AUC reached by sync, sync with a
   backup worker and async with tau = 2, 8, 32, one worker 3x slower (``ps_accuracy``),
   with a plot;
@@ -17,7 +20,7 @@
   id ranges.
 
 Run: ``python tests/bench/bench_ps.py``
-(``--only throughput,dense,sparse,failover,accuracy,skew``).
+(``--only throughput,dense,sparse,failover,resize,accuracy,skew``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from ringwright.runtime.ps.env import PSEnv  # noqa: E402
 from ringwright.runtime.ps.memory import retain_freed_memory  # noqa: E402
 from ringwright.runtime.ps.partition import Kind, TensorSpec  # noqa: E402
 from ringwright.runtime.ps.serving.consistency import Consistency, Mode  # noqa: E402
@@ -51,7 +55,14 @@ from ringwright.runtime.ps.serving.optim import ServerOptimizer  # noqa: E402
 from ringwright.runtime.ps.wire.client import PSClient  # noqa: E402
 from tests.bench.ps_accuracy import bench_accuracy  # noqa: E402
 from tests.bench.ps_skew import bench_skew  # noqa: E402
-from tests.ps.harness import LocalPSJob, consistency, free_port, ps_done  # noqa: E402
+from tests.ps.harness import (  # noqa: E402
+    LocalPSJob,
+    consistency,
+    free_port,
+    moved,
+    ps_done,
+    step_overrun,
+)
 
 MB = 1_000_000
 SERVER = """
@@ -290,9 +301,50 @@ def bench_failover(root: Path, samples: int = 8192) -> dict[str, Any]:
             "trained": trained}
 
 
+def bench_resize(root: Path, samples: int = 8192, vocab: int = 300_000,
+                 dim: int = 32) -> dict[str, Any]:
+    """Servers 2 -> 3 -> 2 while two workers train (three shards): the shard that moves
+    holds a third of the example's tables (``vocab`` ids per field, ``dim`` wide) with
+    their Adagrad state, 168 MB at the defaults."""
+    args = ["--samples", str(samples), "--vocab", str(vocab), "--dim", str(dim),
+            "--batch-size", "32", "--epochs", "2", "--slow", "0.02", "--optimizer", "adagrad"]
+    job = LocalPSJob(root, 2, args, {**consistency("Async", tau=16), PSEnv.SHARDS: "3"})
+    try:
+        job.start_server(2)  # up before it is listed, as a pod the operator lists later
+        job.start_all(["w0", "w1"])
+        job.wait_steps("w0", 30)
+        job.resize(3)
+        grown = moved(job.wait_log("ps-0", "ps_moved shard=2 to=2", 120))
+        job.wait_steps("w0", len(job.steps("w0")) + 30)
+        job.resize(2)
+        shrunk = moved(job.wait_log("ps-2", "ps_moved shard=2 to=0", 120))
+        codes = job.wait_all()
+        if any(code != 0 for code in codes.values()):
+            raise RuntimeError(f"the job did not finish after the resizes: {codes}\n"
+                               + job.logs())
+        steps = {w: job.steps(w) for w in ("w0", "w1")}
+    finally:
+        job.close()
+    trained = [sum(s["samples"] for w in steps for s in steps[w] if s["epoch"] == e)
+               for e in range(2)]
+    interval = statistics.median(b["t"] - a["t"] for a, b in itertools.pairwise(steps["w0"]))
+    results: dict[str, Any] = {"interval_s": interval, "trained": trained}
+    for name, move in (("grow", grown), ("shrink", shrunk)):
+        overrun = max(step_overrun(steps[w], move["at"]) for w in steps)
+        results[name] = {"held_s": move["held_s"], "overrun_s": overrun, "bytes": move["bytes"]}
+        print(f"resize {name}: shard {int(move['shard'])} to ps-{int(move['to'])} "
+              f"({move['bytes'] / MB:.2f} MB sent in the hand-over): no primary for "
+              f"{move['held_s'] * 1e3:.1f} ms; the "
+              f"workers' step around it {overrun * 1e3:.1f} ms over the median step "
+              f"({interval * 1e3:.1f} ms)")
+    print(f"resize: samples trained per epoch {trained} of {samples}")
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default="throughput,dense,sparse,failover,accuracy,skew")
+    parser.add_argument("--only",
+                        default="throughput,dense,sparse,failover,resize,accuracy,skew")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--accuracy-seconds", type=float, default=60.0,
                         help="wall-clock seconds each mode trains in the accuracy part")
@@ -318,6 +370,9 @@ def main() -> int:
         if "failover" in only:
             (Path(tmp) / "failover").mkdir()
             results["failover"] = bench_failover(Path(tmp) / "failover")
+        if "resize" in only:
+            (Path(tmp) / "resize").mkdir()
+            results["resize"] = bench_resize(Path(tmp) / "resize")
         if "throughput" in only:
             results["throughput"] = bench_throughput(Path(tmp))
         if "skew" in only:

@@ -221,6 +221,25 @@ def load_example() -> Any:
     return module
 
 
+def moved(line: str) -> dict[str, float]:
+    """The figures of a ``ps_moved`` log line (shard, to, version, bytes, held_s, at)."""
+    import re
+
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line.split(" ps_moved ")[1])
+            if k in ("shard", "to", "version", "bytes", "held_s", "at")}
+
+
+def step_overrun(steps: list[dict[str, Any]], at: float) -> float:
+    """How much longer than the median step a worker's step in progress at ``at`` (a
+    wall-clock time) took, from its trace; 0 when none was."""
+    import itertools
+    import statistics
+
+    gaps = [(a, b - a) for a, b in itertools.pairwise(s["t"] for s in steps)]
+    during = [gap for start, gap in gaps if start <= at < start + gap]
+    return during[0] - statistics.median(g for _, g in gaps) if during else 0.0
+
+
 def ps_done(log: str) -> dict[str, dict[int, int]]:
     """The counters of a PS's ``ps_done`` line: name -> {key: count}."""
     import re

@@ -20,14 +20,10 @@ longer than the median step the workers' step around the move took.
 
 from __future__ import annotations
 
-import itertools
-import re
-import statistics
 from pathlib import Path
-from typing import Any
 
 from ringwright.runtime.ps.env import PSEnv
-from tests.ps.harness import LocalPSJob, consistency, ps_done
+from tests.ps.harness import LocalPSJob, consistency, moved, ps_done, step_overrun
 
 SAMPLES = 3072
 EPOCHS = 4
@@ -43,19 +39,6 @@ takes milliseconds (a move that never comes fails the test here, not at the harn
 start-up allowance)."""
 
 
-def _moved(line: str) -> dict[str, float]:
-    return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line.split(" ps_moved ")[1])
-            if k in ("shard", "to", "version", "held_s", "at")}
-
-
-def _step_overrun(steps: list[dict[str, Any]], at: float) -> float:
-    """How much longer than the median step the step in progress at ``at`` took."""
-    times = [s["t"] for s in steps]
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    during = [b - a for a, b in itertools.pairwise(times) if a <= at < b]
-    return (during[0] - statistics.median(gaps)) if during else 0.0
-
-
 def test_servers_grow_2_to_3_and_shrink_back_with_exact_accounting(tmp_path: Path) -> None:
     env = {**consistency("Async", tau=16, requeue_stale=True), PSEnv.SHARDS: str(SHARDS)}
     job = LocalPSJob(tmp_path, 2, ARGS, env)
@@ -66,11 +49,11 @@ def test_servers_grow_2_to_3_and_shrink_back_with_exact_accounting(tmp_path: Pat
         job.start_all(list(WORKERS))
         job.wait_steps("w0", 10)
         job.resize(3)
-        grown = _moved(job.wait_log("ps-0", "ps_moved shard=2 to=2", MOVE_WAIT_S))
+        grown = moved(job.wait_log("ps-0", "ps_moved shard=2 to=2", MOVE_WAIT_S))
         trained_on_three = len(job.steps("w0"))
         job.wait_steps("w0", trained_on_three + 10)
         job.resize(2)
-        shrunk = _moved(job.wait_log("ps-2", "ps_moved shard=2 to=0", MOVE_WAIT_S))
+        shrunk = moved(job.wait_log("ps-2", "ps_moved shard=2 to=0", MOVE_WAIT_S))
         codes = job.wait_all()
         assert all(c == 0 for c in codes.values()), job.logs()
         assert "ps_left_world" in (job.root / "ps-2.log").read_text(), job.logs()
@@ -106,7 +89,7 @@ def test_servers_grow_2_to_3_and_shrink_back_with_exact_accounting(tmp_path: Pat
     assert versions == dict.fromkeys(range(SHARDS), applied), (versions, applied)
 
     for name, move in (("2 -> 3", grown), ("3 -> 2", shrunk)):
-        overrun = max(_step_overrun(steps[w], move["at"]) for w in WORKERS)
+        overrun = max(step_overrun(steps[w], move["at"]) for w in WORKERS)
         print(f"resize {name}: shard {int(move['shard'])} to ps-{int(move['to'])} at version "
               f"{int(move['version'])}: served by nobody {move['held_s'] * 1000:.1f} ms, "
               f"the workers' step around it {overrun * 1000:.1f} ms over the median step")

@@ -24,6 +24,15 @@ class Role(StrEnum):
     REPLICA = "replica"
     MOVING = "moving"
     """Being handed to its new home (a resize): served by nobody until the home takes it."""
+    MOVED = "moved"
+    """Handed to its new home: the copy left here is not promoted until the new home
+    refreshes it (then a replica) or a grace period passes (a new home busy taking a
+    large shard may leave a probe unanswered: that is no failure)."""
+
+    @property
+    def held_by_others(self) -> bool:
+        """This copy is not the shard's primary: another server's copy may replace it."""
+        return self in (Role.REPLICA, Role.MOVED)
 
 
 class NotServing(RuntimeError):
@@ -77,6 +86,11 @@ class Hosted:
     cond: threading.Condition = field(default_factory=threading.Condition)
     round: dict[str, Gradients | None] = field(default_factory=dict)
     """Sync: pushes of the current round by worker (None: a worker without data)."""
+    clean_since: int = -1
+    """Primary: the version of the last whole copy taken for the other copy's host; the
+    state tracks what changed since (:meth:`.shard.ShardState.changes`)."""
+    moved_at: float = 0.0
+    """When the shard was handed to its new home (role MOVED)."""
     replicated: int = -1
     """Version last sent to (primary) or received from (replica) the other copy."""
     pushes: dict[str, tuple[str, Header]] = field(default_factory=dict)

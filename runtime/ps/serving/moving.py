@@ -4,9 +4,10 @@ After a resize each server works out which of its primary shards now belong else
 (:func:`..placement.handovers`). Replication already sends such a shard to its new home
 (a copy away from its home goes home, :meth:`.replication.Replicator.target`), so the new
 home is up and holds a recent copy before anything waits for it. Then the shard is
-handed over (:meth:`.server.ParameterServer.hand_over`): under the shard's lock its whole
-state leaves for the new home, which serves it as primary from then on; calls for the
-shard wait meanwhile and then follow it there. The time the shard is served by nobody is
+handed over (:meth:`.server.ParameterServer.hand_over`): under the shard's lock what
+changed since that copy (the whole state if the new home holds no such copy) leaves for
+the new home, which serves it as primary from then on; calls for the shard wait
+meanwhile and then follow it there. The time the shard is served by nobody is
 logged with each move (``ps_moved ... held_s``).
 """
 
@@ -30,12 +31,13 @@ _log = runtime_logger("ps.server")
 
 @dataclass(frozen=True)
 class Moved:
-    """One shard handed over: to which server, at which version, served by nobody for
-    ``held_s`` seconds."""
+    """One shard handed over: to which server, at which version, ``nbytes`` of state,
+    served by nobody for ``held_s`` seconds."""
 
     shard: int
     to: int
     version: int
+    nbytes: int
     held_s: float
 
 
@@ -47,6 +49,8 @@ class Mover:
         self.ps, self.send, self.log = ps, send, logger
         self.pending: dict[int, int] = {}
         """Shard -> the server it goes to."""
+        self.whole: set[int] = set()
+        """Shards whose new home did not hold the copy a hand-over was based on."""
 
     def resized(self, before: int, after: int) -> None:
         """The job went from ``before`` to ``after`` servers: plan this server's
@@ -68,13 +72,17 @@ class Mover:
                 del self.pending[shard]  # failed over meanwhile: no longer this server's
                 continue
             address = addresses[target]
-            if replicator.accepted.get(shard, ("", 0))[0] != address:
+            seeded, base = replicator.accepted.get(shard, ("", 0))
+            if seeded != address:
                 continue  # not seeded yet: the new home may still be starting
-            refused: list[Header] = []
-            moved = self.ps.hand_over(shard, functools.partial(self._adopt, address,
-                                                               refused=refused))
+            sent: list[Header] = []
+            moved = self.ps.hand_over(
+                shard, functools.partial(self._adopt, address, sent=sent),
+                None if shard in self.whole else base)
             if moved is None:
-                if refused:
+                if any(r.get("whole") for r in sent):
+                    self.whole.add(shard)  # its copy changed meanwhile: send it all
+                elif refused := [r for r in sent if r.get("accepted") is False]:
                     # The new home serves the shard already (a worker promoted its copy
                     # there): replication settles which copy stays, as after a failover.
                     del self.pending[shard]
@@ -82,23 +90,24 @@ class Mover:
                               to=target, version=refused[0].get("version"))
                 continue
             del self.pending[shard]
+            self.whole.discard(shard)
             version, held = moved
-            done.append(Moved(shard, target, version, held))
+            nbytes = int(sent[-1]["nbytes"])
+            done.append(Moved(shard, target, version, nbytes, held))
             log_event(self.log, logging.INFO, "ps_moved", shard=shard, to=target,
-                      address=address, version=version, held_s=f"{held:.4f}",
+                      address=address, version=version, bytes=nbytes, held_s=f"{held:.4f}",
                       at=f"{time.time():.3f}")
         return done
 
     def _adopt(self, address: str, header: Header, tensors: Tensors,
-               refused: list[Header]) -> bool:
-        """Send the shard to ``address``; a refusal's reply is added to ``refused``."""
+               sent: list[Header]) -> bool:
+        """Send the shard to ``address``; its reply, with the bytes sent (``nbytes``), is
+        added to ``sent``."""
         try:
             reply = self.send(address, header, tensors)
         except grpc.RpcError as exc:
             log_event(self.log, logging.WARNING, "ps_move_failed", shard=header["shard"],
                       to=address, error=exc.code())
             return False
-        if reply.get("accepted") is not True:
-            refused.append(reply)
-            return False
-        return True
+        sent.append({**reply, "nbytes": sum(t.nbytes for t in tensors.values())})
+        return reply.get("accepted") is True

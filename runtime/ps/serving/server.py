@@ -29,6 +29,9 @@ MOVE_WAIT_S = 10.0
 """How long a call for a shard being handed over waits for the hand-over to end (it
 then fails with :class:`NotServing`, and the worker follows the shard to its new home)."""
 
+MOVED_GRACE_S = 10.0
+"""How long the copy a hand-over leaves behind is not promoted (see ``Role.MOVED``)."""
+
 HandOver = Callable[[Header, Tensors], bool]
 """Deliver a shard's whole state to its new home (``Adopt``); True once it serves it."""
 
@@ -101,6 +104,7 @@ class ParameterServer:
     def status(self) -> Header:
         """Which shards this server holds, in which role and at which version."""
         with self._lock:
+            self._settle_moved()
             return {"index": self.index, "configured": self.config is not None,
                     "shards": {str(s): {"role": h.role.value, "version": h.version}
                                for s, h in self.hosted.items()},
@@ -366,7 +370,10 @@ class ParameterServer:
             if h.replicated == h.version:
                 return None
             h.replicated = h.version
-            header, tensors = _whole_copy(h, shard, config)
+            header, tensors = _copy_of(h, shard, config)
+            # A hand-over to the host of this copy need send only what changes next.
+            h.state.clean()
+            h.clean_since = h.version
         if shard == DATA_SHARD:
             # After the parameters, outside their lock (a push holds it while it
             # journals); the data may be newer than them, never older than the journal.
@@ -389,7 +396,7 @@ class ParameterServer:
             partition = self.partition
             h = self.hosted.get(shard)
         assert partition is not None
-        if h is not None and h.role is not Role.REPLICA:
+        if h is not None and not h.role.held_by_others:
             return {"accepted": False, "version": h.version}
         # Copied outside the lock: a large shard must not hold up this server's own.
         state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
@@ -397,7 +404,7 @@ class ParameterServer:
         pushes = _pushes(header)
         with self._lock:
             h = self.hosted.get(shard)
-            if h is not None and h.role is not Role.REPLICA:
+            if h is not None and not h.role.held_by_others:
                 return {"accepted": False, "version": h.version}
             self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version,
                                         pushes=pushes)
@@ -410,15 +417,17 @@ class ParameterServer:
         elsewhere; refused while this server serves shard 0 itself."""
         with self._lock:
             h = self.hosted.get(DATA_SHARD)
-        if h is not None and h.role is not Role.REPLICA:
+        if h is not None and not h.role.held_by_others:
             return {"accepted": False}
         return {"accepted": self._journal_in.entries(list(entry["entries"]))}
 
     def promote(self, shard: int) -> Header:
         """Serve the replica of ``shard`` as its primary (its primary is gone)."""
         with self._journal_out.lock, self._lock:
+            self._settle_moved()
             h = self.hosted.get(shard)
-            if h is None or h.role is Role.MOVING:
+            if h is None or h.role in (Role.MOVING, Role.MOVED):
+                # Moving, or just moved: its new home serves it (the worker asks again).
                 raise NotServing(f"ps {self.index} holds no replica of shard {shard}")
             if h.role is Role.REPLICA:
                 h.role = Role.PRIMARY
@@ -441,13 +450,16 @@ class ParameterServer:
 
     # -- moves (resizing) ------------------------------------------------------------
 
-    def hand_over(self, shard: int, send: HandOver) -> tuple[int, float] | None:
+    def hand_over(self, shard: int, send: HandOver, base: int | None = None
+                  ) -> tuple[int, float] | None:
         """Hand the primary ``shard`` to its new home through ``send`` (the servers were
         resized). Calls for the shard wait meanwhile and then go to the new home: no
-        update is applied here after the copy is taken, so none is lost. Returns the
-        version handed over and how long the shard was served by nobody; None when it
-        was not handed over (not primary here, a sync round under way: try again, or
-        the new home refused it). Called holding no lock."""
+        update is applied here after the copy is taken, so none is lost. ``base``: the
+        version of a copy the new home holds; when it is the last whole copy taken here,
+        only what changed since travels, else the whole shard. Returns the version
+        handed over and how long the shard was served by nobody; None when it was not
+        handed over (not primary here, a sync round under way: try again, or the new
+        home refused it). Called holding no lock."""
         with self._lock:
             h = self.hosted.get(shard)
             config = self.config
@@ -459,7 +471,11 @@ class ParameterServer:
                 return None
             h.role = Role.MOVING
             started = self.clock()
-            header, tensors = _whole_copy(h, shard, config)
+            if base is not None and base == h.clean_since:
+                header, tensors = _copy_of(h, shard, config, h.state.changes())
+                header["base"] = base
+            else:
+                header, tensors = _copy_of(h, shard, config)
         data = None
         if shard == DATA_SHARD:
             # Taken, not copied: a lease or release racing the move finds no service
@@ -470,7 +486,8 @@ class ParameterServer:
             header["data"] = data.to_json() if data is not None else None
         adopted = send(header, tensors)
         with h.cond:
-            h.role = Role.REPLICA if adopted else Role.PRIMARY
+            h.role = Role.MOVED if adopted else Role.PRIMARY
+            h.moved_at = self.clock()
             h.replicated = -1
             h.cond.notify_all()
             held = self.clock() - started
@@ -482,21 +499,32 @@ class ParameterServer:
 
     def adopt(self, header: Header, tensors: Tensors) -> Header:
         """Serve a shard as primary that its old home handed over (``accepted``), unless
-        this server serves it already."""
+        this server serves it already. A hand-over with a ``base`` carries only what
+        changed since the copy of that version, which this server must hold (refused
+        with ``whole`` otherwise: send the whole shard)."""
         shard = int(header["shard"])
         with self._lock:
             config = self._configure(header["config"])
             partition = self.partition
             h = self.hosted.get(shard)
         assert partition is not None
-        if h is not None and h.role is not Role.REPLICA:
+        if h is not None and not h.role.held_by_others:
             return {"accepted": False, "version": h.version}
-        state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
+        base = header.get("base")
+        if base is not None and (h is None or h.version != int(base)):
+            return {"accepted": False, "whole": True, "version": -1 if h is None else h.version}
         version = int(header["version"])
         with self._journal_out.lock, self._lock:
-            h = self.hosted.get(shard)
-            if h is not None and h.role is not Role.REPLICA:
-                return {"accepted": False, "version": h.version}
+            if self.hosted.get(shard) is not h or (
+                    h is not None and not h.role.held_by_others):
+                return {"accepted": False, "whole": True,
+                        "version": -1 if h is None else h.version}
+            if base is not None and h is not None:
+                # Under the locks: a copy the replicator sends meanwhile waits.
+                h.state.update(tensors)
+                state = h.state
+            else:
+                state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
             self.hosted[shard] = Hosted(state, version, Role.PRIMARY, pushes=_pushes(header))
             if shard == DATA_SHARD and header.get("data") is not None:
                 self._journal_in.take()  # a replica's copy, older than this one
@@ -507,10 +535,19 @@ class ParameterServer:
         """Drop the replicas of the shards ``keep`` says no longer belong here (after a
         resize): a stale copy must never be promoted. Returns the shards dropped."""
         with self._lock:
+            self._settle_moved()
             gone = [s for s, h in self.hosted.items() if h.role is Role.REPLICA and not keep(s)]
             for shard in gone:
                 del self.hosted[shard]
         return gone
+
+    def _settle_moved(self) -> None:
+        """Copies left by a hand-over more than :data:`MOVED_GRACE_S` ago and not
+        refreshed by the new home since are replicas like any other (holds ``_lock``)."""
+        now = self.clock()
+        for h in self.hosted.values():
+            if h.role is Role.MOVED and now - h.moved_at >= MOVED_GRACE_S:
+                h.role = Role.REPLICA
 
     def step_down(self, shard: int) -> Header | None:
         """Serve ``shard`` no longer (another server was promoted in its place while this
@@ -584,12 +621,15 @@ class ParameterServer:
         self.finished.set()
 
 
-def _whole_copy(h: Hosted, shard: int, config: JobConfig) -> tuple[Header, Tensors]:
-    """A shard's whole state for another server (holds ``h.cond``): copies, since the
-    transport encodes them after the lock is let go."""
+def _copy_of(h: Hosted, shard: int, config: JobConfig,
+                tensors: Tensors | None = None) -> tuple[Header, Tensors]:
+    """A shard's whole state for another server (holds ``h.cond``), or ``tensors`` in
+    its place: copies, since the transport encodes them after the lock is let go."""
     header: Header = {"shard": shard, "version": h.version, "config": config.to_json(),
                       "data": None, "pushes": {w: [i, r] for w, (i, r) in h.pushes.items()}}
-    return header, {k: v.clone() for k, v in h.state.payload().items()}
+    if tensors is None:
+        tensors = {k: v.clone() for k, v in h.state.payload().items()}
+    return header, tensors
 
 
 def _pushes(header: Header) -> dict[str, tuple[str, Header]]:

@@ -67,6 +67,8 @@ class Table:
         self._rows, self._values = rows, values
         self._state = optimizer.new_state(values)
         self._steps = torch.zeros(len(rows), dtype=torch.int64)
+        self._dirty = torch.zeros(len(rows), dtype=torch.bool)
+        """Rows changed (or added) since :meth:`clean`."""
         self._count = len(rows)
         self.local[rows] = torch.arange(len(rows), dtype=torch.int32)
 
@@ -89,6 +91,38 @@ class Table:
     def steps(self) -> torch.Tensor:
         """Updates applied to each row."""
         return self._steps[:self._count]
+
+    def mark(self, pos: torch.Tensor) -> None:
+        """Rows at local positions ``pos`` changed."""
+        self._dirty[pos] = True
+
+    def clean(self) -> None:
+        """Forget which rows changed: a whole copy was just taken."""
+        self._dirty[:self._count] = False
+
+    def changed(self) -> dict[str, torch.Tensor]:
+        """The rows changed since :meth:`clean`: ids, values, steps and optimizer
+        state, keyed as in :meth:`ShardState.payload`, copies."""
+        pos = torch.nonzero(self._dirty[:self._count]).reshape(-1)
+        name = self.spec.name
+        out = {f"r/{name}": self.rows.index_select(0, pos),
+               f"t/{name}": self.values.index_select(0, pos),
+               f"n/{name}": self.steps.index_select(0, pos)}
+        out.update({f"s/{name}/{k}": v.index_select(0, pos) for k, v in self.state.items()})
+        return out
+
+    def update(self, ids: torch.Tensor, values: torch.Tensor, steps: torch.Tensor,
+               state: Mapping[str, torch.Tensor]) -> None:
+        """Set rows ``ids`` (global; added when not held yet) as another copy has them."""
+        missing = self.local[ids] < 0
+        if bool(missing.any()):
+            self._add(ids[missing], values[missing])
+        pos = self.local[ids].long()
+        self.values.index_copy_(0, pos, values.to(torch.float32))
+        self.steps.index_copy_(0, pos, steps)
+        for k, v in self.state.items():
+            v.index_copy_(0, pos, state[k])
+        self.mark(pos)
 
     def restore(self, steps: torch.Tensor, state: Mapping[str, torch.Tensor]) -> None:
         """Set the step counts and optimizer state of the rows held (from a payload)."""
@@ -119,11 +153,13 @@ class Table:
             self._values = _grown(self._values, start, capacity)
             self._state = {k: _grown(v, start, capacity) for k, v in self._state.items()}
             self._steps = _grown(self._steps, start, capacity)
+            self._dirty = _grown(self._dirty, start, capacity)
         self._rows[start:stop] = rows
         self._values[start:stop] = values
         for k, v in self.optimizer.new_state(values).items():
             self._state[k][start:stop] = v
         self._steps[start:stop] = 0
+        self._dirty[start:stop] = True
         self.local[rows] = torch.arange(start, stop, dtype=torch.int32)
         self._count = stop
 
@@ -157,6 +193,8 @@ class ShardState:
             self.dense_steps[key] = torch.zeros(1, dtype=torch.int64)
         self.loans: list[Loan] = []
         """Dense tensors lent to replies being sent (see :class:`Loan`)."""
+        self.dense_dirty: set[str] = set()
+        """Dense slices changed since :meth:`clean`."""
         self.tables: dict[str, Table] = {}
         for spec in partition.specs:
             if spec.kind is not Kind.EMBEDDING:
@@ -210,6 +248,7 @@ class ShardState:
             self.dense[key] = self.dense[key].clone()
         for loan in self.loans:
             loan.keys -= lent
+        self.dense_dirty.update(grads)
         for key, grad in grads.items():
             g = grad.reshape(1, -1).to(torch.float32)
             g = g * scale if scale != 1.0 else g
@@ -229,6 +268,39 @@ class ShardState:
             for k, v in state.items():
                 table.state[k].index_copy_(0, pos, v)
             table.steps.index_copy_(0, pos, steps)
+            table.mark(pos)
+
+    def clean(self) -> None:
+        """Forget what changed: a whole copy of this shard was just taken."""
+        self.dense_dirty.clear()
+        for table in self.tables.values():
+            table.clean()
+
+    def changes(self) -> dict[str, torch.Tensor]:
+        """What changed since :meth:`clean` (copies), for :meth:`update` on a copy of
+        this shard as it was then: the changed dense slices and table rows (with their
+        ids, ``r/`` keys, for every table) and their optimizer state."""
+        out: dict[str, torch.Tensor] = {}
+        for key in self.dense_dirty:
+            out[f"d/{key}"] = self.dense[key].clone()
+            out[f"n/{key}"] = self.dense_steps[key].clone()
+            out.update({f"s/{key}/{k}": v.clone() for k, v in self.dense_state[key].items()})
+        for table in self.tables.values():
+            out.update(table.changed())
+        return out
+
+    def update(self, changes: Mapping[str, torch.Tensor]) -> None:
+        """Apply :meth:`changes` of another copy, taken since this copy was made."""
+        for key in self.dense:
+            if f"d/{key}" in changes:
+                self.dense[key] = changes[f"d/{key}"].reshape(1, -1).clone()
+                self.dense_steps[key] = changes[f"n/{key}"].clone()
+                self.dense_state[key] = {k: changes[f"s/{key}/{k}"].clone()
+                                         for k in self.dense_state[key]}
+                self.dense_dirty.add(key)
+        for name, table in self.tables.items():
+            table.update(changes[f"r/{name}"], changes[f"t/{name}"], changes[f"n/{name}"],
+                         {k: changes[f"s/{name}/{k}"] for k in table.state})
 
     def payload(self) -> dict[str, Any]:
         """Everything needed to rebuild this shard elsewhere (replica, checkpoint)."""

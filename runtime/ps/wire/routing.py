@@ -94,8 +94,10 @@ def decide(shard: int, used: int, views: Sequence[ShardView | None],
         # when its replication is refused, so the promoted copy is the one to use.
         promoted = [i for i in primaries if i != place.home(shard)]
         return Retry(promoted[0] if promoted else primaries[0])
-    if any(_role(v, shard) == "moving" for v in views):
-        return Wait()  # being handed to its new home: never promote a copy meanwhile
+    if any(_role(v, shard) in ("moving", "moved") for v in views):
+        # Being handed to its new home, or just handed (the new home may be too busy
+        # taking it to answer a probe): never promote a copy meanwhile.
+        return Wait()
     replicas = [i for i, v in enumerate(views) if _role(v, shard) == "replica"]
     if replicas:
         preferred = place.other_copy(shard, used)

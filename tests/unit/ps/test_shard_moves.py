@@ -12,14 +12,21 @@ import torch
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.placement import Placement
 from ringwright.runtime.ps.serving.consistency import Consistency, Mode
-from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing
+from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing, Role
 from ringwright.runtime.ps.serving.moving import Mover
 from ringwright.runtime.ps.serving.optim import ServerOptimizer
 from ringwright.runtime.ps.serving.replication import Replicator
-from ringwright.runtime.ps.serving.server import HandOver, ParameterServer
+from ringwright.runtime.ps.serving.server import MOVED_GRACE_S, HandOver, ParameterServer
 from ringwright.runtime.ps.serving.shard import initial_values
 from ringwright.runtime.ps.wire.codec import Header, Tensors
-from ringwright.runtime.ps.wire.routing import Promote, Retry, Routes, Wait, decide
+from ringwright.runtime.ps.wire.routing import (
+    Promote,
+    Retry,
+    Routes,
+    ShardView,
+    Wait,
+    decide,
+)
 
 SPECS = (TensorSpec("w", (6, 40)), TensorSpec("emb", (50, 2), kind=Kind.EMBEDDING))
 SHARDS = 3
@@ -40,11 +47,16 @@ def _job(mode: Mode = Mode.ASYNC) -> list[ParameterServer]:
     return servers
 
 
-def _push(ps: ParameterServer, shard: int, worker: str = "a", push: str = "") -> Header:
+def _push(ps: ParameterServer, shard: int, worker: str = "a", push: str = "",
+          rows: int = 0) -> Header:
+    """Push ones for the dense slices of ``shard`` and for its first ``rows`` rows."""
     part = ps.partition
     assert part is not None
     grads: Tensors = {f"g/w@{d.start}": torch.ones(d.stop - d.start)
                       for d in part.dense_on(shard)}
+    if rows:
+        ids = torch.from_numpy(part.rows_on("emb", shard)[:rows])
+        grads.update({"i/emb": ids, "r/emb": torch.ones(len(ids), 2)})
     version = int(ps.status()["shards"][str(shard)]["version"])
     return ps.push({"shard": shard, "worker": worker, "version": version, "push": push}, grads)
 
@@ -52,6 +64,11 @@ def _push(ps: ParameterServer, shard: int, worker: str = "a", push: str = "") ->
 def _role(ps: ParameterServer, shard: int) -> str | None:
     info = ps.status()["shards"].get(str(shard))
     return None if info is None else str(info["role"])
+
+
+def _view(ps: ParameterServer) -> ShardView:
+    """What a worker's probe reads from ``ps``."""
+    return {int(s): (str(i["role"]), int(i["version"])) for s, i in ps.status()["shards"].items()}
 
 
 def _adopt_on(ps: ParameterServer) -> HandOver:
@@ -65,7 +82,7 @@ def test_a_hand_over_moves_the_primary_with_every_update() -> None:
     assert before is not None
     moved = servers[0].hand_over(2, _adopt_on(servers[2]))
     assert moved is not None and moved[0] == 3
-    assert (_role(servers[0], 2), _role(servers[2], 2)) == ("replica", "primary")
+    assert (_role(servers[0], 2), _role(servers[2], 2)) == ("moved", "primary")
     after = servers[2].checkpoint_payload(2)
     assert after is not None and after[0] == 3
     assert all(torch.equal(before[1][k], after[1][k]) for k in before[1])
@@ -175,7 +192,67 @@ def test_the_mover_seeds_the_new_home_then_hands_over() -> None:
     assert (moved.shard, moved.to, moved.version) == (2, 2, 1)
     assert servers[2].status()["shards"]["2"] == {"role": "primary", "version": 1}
     assert mover.pending == {}
-    assert _role(servers[0], 2) == "replica"  # ps-0 is shard 2's replica host now
+    # ps-0 is shard 2's replica host now: the new home's replication refreshes its copy.
+    assert _role(servers[0], 2) == "moved"
+    Replicator(servers[2], 3, replicate).round(addresses)
+    assert servers[0].status()["shards"]["2"] == {"role": "replica", "version": 1}
+
+
+def test_a_hand_over_after_a_copy_sends_only_what_changed() -> None:
+    servers = _job()
+
+    def replicate(address: str, header: Header, tensors: Tensors) -> Header:
+        return servers[int(address)].replicate(header, tensors)
+
+    _push(servers[0], 2, rows=5)
+    replicator = Replicator(servers[0], 3, replicate)
+    replicator.round(["0", "1", "2"])  # the seed: shard 2 to its new home, version 1
+    assert replicator.accepted[2] == ("2", 1)
+    _push(servers[0], 2, rows=2)
+    sent: list[Tensors] = []
+
+    def adopt(header: Header, tensors: Tensors) -> bool:
+        sent.append(tensors)
+        return servers[2].adopt(header, tensors)["accepted"] is True
+
+    assert servers[0].hand_over(2, adopt, base=1) is not None
+    assert len(sent[0]["r/emb"]) == 2  # the rows the last push touched, not the table
+    old, new = servers[0].checkpoint_payload, servers[2].checkpoint_payload
+    servers[0].hosted[2].role = Role.PRIMARY  # to read the copy left behind
+    left, adopted = old(2), new(2)
+    assert left is not None and adopted is not None and left[0] == adopted[0] == 2
+    assert all(torch.equal(left[1][k], adopted[1][k]) for k in left[1])
+
+
+def test_a_hand_over_based_on_a_copy_the_new_home_lacks_is_refused() -> None:
+    servers = _job()
+    answers: list[Header] = []
+
+    def adopt(header: Header, tensors: Tensors) -> bool:
+        answers.append(servers[2].adopt(header, tensors))
+        return answers[-1]["accepted"] is True
+
+    servers[0].hosted[2].clean_since = 0  # as if a copy of version 0 had been taken
+    assert servers[0].hand_over(2, adopt, base=0) is None  # ps-2 holds no copy at all
+    assert answers[-1]["whole"] is True and _role(servers[0], 2) == "primary"
+    assert servers[0].hand_over(2, adopt) is not None  # the whole shard
+
+
+def test_the_copy_a_hand_over_leaves_is_not_promoted_at_once() -> None:
+    # A new home busy taking a large shard may leave the workers' probe unanswered:
+    # promoting the copy left behind would be a false failover.
+    now = [0.0]
+    servers = _job()
+    servers[0].clock = lambda: now[0]
+    assert servers[0].hand_over(2, _adopt_on(servers[2])) is not None
+    with pytest.raises(NotServing):
+        servers[0].promote(2)
+    assert decide(2, 0, [_view(servers[0]), {}, None]) == Wait()
+    # If the new home is gone for good, the copy is promoted after the grace period.
+    now[0] = MOVED_GRACE_S
+    assert servers[0].status()["shards"]["2"]["role"] == "replica"
+    assert decide(2, 0, [_view(servers[0]), {}, None]) == Promote(0)
+    assert servers[0].promote(2) == {"version": 0}
 
 
 def test_replicas_that_no_longer_belong_here_are_dropped() -> None:
