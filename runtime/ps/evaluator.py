@@ -38,14 +38,14 @@ class Evaluator(Generic[B]):
         consistency and data plan from the workers, never from it."""
         deadline = time.monotonic() + timeout
         self.client.wait_ready(timeout)
-        while not _every_shard_served(self.client.views(5.0), self.client.servers):
+        while not ((shards := self.client.shard_count())
+                   and _every_shard_served(self.client.views(5.0), shards)):
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"the job's {self.client.servers} shards were not all served within "
-                    f"{timeout:.0f} s: a worker creates them when it starts; is one running?")
+                    f"the job's shards were not all served within {timeout:.0f} s: a "
+                    f"worker creates them when it starts; is one running?")
             time.sleep(poll)
-        self.client.discover()
-        self.client.attach(self.job.config(self.client.servers, self.binding.specs()))
+        self.client.attach(self.job.config(shards, self.binding.specs()))
         self.binding.release_tables()
 
     def load(self, batch: B) -> dict[int, int]:

@@ -142,9 +142,9 @@ class Worker(Generic[B]):
         self.client = client
         try:
             client.wait_ready(self.world_wait_s, self.beat)
-            client.discover()
-            client.initialize(self.job.config(max(self.shards, world.ps_count),
-                                              self.binding.specs()),
+            # The layout the first worker chose, once it exists; else this worker's.
+            shards = client.shard_count() or max(self.shards, world.ps_count)
+            client.initialize(self.job.config(shards, self.binding.specs()),
                               self.binding.initial())
             self.binding.release_tables()
             self._loop(client)

@@ -97,6 +97,7 @@ class Replicator:
             if self._targets.get(shard) != address:
                 self.ps.resend(shard)  # a new server there: it holds nothing yet
                 self._targets[shard] = address
+                self.accepted.pop(shard, None)  # nor has it accepted anything
             snap = self.ps.snapshot(shard, to=address)
             if snap is None:
                 continue

@@ -106,6 +106,7 @@ class ParameterServer:
         with self._lock:
             self._settle_moved()
             return {"index": self.index, "configured": self.config is not None,
+                    "shardCount": self.config.shards if self.config is not None else 0,
                     "shards": {str(s): {"role": h.role.value, "version": h.version}
                                for s, h in self.hosted.items()},
                     "applied": self.stats.applied, "stale": self.stats.stale,

@@ -364,6 +364,18 @@ class PSClient(Routes):
         reply, _ = self.stubs[server].call("Status", {}, timeout=5.0)
         return reply
 
+    def shard_count(self, timeout: float = 5.0) -> int:
+        """The job's shard count as its servers know it (0: no shard created yet): a
+        worker or evaluator that comes later takes the layout the first worker chose."""
+        futures = [stub.start("Status", {}, timeout=timeout) for stub in self.stubs]
+        counts = [0]
+        for future in futures:
+            try:
+                counts.append(int(result(future)[0].get("shardCount", 0)))
+            except grpc.RpcError:
+                continue
+        return max(counts)
+
     def finish(self) -> None:
         """Tell every reachable server that the data is done."""
         for stub in self.stubs:
