@@ -515,17 +515,20 @@ class ParameterServer:
         if base is not None and (h is None or h.version != int(base)):
             return {"accepted": False, "whole": True, "version": -1 if h is None else h.version}
         version = int(header["version"])
+        # A whole shard is copied outside the lock, as a replica is; changes are few and
+        # go onto the copy held here under it (nothing replaces that copy meanwhile).
+        whole = None if base is not None else ShardState.from_payload(
+            partition, shard, config.optimizer, tensors)
         with self._journal_out.lock, self._lock:
             if self.hosted.get(shard) is not h or (
                     h is not None and not h.role.held_by_others):
                 return {"accepted": False, "whole": True,
                         "version": -1 if h is None else h.version}
-            if base is not None and h is not None:
-                # Under the locks: a copy the replicator sends meanwhile waits.
+            state = whole
+            if state is None:
+                assert h is not None  # a delta is refused above without a copy here
                 h.state.update(tensors)
                 state = h.state
-            else:
-                state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
             self.hosted[shard] = Hosted(state, version, Role.PRIMARY, pushes=_pushes(header))
             if shard == DATA_SHARD and header.get("data") is not None:
                 self._journal_in.take()  # a replica's copy, older than this one
