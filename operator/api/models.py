@@ -239,6 +239,25 @@ class PSSpec(ApiModel):
                 "spec.ps.backupWorkers applies only to consistency Sync",
                 ".backupWorkers",
             ),
+            cel(
+                "!has(self.shards) || self.replicas <= self.shards",
+                "spec.ps.replicas must not exceed spec.ps.shards: a server past the last "
+                "shard would hold none (the shards are fixed when the job is created)",
+                ".replicas",
+            ),
+            cel(
+                "has(self.shards) || self.replicas <= oldSelf.replicas",
+                "spec.ps.replicas can grow only when spec.ps.shards is set: "
+                "without it the job has one shard per server it started with, so a new server "
+                "would hold none; create the job with spec.ps.shards at the most servers it may "
+                "reach",
+                ".replicas",
+            ),
+            cel(
+                "has(self.shards) == has(oldSelf.shards)",
+                "spec.ps.shards is immutable: it cannot be added or removed",
+                ".shards",
+            ),
         )
     )
 
@@ -246,8 +265,19 @@ class PSSpec(ApiModel):
         default=1,
         ge=1,
         le=MAX_PS,
-        description="Number of ps pods; parameters are sharded across them. Immutable.",
-        json_schema_extra=immutable("spec.ps.replicas"),
+        description="Number of ps pods; parameters are sharded across them. May change on "
+        "a running job: the servers hand shards over live. A server taken away (its index "
+        "at or past the new count) hands its shards to the others, then exits; a new one "
+        "takes its shards once it is ready.",
+    )
+    shards: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_PS,
+        description="Shards of the model, fixed for the job's life; spec.ps.replicas may not "
+        "exceed it. Unset: one per server when the first worker creates them, and "
+        "spec.ps.replicas may then shrink but not grow. Immutable.",
+        json_schema_extra=immutable("spec.ps.shards"),
     )
     template: PodTemplate = Field(
         description="Pod template of every ps pod. Its first container gets whole-CPU "
@@ -664,6 +694,11 @@ class WorldSummary(ApiModel):
     rack_members: list[RackMembers] = Field(
         default_factory=list, description="Members per rack, in ring order."
     )
+    ps_servers: int = Field(
+        default=0, ge=0, le=MAX_PS,
+        description="ParameterServer mode: the servers the world counts, which hold the "
+        "shards. Follows spec.ps.replicas: at once when it shrinks, and as each new server "
+        "is ready when it grows.")
     config_map: str = Field(default="", description="ConfigMap holding the full world.")
 
     _legacy_generation = model_validator(mode="before")(generation_from_legacy)

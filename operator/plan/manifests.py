@@ -254,7 +254,8 @@ def _readiness_probe(role: str) -> Obj:
 
 
 def _ps_env(job: Obj) -> list[Obj]:
-    """spec.ps's consistency settings, which the workers hand to the servers."""
+    """spec.ps's consistency settings, which the workers hand to the servers, and its
+    shard count, with which the first worker creates the shards."""
     ps = job["spec"].get("ps")
     if ps is None:
         return []
@@ -263,6 +264,7 @@ def _ps_env(job: Obj) -> list[Obj]:
         (Env.PS_STALENESS, ps.get("staleness")),
         (Env.PS_BACKUP_WORKERS, ps.get("backupWorkers")),
         (Env.PS_REQUEUE_STALE, str(bool(ps.get("requeueStale", False))).lower()),
+        (Env.PS_SHARDS, ps.get("shards")),
     ]
     return [{"name": name, "value": str(v)} for name, v in values if v is not None]
 

@@ -27,7 +27,7 @@ class PSEnv:
     CHECKPOINT_VERSIONS = "RINGWRIGHT_PS_CHECKPOINT_VERSIONS"
     RECOVER_SECONDS = "RINGWRIGHT_PS_RECOVER_SECONDS"
     """How long a worker keeps looking for a shard's primary before it fails (30)."""
-    SHARDS = "RINGWRIGHT_PS_SHARDS"
+    SHARDS = Env.PS_SHARDS
     """Shards of the model, fixed for the job's life (the number of servers when unset or
     smaller): a job whose servers may grow sets it to at least their largest number."""
 

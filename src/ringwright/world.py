@@ -97,6 +97,9 @@ class Env:
     """spec.ps.backupWorkers: a sync round completes without this many workers."""
     PS_REQUEUE_STALE = "RINGWRIGHT_PS_REQUEUE_STALE"
     """spec.ps.requeueStale ("true"/"false"): train samples of dropped pushes again."""
+    PS_SHARDS = "RINGWRIGHT_PS_SHARDS"
+    """spec.ps.shards: the model's shards, fixed for the job's life (unset: one per server
+    when the first worker creates them)."""
     PROCS_PER_POD = "RINGWRIGHT_PROCS_PER_POD"
     """spec.workers.numProcPerNode resolved to a number: training processes (local ranks)
     the pod's entry point starts (``ringwright.runtime.launch``)."""

@@ -28,7 +28,10 @@ def counts(r: Round, planned: Plan) -> Outcome:
             succeeded=sum(1 for p in r.workers if p.state == PodState.SUCCEEDED),
             failed=sum(1 for p in r.workers if p.state == PodState.FAILED)))
     if r.spec.ps is not None:
-        change["ps"] = ReplicaStatus(desired=r.spec.ps.replicas,
+        # Ready servers are those below the count: one past it is leaving (a shrink).
+        wanted = r.spec.ps.replicas
+        change["ps"] = ReplicaStatus(desired=wanted,
                                      active=sum(1 for p in r.ps if p.alive),
-                                     ready=sum(1 for p in r.ps if p.state == PodState.READY))
+                                     ready=sum(1 for p in r.ps if p.state == PodState.READY
+                                               and p.index < wanted))
     return Outcome(status=change)

@@ -19,6 +19,7 @@ from ..manifests import PS, WORKER, pod
 from ..placement.resources import pod_requests
 from ..pods import PodState, PodView
 from ..types import Event
+from .servers import servers
 from .state import NOTHING, Outcome, Round, SetCondition, earliest, event, merged
 from .status import StatusChange, WorldChange, world_changed
 
@@ -89,7 +90,8 @@ def resize(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outco
     """Bring the worker (and ps) count to the spec: remove highest ranks, add lowest free.
 
     ``doomed``: the pods earlier steps already delete. Sets: the plan's mark_leaving and
-    delete (scale down, drained leavers), then what :func:`add_pods` sets."""
+    delete (scale down, drained leavers; for ps pods what :func:`.servers.servers` sets),
+    then what :func:`add_pods` sets."""
     wanted = r.spec.workers.replicas
     alive = [p for p in r.workers if p.alive and p.name not in doomed
              and p.leaving_since is None]
@@ -113,11 +115,13 @@ def resize(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outco
             deleted.append(p.name)
         else:
             requeue = earliest(requeue, drain - (r.now - p.leaving_since))
-    scaled = Outcome(mark_leaving=tuple(leaving), delete=tuple(deleted), events=told,
-                     requeue=requeue)
+    scaled = merged(Outcome(mark_leaving=tuple(leaving), delete=tuple(deleted), events=told,
+                            requeue=requeue), servers(r, doomed))
     missing_workers = wanted - len(alive)
-    ps_alive = [p for p in r.ps if p.alive and p.name not in doomed]
-    missing_ps = (r.spec.ps.replicas - len(ps_alive)) if r.spec.ps else 0
+    # Only a PS pod below spec.ps.replicas serves: one past it is leaving (a shrink).
+    ps_wanted = r.spec.ps.replicas if r.spec.ps else 0
+    ps_alive = [p for p in r.ps if p.alive and p.name not in doomed and p.index < ps_wanted]
+    missing_ps = ps_wanted - len(ps_alive)
     if missing_workers <= 0 and missing_ps <= 0:
         return scaled
     return merged(scaled, add_pods(r, status, alive + ps_alive, missing_workers))
@@ -162,11 +166,15 @@ def add_pods(r: Round, status: TrainingJobStatus, live: Sequence[PodView],
     # A pod on its way out leaves its index free: its replacement keeps the name (the
     # create is refused as AlreadyExists until the old pod is gone, then it goes through).
     created: list[Obj] = []
+    ps_indices = r.spec.ps.replicas if r.spec.ps else 0
     for role, fragments, taken in (
         (WORKER, placed.workers, {p.index for p in r.workers if p.state != PodState.DELETING}),
         (PS, placed.ps, {p.index for p in r.ps if p.state != PodState.DELETING}),
     ):
-        free = (i for i in range(len(taken) + len(fragments) + 1) if i not in taken)
+        # A PS pod's index is its server's, and only those below spec.ps.replicas serve:
+        # a free one held by a pod still leaving waits for it.
+        bound = len(taken) + len(fragments) + 1 if role == WORKER else ps_indices
+        free = (i for i in range(bound) if i not in taken)
         for fragment, index in zip(fragments, free, strict=False):
             created.append(harden(r.job, pod(r.job, role, index, avoiding(
                 with_node_loss_tolerations(fragment, r.job["spec"], role == WORKER,

@@ -83,6 +83,7 @@ class WorldChange(TypedDict, total=False):
     racks: int
     cross_rack_edges: int
     rack_members: list[RackMembers]
+    ps_servers: int
 
 
 def read_status(job: Obj) -> TrainingJobStatus:

@@ -26,6 +26,7 @@ from ...api.models import (
 from ..health.recovery import recovery
 from ..manifests import procs_per_pod
 from ..pods import PodState, PodView
+from ..servers import listed_servers, server_count
 from ..worldplan import (
     Candidate,
     build_world,
@@ -69,18 +70,24 @@ def world(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outcom
         and not rep.suspects for rep in r.obs.reports.values())
     seen = status.candidate
     pending = Candidate(seen.digest, seen.since) if seen and seen.digest else None
-    ready_ps = [p for p in r.ps if p.state == PodState.READY and p.name not in doomed]
+    up_ps = [p for p in r.ps if p.state == PodState.READY and p.name not in doomed]
+    servers = server_count(r.spec.ps.replicas, current,
+                           (p.index for p in up_ps)) if r.spec.ps else 0
+    ready_ps = listed_servers(up_ps, servers)
+    # A new server count is news even when the same pods are up (a server that was
+    # down is taken away): the servers hand shards over when it changes.
+    resized = current is not None and r.spec.ps is not None and current.ps_count != servers
     awaited = current is not None and all_waiting(
         current, r.obs.reports, [p.name for p in ready])
     go, candidate, wait = decide(
         current, ready, r.spec.workers.replicas, r.spec.workers.min, pending, r.now,
-        r.settings.settle_seconds, force, ready_ps, awaited)
+        r.settings.settle_seconds, force or resized, ready_ps, awaited)
     parts = [Outcome(
         status=StatusChange(candidate=PendingMembership(
             digest=candidate.digest, since=candidate.since) if candidate else None),
         requeue=earliest(wait, verdict_wait if awaiting_verdict else None))]
     if go:
-        parts += publish(r, status, ready, ready_ps)
+        parts += publish(r, status, ready, ready_ps, servers)
     elif (current is not None and status.world.generation < current.generation
           and world_digest(current) == membership_digest([*ready, *ready_ps])):
         # The world went out but the status write after it did not (the operator
@@ -111,10 +118,12 @@ def checkpoint_settings(spec: CheckpointSpec) -> CheckpointSettings:
 
 
 def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
-            ready_ps: list[PodView]) -> list[Outcome]:
-    """A new world of the ready pods, at the next generation, written over the one read.
+            ready_ps: list[PodView], servers: int) -> list[Outcome]:
+    """A new world of the ready pods, at the next generation, written over the one read;
+    ``servers``: the parameter servers it counts (:func:`..servers.server_count`).
 
-    Sets: the plan's world, an event; then what :func:`mirror` sets."""
+    Sets: the plan's world, an event (and one when the server count changes); then what
+    :func:`mirror` sets."""
     spec = r.spec
     generation = generation_after(r, status)
     new = build_world(
@@ -126,15 +135,20 @@ def publish(r: Round, status: TrainingJobStatus, ready: list[PodView],
         lr=lr_settings(spec.lr_scaling),
         checkpoint=checkpoint_settings(spec.checkpoint),
         ps=ready_ps,
-        ps_replicas=spec.ps.replicas if spec.ps else 0,
+        ps_replicas=servers,
         local_ranks=procs_per_pod(r.job),
         topology=TopologySettings(
             hierarchical_all_reduce=spec.topology.hierarchical_all_reduce),
     )
     racks, edges, _ = ring_summary(new)
-    published = Outcome(world=new, world_version=r.obs.world_version, events=(event(
-        "WorldPublished", f"generation {generation}: {_workers(new)} in {racks} racks "
-        f"({edges} cross-rack ring edges)"),))
+    told = [event("WorldPublished", f"generation {generation}: {_workers(new)} in {racks} "
+                  f"racks ({edges} cross-rack ring edges)")]
+    before = r.obs.world.ps_count if r.obs.world is not None else 0
+    if spec.ps is not None and before and before != new.ps_count:
+        told.append(event("ServersResized", f"generation {generation}: parameter servers "
+                          f"{before} -> {new.ps_count} (spec.ps.replicas {spec.ps.replicas}); "
+                          "their shards move to their new homes live"))
+    published = Outcome(world=new, world_version=r.obs.world_version, events=tuple(told))
     return [published, mirror(r, status, new)]
 
 
@@ -146,7 +160,8 @@ def mirror(r: Round, status: TrainingJobStatus, followed: World) -> Outcome:
     racks, edges, per_rack = ring_summary(followed)
     summary = WorldChange(
         generation=followed.generation, size=followed.size, racks=racks, cross_rack_edges=edges,
-        rack_members=[RackMembers(rack=rack, members=n) for rack, n in per_rack])
+        rack_members=[RackMembers(rack=rack, members=n) for rack, n in per_rack],
+        ps_servers=followed.ps_count if r.spec.ps else 0)
     models = {m.gpu_model for m in followed.members}
     if len(models) == 1 and "" not in models:
         # The model the members run on, not the one a placement last chose: a round that

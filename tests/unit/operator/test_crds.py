@@ -305,6 +305,21 @@ def test_allowed_updates_pass_transition_rules() -> None:
     assert refusals("TrainingJob", new, old=PS_JOB) == []
 
 
+def test_ps_replicas_change_within_the_shards() -> None:
+    """Servers grow up to spec.ps.shards and shrink; without shards they only shrink."""
+    def resized(job: Obj, replicas: int) -> Obj:
+        new = copy.deepcopy(job)
+        new["spec"]["ps"]["replicas"] = replicas
+        return new
+
+    sharded = copy.deepcopy(PS_JOB)
+    sharded["spec"]["ps"]["shards"] = 3
+    assert refusals("TrainingJob", sharded) == []
+    assert refusals("TrainingJob", resized(sharded, 3), old=sharded) == []
+    assert refusals("TrainingJob", resized(sharded, 1), old=resized(sharded, 3)) == []
+    assert refusals("TrainingJob", resized(PS_JOB, 1), old=PS_JOB) == []
+
+
 # --- invalid input -------------------------------------------------------------------------
 
 
