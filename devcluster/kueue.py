@@ -228,10 +228,24 @@ def _mount_secret(kube: KubeClient, cert_dir: Path, stop: threading.Event) -> No
                 written[key] = value
 
 
+def feature_gates(elastic_topology: bool = False) -> str:
+    """Kueue's ``--feature-gates``: its on-demand visibility API server off (it would
+    listen on every interface), workload slices on (a queued job grows and shrinks,
+    alpha in v0.17), and with ``elastic_topology`` also slices of jobs with a topology
+    assignment (``ElasticJobsViaWorkloadSlicesWithTAS``, alpha in v0.17). That gate is a
+    choice, not a default: under it Kueue v0.17 admits no pod set with a required or
+    preferred topology request, elastic or not (docs/kueue.md)."""
+    gates = {"VisibilityOnDemand": False, "ElasticJobsViaWorkloadSlices": True}
+    if elastic_topology:
+        gates["ElasticJobsViaWorkloadSlicesWithTAS"] = True
+    return ",".join(f"{name}={str(on).lower()}" for name, on in gates.items())
+
+
 @contextmanager
-def running_kueue(cluster: Cluster, folder: Path, timeout: float = 180.0) -> Iterator[None]:
-    """Kueue installed and running against ``cluster`` until the block ends; its log is
-    ``folder/kueue.log``."""
+def running_kueue(cluster: Cluster, folder: Path, timeout: float = 180.0,
+                  elastic_topology: bool = False) -> Iterator[None]:
+    """Kueue installed and running against ``cluster`` until the block ends, with
+    :func:`feature_gates` (``elastic_topology``); its log is ``folder/kueue.log``."""
     binary = ensure_binaries(("kueue",))["kueue"]
     module = module_dir()
     webhook_port, health_port = free_port(), free_port()
@@ -249,10 +263,7 @@ def running_kueue(cluster: Cluster, folder: Path, timeout: float = 180.0) -> Ite
         try:
             server.start(
                 [str(binary), f"--config={config}", "--zap-log-level=info",
-                 # Its on-demand visibility API server would listen on every interface;
-                 # workload slices let a queued job grow and shrink (alpha in v0.17).
-                 "--feature-gates=VisibilityOnDemand=false,"
-                 "ElasticJobsViaWorkloadSlices=true"],
+                 f"--feature-gates={feature_gates(elastic_topology)}"],
                 f"http://127.0.0.1:{health_port}/readyz", timeout,
                 env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)})
             deadline = time.monotonic() + timeout

@@ -60,6 +60,12 @@ class OperatorSettings(BaseModel):
         "admission, through Kueue's workload slices (a scale-up waits for quota and grows "
         "the job when Kueue admits it; a scale-down hands quota back at once). Needs Kueue's "
         "ElasticJobsViaWorkloadSlices feature gate (docs/kueue.md).")
+    kueue_elastic_topology: bool = Field(
+        default=False, description="With kueueElastic: a job with a topology assignment "
+        "(an unconstrained or implied request) also grows and shrinks through slices, "
+        "its new pods placed in the domains Kueue adds. Needs Kueue's "
+        "ElasticJobsViaWorkloadSlicesWithTAS feature gate, under which Kueue v0.17 admits "
+        "no required or preferred topology request (docs/kueue.md).")
     operator_namespace: str = Field(
         default="", description="Namespace of the operator's pods, admitted by each job's "
         "NetworkPolicy to the readiness port. Default: the leader-election Lease's namespace "

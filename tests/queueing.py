@@ -17,25 +17,35 @@ import pytest
 from ringwright.devcluster.control_plane import Cluster
 from ringwright.devcluster.kueue import API_VERSION, running_kueue
 from ringwright.kube import KubeClient, api_path
-from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOURCE
+from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOURCE, RACK_LABEL
 from ringwright.operator.plan.kueue import PRIORITY_LABEL, QUEUE_LABEL, admission, slice_number
+from ringwright.operator.plan.kueue_topology import HOSTNAME
 from ringwright.operator.plan.manifests import JOB_LABEL
 from tests.cluster.test_placement_cluster import SLOW, cluster_facts, condition, job
-from tests.jobs import OperatorProcess, instead_of
+from tests.jobs import OperatorProcess, instead_of, tj_path
 from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
-def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def elastic_topology() -> bool:
+    """Whether this module's Kueue runs with ElasticJobsViaWorkloadSlicesWithTAS (and its
+    operator with kueueElasticTopology); a module overrides this fixture to turn it on."""
+    return False
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory,
+          elastic_topology: bool) -> Iterator[Path]:
     """The real Kueue, running for this module's tests; yields its folder (log)."""
     folder = tmp_path_factory.mktemp("kueue")
-    with running_kueue(cluster, folder):
+    with running_kueue(cluster, folder, elastic_topology=elastic_topology):
         yield folder
 
 
 @pytest.fixture(scope="module")
 def queueing_operator(cluster: Cluster, kueue: Path, operator: OperatorProcess,
-                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+                      tmp_path_factory: pytest.TempPathFactory,
+                      elastic_topology: bool) -> Iterator[OperatorProcess]:
     """The operator with RINGWRIGHT_KUEUE (and its workload slices) on, instead of the
     session's for this module (both would take the same Lease; the session's is back
     afterwards). Its resync is ten minutes away, so Kueue's answers (admission, eviction,
@@ -43,6 +53,8 @@ def queueing_operator(cluster: Cluster, kueue: Path, operator: OperatorProcess,
     own = OperatorProcess(cluster, tmp_path_factory.mktemp("kueue-op") / "operator.log",
                           settings={**operator.settings, "RINGWRIGHT_KUEUE": "true",
                                     "RINGWRIGHT_KUEUE_ELASTIC": "true",
+                                    "RINGWRIGHT_KUEUE_ELASTIC_TOPOLOGY":
+                                        str(elastic_topology).lower(),
                                     "RINGWRIGHT_RESYNC_SECONDS": "600"}, supervised=True)
     with instead_of(operator, own):
         yield own
@@ -106,6 +118,39 @@ def queues(kube: KubeClient, namespace: str, queueing_operator: OperatorProcess
     handle.cleanup()
 
 
+@pytest.fixture()
+def rack_topology(kube: KubeClient, namespace: str, queues: Queues) -> Iterator[str]:
+    """A Kueue Topology of the SchedulingPolicy's rack label over hosts, one flavor of the
+    first GPU model that uses it, and a ClusterQueue + LocalQueue ("racks") over it."""
+    suffix = uuid.uuid4().hex[:6]
+    made: list[tuple[str, str, dict[str, Any]]] = [("topologies", f"t-top-{suffix}", {
+                "spec": {"levels": [{"nodeLabel": RACK_LABEL}, {"nodeLabel": HOSTNAME}]}}),
+            ("resourceflavors", f"t-tas-{suffix}", {
+                "spec": {"nodeLabels": {GPU_MODEL_LABEL: queues.models[0]},
+                         "topologyName": f"t-top-{suffix}"}}),
+            ("clusterqueues", f"t-tas-cq-{suffix}", {"spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE],
+                                    "flavors": [{"name": f"t-tas-{suffix}", "resources": [
+                                        {"name": "cpu", "nominalQuota": "1000"},
+                                        {"name": "memory", "nominalQuota": "10000Gi"},
+                                        {"name": GPU_RESOURCE, "nominalQuota": "64"}]}]}]}})]
+    kinds = {"topologies": "Topology", "resourceflavors": "ResourceFlavor",
+             "clusterqueues": "ClusterQueue"}
+    for plural, name, body in made:
+        kube.apply(api_path(API_VERSION, plural, name=name),
+                   {"apiVersion": API_VERSION, "kind": kinds[plural], "metadata": {"name": name},
+                    **body})
+    local = api_path(API_VERSION, "localqueues", namespace, "racks")
+    kube.apply(local, {"apiVersion": API_VERSION, "kind": "LocalQueue",
+                       "metadata": {"name": "racks", "namespace": namespace},
+                       "spec": {"clusterQueue": f"t-tas-cq-{suffix}"}})
+    yield "racks"
+    kube.delete(local)
+    for plural, name, _ in reversed(made):
+        kube.delete(api_path(API_VERSION, plural, name=name))
+
+
 def queued_job(name: str, workers: int, gpus: int, queue: str,
                priority: str | None = None) -> dict[str, Any]:
     manifest = job(name, workers, gpus)
@@ -136,3 +181,8 @@ def wait_condition(kube: KubeClient, ns: str, name: str, type_: str, status: str
         return c if c is not None and c["status"] == status else None
 
     return wait_for(seen, f"{name}: condition {type_}={status}", timeout=SLOW)
+
+
+def scale(kube: KubeClient, ns: str, name: str, replicas: int) -> None:
+    """Scale job ``name``'s workers through its scale subresource (``kubectl scale``)."""
+    kube.merge_patch(tj_path(ns, name, "scale"), {"spec": {"replicas": replicas}})

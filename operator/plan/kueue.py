@@ -19,13 +19,15 @@ Elastic within the quota (the operator's ``kueueElastic``, with Kueue's
 wants more workers than its admitted slice holds asks with a new slice that names the old
 one as the one it replaces; Kueue admits it (counting the old slice's quota as free) when
 the quota allows at least one more worker, and finishes the old slice. Fewer workers
-shrink the admitted slice in place, which hands the quota back at once.
+shrink the admitted slice in place, which hands the quota back at once. A job with a
+topology assignment resizes only through slices, and only for the requests Kueue carries
+over to a new slice (:mod:`.kueue_topology`).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +37,20 @@ from ..api.base import API_VERSION as JOB_API_VERSION
 from ..api.conditions import rfc3339
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
-from .manifests import JOB_LABEL
+from .kueue_topology import (
+    SLICEABLE,
+    Assigned,
+    Fit,
+    fit,
+    node_labels,
+    read_assignment,
+    request_kind,
+    topology_request,
+)
+from .manifests import JOB_LABEL, WORKER
+from .manifests import PS as PS_ROLE
 from .placement.podresources import ps_pod_spec, worker_pod_spec
+from .pods import PodView
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -48,12 +62,6 @@ REPLACES_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
 """On a new slice: ``<namespace>/<name>`` of the slice it replaces once admitted."""
 SLICE_ANNOTATION = "ringwright.dev/workload-slice"
 """The slice's number in the job's chain (0: the first Workload)."""
-TOPOLOGY_ANNOTATIONS = {
-    "kueue.x-k8s.io/podset-required-topology": "required",
-    "kueue.x-k8s.io/podset-preferred-topology": "preferred",
-}
-"""Kueue's own annotations of a pod template asking for topology-aware scheduling (the
-level, a node label key), and the field of the pod set's ``topologyRequest`` each sets."""
 WORKERS, PS = "workers", "ps"
 _POD_FIELDS = ("containers", "initContainers", "nodeSelector", "tolerations", "affinity",
                "overhead", "priorityClassName")
@@ -78,14 +86,6 @@ def workload_name(job: Obj, slice_number: int = 0) -> str:
 def slice_number(wl: Obj) -> int:
     """The number of Workload slice ``wl`` in its job's chain."""
     return int(((wl.get("metadata") or {}).get("annotations") or {}).get(SLICE_ANNOTATION, 0))
-
-
-def topology_request(template: Mapping[str, Any]) -> Obj | None:
-    """The pod set's ``topologyRequest`` from Kueue's annotations on a pod ``template``."""
-    annotations = (template.get("metadata") or {}).get("annotations") or {}
-    asked = {field: str(annotations[key]) for key, field in TOPOLOGY_ANNOTATIONS.items()
-             if annotations.get(key)}
-    return asked or None
 
 
 def _pod_set(name: str, count: int, pod_spec: Mapping[str, Any],
@@ -179,10 +179,8 @@ class Admission:
     """Admitted pods per pod set."""
     flavors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The ResourceFlavors assigned per pod set."""
-    topology: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]] = field(
-        default_factory=dict)
-    """Per pod set with a topology assignment: (node label, the values assigned) for each
-    level of it, highest first."""
+    topology: Mapping[str, Assigned] = field(default_factory=dict)
+    """Per pod set with a topology assignment: its domains and their pod counts."""
     finished: bool = False
 
 
@@ -210,7 +208,7 @@ def admission(wl: Obj | None) -> Admission:
         counts = {a["name"]: int(a.get("count", 0)) for a in assignments}
         flavors = {a["name"]: tuple(sorted(set((a.get("flavors") or {}).values())))
                    for a in assignments}
-        topology = {a["name"]: assigned_domains(a["topologyAssignment"])
+        topology = {a["name"]: read_assignment(a["topologyAssignment"])
                     for a in assignments if a.get("topologyAssignment")}
         return Admission(True, str((admitted or {}).get("reason", "Admitted")),
                          str((admitted or {}).get("message", "")), counts, flavors, topology)
@@ -225,20 +223,9 @@ def admission(wl: Obj | None) -> Admission:
 
 
 def assigned_domains(assignment: Obj) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """The values assigned at each level of a Kueue ``topologyAssignment`` (its compact
-    form: slices of domains whose value at a level is one ``universal`` value or
-    ``prefix + root + suffix`` per domain), as (node label, sorted values) per level."""
-    levels = [str(level) for level in assignment.get("levels") or ()]
-    values: list[set[str]] = [set() for _ in levels]
-    for piece in assignment.get("slices") or ():
-        for at, level in enumerate(piece.get("valuesPerLevel") or ()):
-            if level.get("universal") is not None:
-                values[at].add(str(level["universal"]))
-            else:
-                each = level.get("individual") or {}
-                values[at].update(f"{each.get('prefix') or ''}{root}{each.get('suffix') or ''}"
-                                  for root in each.get("roots") or ())
-    return tuple((level, tuple(sorted(v))) for level, v in zip(levels, values, strict=True))
+    """The values assigned at each level of a Kueue ``topologyAssignment``, as (node
+    label, sorted values) per level."""
+    return read_assignment(assignment).values()
 
 
 def requeue_evicted(wl: Obj, now: float) -> Obj | None:
@@ -274,9 +261,13 @@ def requeue_evicted(wl: Obj, now: float) -> Obj | None:
 
 
 def effective_job(job: Obj, given: Admission,
-                  flavor_labels: Mapping[str, Mapping[str, str]]) -> Obj:
+                  flavor_labels: Mapping[str, Mapping[str, str]],
+                  fits: Mapping[str, Fit] | None = None, keep: int | None = None) -> Obj:
     """The job as an admitted Workload lets it run: the assigned flavors' node labels in
-    every template's ``nodeSelector`` and at most the admitted number of pods."""
+    every template's ``nodeSelector``, the assigned topology domains in its required node
+    affinity (only those with room, per ``fits``, where the running pods are known) and
+    at most the admitted number of pods; ``keep``: the workers to keep meanwhile while a
+    smaller slice waits for Kueue's assignment."""
     out = copy.deepcopy(job)
     for role, pod_set in (("workers", WORKERS), ("ps", PS)):
         role_spec = out["spec"].get(role)
@@ -289,11 +280,31 @@ def effective_job(job: Obj, given: Admission,
         if labels:
             template["nodeSelector"] = {**(template.get("nodeSelector") or {}), **labels}
         assigned = given.topology.get(pod_set)
-        if assigned:
-            _narrowed(template, assigned)
+        if assigned is not None:
+            found = (fits or {}).get(pod_set)
+            _narrowed(template, found.room if found is not None else assigned.values())
         admitted = given.counts.get(pod_set)
-        if admitted is not None and admitted < int(role_spec.get("replicas", 0)):
+        if pod_set == WORKERS and keep is not None:
+            role_spec["replicas"] = keep
+        elif admitted is not None and admitted < int(role_spec.get("replicas", 0)):
             role_spec["replicas"] = admitted
+    return out
+
+
+def topology_fits(given: Admission, pods: Sequence[PodView], ranks: Mapping[str, int],
+                  labels_of: Callable[[str], Mapping[str, str] | None]) -> dict[str, Fit]:
+    """How the job's live pods fit each pod set's topology assignment: in the world by
+    rank first, then the others, so a full domain's surplus is its highest ranks and the
+    pods that hold no state. ``labels_of``: a node's labels (None: not in the inventory)."""
+    out: dict[str, Fit] = {}
+    for pod_set, assigned in given.topology.items():
+        role = WORKER if pod_set == WORKERS else PS_ROLE
+        live = sorted((p for p in pods if p.role == role and p.alive
+                       and p.leaving_since is None and (p.node or p.planned_node)),
+                      key=lambda p: (p.name not in ranks, ranks.get(p.name, 0), p.index))
+        out[pod_set] = fit(assigned, [
+            (p.name, node_labels(node, labels_of(node)))
+            for p in live for node in (p.node or p.planned_node,)])
     return out
 
 
@@ -323,6 +334,12 @@ class SliceChange:
     """A merge patch of a slice's ``spec.podSets`` (and the version it was read at)."""
     waiting: str = ""
     """Why the job runs fewer workers than it asks for (a slice waits), else empty."""
+    keep: int | None = None
+    """Workers to keep running until a smaller slice is admitted (its topology assignment
+    says which pods stay), else None."""
+    fixed: str = ""
+    """Why the job cannot follow ``replicas`` through slices (its topology request), else
+    empty."""
 
 
 def _workers(wl: Obj) -> Obj:
@@ -379,10 +396,11 @@ def _replacement(job: Obj, base: Obj, number: int, count: int, min_count: int | 
 
 
 def resize_slices(job: Obj, base: Obj, waiting: Obj | None, given: Admission,
-                  next_number: int) -> SliceChange:
+                  next_number: int, topology_slices: bool = False) -> SliceChange:
     """How the chain follows ``spec.workers.replicas`` once ``base`` (the oldest slice
     not finished) is admitted with ``given``; ``waiting`` is a newer slice not admitted
     yet. At most one slice waits at a time: one asking for another number goes first.
+    ``topology_slices``: Kueue's ``ElasticJobsViaWorkloadSlicesWithTAS`` gate is on.
 
     - More workers than admitted: a new slice replacing ``base``, admitted only with at
       least one worker more than now (``minCount``), so Kueue never swaps a slice for
@@ -390,26 +408,66 @@ def resize_slices(job: Obj, base: Obj, waiting: Obj | None, given: Admission,
       quota frees (the job grows then).
     - Fewer: ``base`` shrinks in place (its quota is released at once), or, below the
       slice's own ``minCount`` (which Kueue keeps fixed), a replacing slice of that size.
+    - With a topology assignment: only requests Kueue carries over to a new slice
+      (unconstrained or implied, with the gate) resize, and always through a new slice
+      (Kueue keeps an in-place shrink's assignment at the old size); the job keeps its
+      workers until the smaller slice's assignment says which stay. Other requests keep
+      the admitted size, and the change says why.
     """
     spec = TrainingJobSpec.model_validate(job["spec"])
     want, has = spec.workers.replicas, given.counts.get(WORKERS, 0)
-    if WORKERS in given.topology:
-        # A new slice would get a topology of its own, unrelated to the running pods'
-        # (Kueue v0.17 keeps it only for unconstrained requests, behind an alpha gate).
-        return SliceChange()
+    topology = WORKERS in given.topology
+    kind = request_kind(_workers(base))
+    if (topology or kind not in SLICEABLE) and not (topology_slices and kind in SLICEABLE):
+        return SliceChange(fixed=_fixed_reason(kind, want, has, topology)
+                           if want != has else "")
+    keep = has if topology and want < has else None
     if waiting is not None:
         if _workers(waiting)["count"] != want:
-            return SliceChange(delete=(waiting["metadata"]["name"],))
-        return SliceChange(waiting=_waiting_reason(waiting, want, has) if want > has else "")
+            return SliceChange(delete=(waiting["metadata"]["name"],), keep=keep)
+        return SliceChange(waiting=_waiting_reason(waiting, want, has) if want > has else "",
+                           keep=keep)
     if want > has:
         return SliceChange(create=_replacement(job, base, next_number, want, has + 1),
                            waiting=f"asking Kueue for {want} workers ({has} admitted)")
     floor = _workers(base).get("minCount")
-    if floor is not None and want < floor:
-        return SliceChange(create=_replacement(job, base, next_number, want, spec.workers.min))
+    if keep is not None or (floor is not None and want < floor):
+        return SliceChange(create=_replacement(job, base, next_number, want, spec.workers.min),
+                           keep=keep)
     if want < _workers(base)["count"]:
         return SliceChange(resize=_with_count(base, want))
     return SliceChange()
+
+
+def _fixed_reason(kind: str, want: int, has: int, assigned: bool) -> str:
+    why = ("Kueue gives a new slice a topology of its own unless its "
+           "ElasticJobsViaWorkloadSlicesWithTAS gate is on (operator setting "
+           "kueueElasticTopology), and then only for unconstrained requests"
+           if assigned else f"Kueue v0.17 under its ElasticJobsViaWorkloadSlicesWithTAS "
+           f"gate admits a {kind} request without the topology it asks for")
+    return (f"asked for {want} workers but Kueue admitted {has} "
+            f"{'with a topology assignment' if assigned else 'for a topology request'} "
+            f"({kind} request), which this job keeps: {why} (docs/kueue.md)")
+
+
+def dropped_topology(base: Obj, given: Admission) -> str:
+    """Why an admitted pod set that asked for a required or preferred topology has no
+    topology assignment (Kueue v0.17 drops such requests under its
+    ElasticJobsViaWorkloadSlicesWithTAS gate), else empty."""
+    dropped = []
+    for pod_set in base["spec"]["podSets"]:
+        kind = request_kind(pod_set)
+        if kind not in SLICEABLE and pod_set["name"] not in given.topology:
+            level = (pod_set.get("topologyRequest") or {}).get(kind)
+            dropped.append(f"{pod_set['name']} ({kind}: {level})")
+    if not dropped:
+        return ""
+    return (f"Kueue admitted pod sets {', '.join(dropped)} without a topology assignment "
+            "(v0.17 drops required and preferred requests under its "
+            "ElasticJobsViaWorkloadSlicesWithTAS gate); the operator places them by its "
+            "own rules and keeps their admitted size. Ask for an unconstrained topology "
+            "(kueue.x-k8s.io/podset-unconstrained-topology: \"true\"), or run Kueue "
+            "without that gate (docs/kueue.md)")
 
 
 def _waiting_reason(waiting: Obj, want: int, has: int) -> str:

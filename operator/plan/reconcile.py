@@ -16,11 +16,13 @@ from ..settings import OperatorSettings
 from .kueue import (
     Admission,
     admission,
+    dropped_topology,
     effective_job,
     queue_name,
     requeue_evicted,
     resize_queued,
     resize_slices,
+    topology_fits,
     workload,
 )
 from .phases import TERMINAL
@@ -38,7 +40,7 @@ from .round.lifecycle import (
 )
 from .round.measures import measurements, stragglers
 from .round.placement import backoff, gang_timeout, resize
-from .round.queue import queue, quota_wait
+from .round.queue import queue, quota_wait, topology_dropped, topology_fixed
 from .round.state import Round
 from .round.world import world
 from .types import Event, Observed, Placement, Placer, Plan
@@ -84,15 +86,28 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
             if observed.waiting_slice is not None:  # one request at a time, once admitted
                 d.plan.workload_delete.append(observed.waiting_slice["metadata"]["name"])
             return _close(r, d)
+        keep: int | None = None
         if settings.kueue_elastic and observed.workload is not None:
             change = resize_slices(observed.job, observed.workload, observed.waiting_slice,
-                                   given, observed.next_slice)
+                                   given, observed.next_slice,
+                                   topology_slices=settings.kueue_elastic_topology)
             d.plan.workload = change.create
             d.plan.workload_delete.extend(change.delete)
             d.plan.workload_resize = change.resize
             d.take(quota_wait(d.status, change.waiting))
-        effective = replace(observed, job=effective_job(observed.job, given,
-                                                        observed.flavor_labels))
+            d.take(topology_fixed(d.status, change.fixed))
+            keep = change.keep
+        if observed.workload is not None:
+            d.take(topology_dropped(d.status, dropped_topology(observed.workload, given)))
+        # The running pods against the domains Kueue counted: new pods go where there
+        # is room, and the pods it no longer counts are the first to leave.
+        inventory = observed.inventory
+        ranks = {m.pod: m.rank for m in observed.world.members} if observed.world else {}
+        fits = topology_fits(given, r.pods, ranks, lambda node: dict(n.labels) if (
+            n := inventory.node(node)) is not None else None)
+        effective = replace(
+            observed, job=effective_job(observed.job, given, observed.flavor_labels, fits, keep),
+            topology_surplus=frozenset().union(*(f.surplus for f in fits.values())))
         r = Round.of(effective, settings, now, placer)
     d.take(resumption(d.status))
     if d.take(completed(r, d.status)).stop:

@@ -74,6 +74,9 @@ class Observed:
     """Node labels of the ResourceFlavors the Workload was admitted with, by flavor."""
     workload_priority: int | None = None
     """Value of the WorkloadPriorityClass the job's label names (None: none, or missing)."""
+    topology_surplus: frozenset[str] = frozenset()
+    """Pods that stand outside the topology domains Kueue counted for them (or beyond a
+    domain's count): on a scale-down they leave first."""
     stats: Mapping[str, MemberStats] = field(default_factory=dict)
     """The members' latest measurements, by pod (sealed by that pod)."""
 

@@ -5,10 +5,6 @@ preemption). The Kueue fixtures and queues: tests/queueing.py.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 
 from ringwright.kube import KubeClient, api_path
@@ -23,7 +19,14 @@ from tests.cluster.test_placement_cluster import (
     wait_running,
 )
 from tests.jobs import get_status, reconciled, tj_path
-from tests.queueing import Queues, queued_job, slices_of, wait_condition, workload_of
+from tests.queueing import (
+    Queues,
+    queued_job,
+    scale,
+    slices_of,
+    wait_condition,
+    workload_of,
+)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -156,9 +159,6 @@ def test_a_job_grows_within_its_quota_waits_for_more_and_shrinks_at_once(
     ns = namespace
     wait_quiet(kube, ns)
 
-    def scale(replicas: int) -> None:
-        kube.merge_patch(tj_path(ns, "elastic", "scale"), {"spec": {"replicas": replicas}})
-
     # 8 + 4 of 16 GPUs.
     kube.create(tj_path(ns), queued_job("elastic", 2, 4, queues.local_queue))
     kube.create(tj_path(ns), queued_job("other", 1, 4, queues.local_queue))
@@ -166,7 +166,7 @@ def test_a_job_grows_within_its_quota_waits_for_more_and_shrinks_at_once(
     other, _ = wait_running(kube, ns, "other", 1)
 
     # A third worker fits: a new slice is admitted in place of the first.
-    scale(3)
+    scale(kube, ns, "elastic", 3)
     wait_running(kube, ns, "elastic", 3)
     first, grown = slices_of(kube, ns, "elastic")[:2]
     finished = next(c for c in first["status"]["conditions"] if c["type"] == "Finished")
@@ -174,7 +174,7 @@ def test_a_job_grows_within_its_quota_waits_for_more_and_shrinks_at_once(
     assert grown["status"]["admission"]["podSetAssignments"][0]["count"] == 3
 
     # A fourth does not (16 + 4 > 16): the job runs three and says why.
-    scale(4)
+    scale(kube, ns, "elastic", 4)
     waiting = wait_condition(kube, ns, "elastic", "WaitingForQuota", "True")
     assert "4 workers (3 admitted)" in waiting["message"], waiting
     reconciled(kube, ns, "elastic", timeout=SLOW)
@@ -187,44 +187,11 @@ def test_a_job_grows_within_its_quota_waits_for_more_and_shrinks_at_once(
     wait_condition(kube, ns, "elastic", "WaitingForQuota", "False")
 
     # Down to two: the admitted slice shrinks in place and hands 8 GPUs back at once.
-    scale(2)
+    scale(kube, ns, "elastic", 2)
     wait_running(kube, ns, "elastic", 2)
     wait_for(lambda: gpus_in_use(kube, queues) == 8, "the ClusterQueue to count 8 GPUs",
              timeout=SLOW)
     assert workload_of(kube, ns, "elastic")["spec"]["podSets"][0]["count"] == 2  # type: ignore[index]
-
-
-@pytest.fixture()
-def rack_topology(kube: KubeClient, namespace: str, queues: Queues) -> Iterator[str]:
-    """A Kueue Topology of the SchedulingPolicy's rack label over hosts, one flavor of the
-    first GPU model that uses it, and a ClusterQueue + LocalQueue ("racks") over it."""
-    suffix = uuid.uuid4().hex[:6]
-    made: list[tuple[str, str, dict[str, Any]]] = [("topologies", f"t-top-{suffix}", {
-                "spec": {"levels": [{"nodeLabel": RACK_LABEL}, {"nodeLabel": HOSTNAME}]}}),
-            ("resourceflavors", f"t-tas-{suffix}", {
-                "spec": {"nodeLabels": {GPU_MODEL_LABEL: queues.models[0]},
-                         "topologyName": f"t-top-{suffix}"}}),
-            ("clusterqueues", f"t-tas-cq-{suffix}", {"spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                                    "flavors": [{"name": f"t-tas-{suffix}", "resources": [
-                                        {"name": "cpu", "nominalQuota": "1000"},
-                                        {"name": "memory", "nominalQuota": "10000Gi"},
-                                        {"name": GPU_RESOURCE, "nominalQuota": "64"}]}]}]}})]
-    kinds = {"topologies": "Topology", "resourceflavors": "ResourceFlavor",
-             "clusterqueues": "ClusterQueue"}
-    for plural, name, body in made:
-        kube.apply(api_path(API_VERSION, plural, name=name),
-                   {"apiVersion": API_VERSION, "kind": kinds[plural], "metadata": {"name": name},
-                    **body})
-    local = api_path(API_VERSION, "localqueues", namespace, "racks")
-    kube.apply(local, {"apiVersion": API_VERSION, "kind": "LocalQueue",
-                       "metadata": {"name": "racks", "namespace": namespace},
-                       "spec": {"clusterQueue": f"t-tas-cq-{suffix}"}})
-    yield "racks"
-    kube.delete(local)
-    for plural, name, _ in reversed(made):
-        kube.delete(api_path(API_VERSION, plural, name=name))
 
 
 def test_a_job_asking_kueue_for_one_rack_lands_on_the_hosts_kueue_assigned(
@@ -250,3 +217,13 @@ def test_a_job_asking_kueue_for_one_rack_lands_on_the_hosts_kueue_assigned(
     assert len({facts[h].rack for h in hosts}) == 1, domains
     placed = {p["spec"]["nodeName"] for p in pods_of(kube, ns, "racked")}
     assert placed <= hosts, (placed, domains)
+
+    # Without Kueue's ElasticJobsViaWorkloadSlicesWithTAS gate a new slice would get a
+    # topology unrelated to the running pods': the job keeps its size and says why.
+    scale(kube, ns, "racked", 4)
+    fixed = wait_condition(kube, ns, "racked", "Resizable", "False")
+    assert "asked for 4 workers but Kueue admitted 3" in fixed["message"], fixed
+    assert "(required request)" in fixed["message"], fixed
+    reconciled(kube, ns, "racked", timeout=SLOW)
+    assert len(pods_of(kube, ns, "racked")) == 3
+    assert len(slices_of(kube, ns, "racked")) == 1

@@ -276,6 +276,15 @@ def test_notes_say_which_policy_the_demo_uses(helm: Path, tmp_path: Path) -> Non
     assert "schedulingPolicyName" not in render_notes(helm, tmp_path)
 
 
+def test_notes_name_kueues_gates_for_elastic_topology(helm: Path, tmp_path: Path) -> None:
+    on = render_notes(helm, tmp_path, {"operator": {"settings": {
+        "kueue": True, "kueueElastic": True, "kueueElasticTopology": True}}})
+    text = " ".join(on.split())
+    assert "ElasticJobsViaWorkloadSlices=true,ElasticJobsViaWorkloadSlicesWithTAS=true" in text
+    assert "TopologyAssigned=False" in text
+    assert "ElasticJobsViaWorkloadSlicesWithTAS" not in render_notes(helm, tmp_path)
+
+
 def test_the_check_refuses_a_wrong_command(helm: Path, tmp_path: Path) -> None:
     """The checker itself: each kind of mistake the notes could make is caught."""
     objs = render(helm, tmp_path)

@@ -123,7 +123,7 @@ SETTINGS: Obj = {"settleSeconds": 2.5, "drainSeconds": 45, "belowMinGraceSeconds
                  "psExitGraceSeconds": 15, "backoffBaseSeconds": 2, "backoffCapSeconds": 120,
                  "resyncSeconds": 20, "roundSpacingSeconds": 0.5, "scaffoldResyncSeconds": 900,
                  "storePort": 29500, "networkPolicy": False, "operatorNamespace": "ops",
-                 "kueue": True, "kueueElastic": True}
+                 "kueue": True, "kueueElastic": True, "kueueElasticTopology": True}
 
 
 def kueue_rules(objs: list[Obj]) -> dict[str, set[str]]:

@@ -100,8 +100,11 @@ def resize(r: Round, status: TrainingJobStatus, doomed: frozenset[str]) -> Outco
     deleted: list[str] = []
     told: tuple[Event, ...] = ()
     if len(alive) > wanted:
-        # Pods outside the world hold no state: they go first, then the highest ranks.
-        order = sorted(alive, key=lambda p: (p.name in ranks, ranks.get(p.name, 0), p.index))
+        # Pods outside the world hold no state: they go first, then the highest ranks;
+        # before all, pods outside the topology domains Kueue now counts for the job.
+        surplus = r.obs.topology_surplus
+        order = sorted(alive, key=lambda p: (p.name in surplus, p.name in ranks,
+                                             ranks.get(p.name, 0), p.index))
         for p in order[wanted - len(alive):]:
             (leaving if p.name in ranks else deleted).append(p.name)
         told = (event("ScalingDown", f"workers {len(alive)} -> {wanted}"),)

@@ -12,6 +12,8 @@ from .status import find_condition
 
 QUEUED, ADMITTED = "Queued", "Admitted"
 WAITING_FOR_QUOTA = "WaitingForQuota"
+RESIZABLE = "Resizable"
+TOPOLOGY_ASSIGNED = "TopologyAssigned"
 
 
 def queue(r: Round, status: TrainingJobStatus, given: Admission) -> Outcome:
@@ -71,4 +73,39 @@ def quota_wait(status: TrainingJobStatus, waiting: str) -> Outcome:
     if was_waiting:
         return Outcome(conditions=(SetCondition(WAITING_FOR_QUOTA, False, "Admitted",
                                                 "Kueue admitted every worker asked for"),))
+    return Outcome()
+
+
+def topology_fixed(status: TrainingJobStatus, fixed: str) -> Outcome:
+    """Condition Resizable=False while the job asks for another number of workers than
+    Kueue admitted and its topology request keeps it at the admitted size (``fixed``
+    says why); back to True once the two agree.
+
+    Sets: condition Resizable (only on a job that has or needs it), an event when it
+    becomes False."""
+    return _flag(status, RESIZABLE, "TopologyAssigned", fixed, "NotResized",
+                 "the job runs the workers it asks for")
+
+
+def topology_dropped(status: TrainingJobStatus, dropped: str) -> Outcome:
+    """Condition TopologyAssigned=False while Kueue admitted a pod set without the
+    required or preferred topology it asked for (``dropped`` says which and what to do).
+
+    Sets: condition TopologyAssigned (only on a job that has or needs it), an event when
+    it becomes False."""
+    return _flag(status, TOPOLOGY_ASSIGNED, "KueueDroppedRequest", dropped,
+                 "TopologyDropped", "Kueue assigned the topology asked for")
+
+
+def _flag(status: TrainingJobStatus, type_: str, reason: str, problem: str,
+          event_reason: str, cleared: str) -> Outcome:
+    """Condition ``type_`` False with ``problem`` (an event when it starts), True again
+    with ``cleared`` once the problem is gone; nothing on a job that never had it."""
+    current = find_condition(status, type_)
+    was_false = current is not None and current.status == ConditionStatus.FALSE
+    if problem:
+        return Outcome(conditions=(SetCondition(type_, False, reason, problem),),
+                       events=() if was_false else (event(event_reason, problem),))
+    if was_false:
+        return Outcome(conditions=(SetCondition(type_, True, "Admitted", cleared),))
     return Outcome()
