@@ -6,6 +6,7 @@ environment (role, world ConfigMap, 127.x pod IP). PS pods serve on their pod IP
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from ringwright.runtime.checkpoint.checkpointer import Checkpointer, LocalStorag
 from ringwright.world import World, parse_world, world_configmap_name
 from tests.e2e.test_elastic_job import HostThread
 from tests.jobs import OperatorProcess, get_status, tj_path, training_job
-from tests.ps.harness import ps_done
+from tests.ps.harness import moved, ps_done
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -130,5 +131,111 @@ def test_a_suspended_parameter_server_job_resumes_from_its_checkpoints(
         for epoch in range(3):
             assert counts["trained"].get(epoch, 0) + counts["dropped"].get(epoch, 0) == \
                 SAMPLES // 2, (epoch, counts)
+    finally:
+        runner.close()
+
+
+RESIZE_SAMPLES = 3072
+RESIZE_EPOCHS = 8
+
+
+def test_a_running_job_grows_its_servers_2_to_3_and_back_by_its_spec(
+        kube: KubeClient, namespace: str, operator: OperatorProcess, tmp_path: Path) -> None:
+    """spec.ps.replicas patched 2 -> 3 -> 2 under training: the operator creates rec-ps-2
+    and counts it once it is ready, so shard 2 moves to it; then leaves it out, so it hands
+    shard 2 back to rec-ps-0 and exits 0, and its pod is deleted, neither counted as a
+    failure nor replaced. Every sample of every epoch is trained exactly once (re-queue of
+    stale drops on), by the data service's count and by the workers' traces, and no
+    update is lost: each shard's final version is the steps the workers count as applied."""
+    ns, trace = namespace, tmp_path / "steps.trace"
+    container = [{"name": "train", "image": "ringwright/training:dev"}]
+    manifest = training_job(
+        "rec", replicas=2, minimum=1, gpusPerWorker=0, mode="ParameterServer",
+        ps={"replicas": 2, "shards": 3, "template": {"spec": {"containers": container}},
+            "consistency": "Async", "staleness": 16, "requeueStale": True})
+    kube.create(tj_path(ns), manifest)
+    # One trace for both workers: each step is one appended line.
+    host = PodHost(kube, ns, "rec",
+                   [sys.executable, str(EXAMPLE), "--samples", str(RESIZE_SAMPLES),
+                    "--vocab", "300", "--dim", "4", "--batch-size", "32", "--piece-batches",
+                    "4", "--epochs", str(RESIZE_EPOCHS), "--slow", "0.03", "--trace", str(trace)],
+                   tmp_path / "pods", readiness_grace=1)
+    runner = HostThread(host)
+
+    def steps() -> list[dict[str, Any]]:
+        text = trace.read_text() if trace.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def logged(pod: str, pattern: str) -> list[str]:
+        return [line for line in runner.log_lines(pattern) if line.startswith(f"{pod} ")]
+
+    def resize(replicas: int) -> None:
+        kube.merge_patch(tj_path(ns, "rec"), {"spec": {"ps": {"replicas": replicas}}})
+
+    try:
+        try:
+            wait_for(lambda: len(steps()) >= 20, "20 steps on two servers", timeout=180)
+            resize(3)
+            grown = wait_for(lambda: (w := _world(kube, ns)) is not None and w.ps_count == 3
+                             and len(w.ps) == 3 and w, "a world of 3 servers", timeout=120)
+            wait_for(lambda: logged("rec-ps-0", "ps_moved shard=2 to=2 "),
+                     "shard 2 handed to rec-ps-2", timeout=120)
+            assert get_status(kube, ns, "rec")["world"]["psServers"] == 3
+            on_three = len(steps())
+            wait_for(lambda: len(steps()) >= on_three + 20, "20 steps on three servers",
+                     timeout=120)
+            resize(2)
+            wait_for(lambda: logged("rec-ps-2", "ps_moved shard=2 to=0 "),
+                     "shard 2 handed back to rec-ps-0", timeout=120)
+            wait_for(lambda: kube.get_or_none(api_path("v1", "pods", ns, "rec-ps-2")) is None,
+                     "rec-ps-2 drained and deleted", timeout=120)
+            shrunk = _world(kube, ns)
+            assert shrunk is not None and shrunk.ps_count == 2, shrunk
+            assert [m.pod for m in shrunk.ps] == ["rec-ps-0", "rec-ps-1"]
+            assert not runner.log_lines(r" ps_done "), "training ended before the shrink"
+            wait_for(lambda: get_status(kube, ns, "rec").get("phase") == "Succeeded",
+                     "the job to succeed", timeout=300)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\nstatus: {get_status(kube, ns, 'rec')}\n"
+                                 f"{runner.tails()}") from err
+        assert isinstance(grown, World) and [m.pod for m in grown.ps] == [
+            "rec-ps-0", "rec-ps-1", "rec-ps-2"]
+        assert logged("rec-ps-2", r" ps_left_world .*primaries=0"), runner.tails()
+        status = get_status(kube, ns, "rec")
+        assert status.get("restarts", 0) == 0, status
+        assert status["ps"]["desired"] == 2 and status["world"]["psServers"] == 2
+        # Each pod's process started once: the drained server was not replaced.
+        assert dict(host.starts) == {**{f"rec-worker-{i}": 1 for i in range(2)},
+                                     **{f"rec-ps-{i}": 1 for i in range(3)}}
+        reasons = [e["reason"] for e in kube.list(api_path("v1", "events", ns))]
+        for reason in ("ServersResized", "ServerLeaving", "ServerDrained"):
+            assert reason in reasons, reasons
+        # Every sample of every epoch trained exactly once; drops counted and re-queued.
+        traced = steps()
+        done = runner.log_lines(r" ps_done ")
+        counts = ps_done("\n".join(line for line in done if "trained=" in line))
+        for epoch in range(RESIZE_EPOCHS):
+            mine = [s for s in traced if s["epoch"] == epoch]
+            covered = [0] * RESIZE_SAMPLES
+            for s in mine:
+                if not s["dropped"]:
+                    for i in range(s["start"], s["stop"]):
+                        covered[i] += 1
+            assert covered == [1] * RESIZE_SAMPLES, epoch
+            assert counts["trained"][epoch] == RESIZE_SAMPLES, counts
+            dropped = sum(s["samples"] for s in mine if s["dropped"])
+            assert counts["dropped"].get(epoch, 0) == dropped, counts
+            assert counts["requeued_stale"].get(epoch, 0) == dropped, counts
+        # No update lost: every shard, wherever it ended, applied each applied step once.
+        versions: dict[int, int] = {}
+        for line in done:
+            versions.update(ps_done(line)["versions"])
+        applied = sum(1 for s in traced if not s["dropped"])
+        assert versions == dict.fromkeys(range(3), applied), (versions, applied)
+        for pod, needle in (("rec-ps-0", "ps_moved shard=2 to=2 "),
+                            ("rec-ps-2", "ps_moved shard=2 to=0 ")):
+            move = moved(logged(pod, needle)[0])
+            print(f"{pod} handed shard 2 to ps-{int(move['to'])} at version "
+                  f"{int(move['version'])}: served by nobody {move['held_s'] * 1000:.1f} ms")
     finally:
         runner.close()
