@@ -389,14 +389,21 @@ class ParameterServer:
         if shard == DATA_SHARD and not self._journal_out.copy_accepted(to):
             self.resend(DATA_SHARD)
 
-    def replicate(self, header: Header, tensors: Tensors) -> Header:
-        """Keep (or refresh) a replica of another server's shard; a primary ignores it."""
+    def _incoming(self, header: Header) -> tuple[int, JobConfig, Partition, Hosted | None]:
+        """A shard another server sends (a replica's copy or a hand-over): its number,
+        the job's configuration (taken from ``header`` if this server has none yet), the
+        partition, and this server's own copy of the shard, if any."""
         shard = int(header["shard"])
         with self._lock:
             config = self._configure(header["config"])
             partition = self.partition
             h = self.hosted.get(shard)
         assert partition is not None
+        return shard, config, partition, h
+
+    def replicate(self, header: Header, tensors: Tensors) -> Header:
+        """Keep (or refresh) a replica of another server's shard; a primary ignores it."""
+        shard, config, partition, h = self._incoming(header)
         if h is not None and not h.role.held_by_others:
             return {"accepted": False, "version": h.version}
         # Copied outside the lock: a large shard must not hold up this server's own.
@@ -503,12 +510,7 @@ class ParameterServer:
         this server serves it already. A hand-over with a ``base`` carries only what
         changed since the copy of that version, which this server must hold (refused
         with ``whole`` otherwise: send the whole shard)."""
-        shard = int(header["shard"])
-        with self._lock:
-            config = self._configure(header["config"])
-            partition = self.partition
-            h = self.hosted.get(shard)
-        assert partition is not None
+        shard, config, partition, h = self._incoming(header)
         if h is not None and not h.role.held_by_others:
             return {"accepted": False, "version": h.version}
         base = header.get("base")
