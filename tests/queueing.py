@@ -151,12 +151,22 @@ def rack_topology(kube: KubeClient, namespace: str, queues: Queues) -> Iterator[
         kube.delete(api_path(API_VERSION, plural, name=name))
 
 
+REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+"""The pod-template annotation that asks Kueue for one domain of a topology level."""
+
+
 def queued_job(name: str, workers: int, gpus: int, queue: str,
-               priority: str | None = None) -> dict[str, Any]:
+               priority: str | None = None,
+               worker_annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A job for ``queue``; ``worker_annotations`` go on the workers' pod template (Kueue
+    reads topology requests there)."""
     manifest = job(name, workers, gpus)
     manifest["metadata"]["labels"] = {QUEUE_LABEL: queue}
     if priority is not None:
         manifest["metadata"]["labels"][PRIORITY_LABEL] = priority
+    if worker_annotations is not None:
+        manifest["spec"]["workers"]["template"]["metadata"] = {
+            "annotations": dict(worker_annotations)}
     return manifest
 
 

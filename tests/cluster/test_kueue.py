@@ -20,6 +20,7 @@ from tests.cluster.test_placement_cluster import (
 )
 from tests.jobs import get_status, reconciled, tj_path
 from tests.queueing import (
+    REQUIRED_TOPOLOGY,
     Queues,
     queued_job,
     scale,
@@ -200,10 +201,8 @@ def test_a_job_asking_kueue_for_one_rack_lands_on_the_hosts_kueue_assigned(
     ns = namespace
     wait_quiet(kube, ns)
     # 3 workers of 4 GPUs: two 8-GPU hosts, in one rack whichever the planner would pick.
-    manifest = queued_job("racked", 3, 4, rack_topology)
-    manifest["spec"]["workers"]["template"]["metadata"] = {
-        "annotations": {"kueue.x-k8s.io/podset-required-topology": RACK_LABEL}}
-    kube.create(tj_path(ns), manifest)
+    kube.create(tj_path(ns), queued_job("racked", 3, 4, rack_topology,
+                                        worker_annotations={REQUIRED_TOPOLOGY: RACK_LABEL}))
     wait_condition(kube, ns, "racked", "Admitted", "True")
     wait_running(kube, ns, "racked", 3)
     wl = workload_of(kube, ns, "racked")

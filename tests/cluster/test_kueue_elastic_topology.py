@@ -19,7 +19,7 @@ from ringwright.operator.plan.kueue_topology import HOSTNAME, read_assignment
 from ringwright.world import World
 from tests.cluster.test_placement_cluster import SLOW, pods_of, wait_quiet, wait_running
 from tests.jobs import reconciled, tj_path
-from tests.queueing import queued_job, scale, slices_of, wait_condition
+from tests.queueing import REQUIRED_TOPOLOGY, queued_job, scale, slices_of, wait_condition
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -69,10 +69,8 @@ def test_an_unconstrained_job_grows_and_shrinks_through_slices_where_kueue_count
 ) -> None:
     ns = namespace
     wait_quiet(kube, ns)
-    manifest = queued_job("tas", 2, 4, rack_topology)
-    manifest["spec"]["workers"]["template"]["metadata"] = {
-        "annotations": {UNCONSTRAINED: "true"}}
-    kube.create(tj_path(ns), manifest)
+    kube.create(tj_path(ns), queued_job("tas", 2, 4, rack_topology,
+                                        worker_annotations={UNCONSTRAINED: "true"}))
     world, _ = wait_running(kube, ns, "tas", 2)
     (first,) = slices_of(kube, ns, "tas")
     assert first["spec"]["podSets"][0]["topologyRequest"] == {"unconstrained": True}
@@ -105,10 +103,8 @@ def test_under_the_gate_kueue_drops_a_required_request_and_the_job_says_so(
 ) -> None:
     ns = namespace
     wait_quiet(kube, ns)
-    manifest = queued_job("racked", 2, 4, rack_topology)
-    manifest["spec"]["workers"]["template"]["metadata"] = {
-        "annotations": {"kueue.x-k8s.io/podset-required-topology": RACK_LABEL}}
-    kube.create(tj_path(ns), manifest)
+    kube.create(tj_path(ns), queued_job("racked", 2, 4, rack_topology,
+                                        worker_annotations={REQUIRED_TOPOLOGY: RACK_LABEL}))
     # Kueue admits it on quota alone: no topology assignment.
     dropped = wait_condition(kube, ns, "racked", "TopologyAssigned", "False")
     assert dropped["reason"] == "KueueDroppedRequest", dropped
