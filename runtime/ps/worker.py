@@ -165,6 +165,10 @@ class Worker(Generic[B]):
             lease = client.lease()
             if lease["status"] == "done":
                 if self.job.final_state:
+                    if sync:
+                        # The round this worker pushed into last may still wait for a
+                        # peer's push (or retirement): the final state includes it.
+                        self._sync_point(client)
                     self.report.final = self._pull_everything(client)
                 client.push({}, {}, client.versions_map(), retire=True)
                 client.finish()
