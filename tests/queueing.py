@@ -7,6 +7,8 @@ namespace. Loaded as a plugin by tests/conftest.py.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,3 +198,25 @@ def wait_condition(kube: KubeClient, ns: str, name: str, type_: str, status: str
 def scale(kube: KubeClient, ns: str, name: str, replicas: int) -> None:
     """Scale job ``name``'s workers through its scale subresource (``kubectl scale``)."""
     kube.merge_patch(tj_path(ns, name, "scale"), {"spec": {"replicas": replicas}})
+
+
+class EvictionSeen:
+    """The wall-clock time this test first saw the job's Workload evicted (polled every
+    0.1 s, so at most that much after Kueue set the condition)."""
+
+    def __init__(self, kube: KubeClient, ns: str, job: str) -> None:
+        self.at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, args=(kube, ns, job), daemon=True)
+        self._thread.start()
+
+    def _poll(self, kube: KubeClient, ns: str, job: str) -> None:
+        while self.at is None and not self._stop.wait(0.1):
+            workload = workload_of(kube, ns, job) or {}
+            if any(c["type"] == "Evicted" and c["status"] == "True"
+                   for c in (workload.get("status") or {}).get("conditions") or []):
+                self.at = time.time()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from ringwright.runtime.checkpoint.storage import LocalStorage
 from tests.cluster.test_placement_cluster import SLOW, pods_of, wait_quiet, wait_running
 from tests.e2e.test_elastic_job import HostThread
 from tests.jobs import get_status, tj_path
-from tests.queueing import Queues, queued_job, workload_of
+from tests.queueing import EvictionSeen, Queues, queued_job
 from tests.runtime.elastic_traces import assert_every_sample_once, assert_params_identical
 from tests.waiting import wait_for
 
@@ -37,28 +35,6 @@ HELD_AT = 20
 """The step the preempted job's workers wait at (a commit, between two checkpoint
 intervals of 8) until their pods are being deleted, so the preemption finds the job
 training whatever the machine's speed."""
-
-
-class EvictionSeen:
-    """The wall-clock time this test first saw the job's Workload evicted (polled every
-    0.1 s, so at most that much after Kueue set the condition)."""
-
-    def __init__(self, kube: KubeClient, ns: str, job: str) -> None:
-        self.at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, args=(kube, ns, job), daemon=True)
-        self._thread.start()
-
-    def _poll(self, kube: KubeClient, ns: str, job: str) -> None:
-        while self.at is None and not self._stop.wait(0.1):
-            workload = workload_of(kube, ns, job) or {}
-            if any(c["type"] == "Evicted" and c["status"] == "True"
-                   for c in (workload.get("status") or {}).get("conditions") or []):
-                self.at = time.time()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def test_a_preempted_job_checkpoints_requeues_and_resumes_with_every_sample_once(

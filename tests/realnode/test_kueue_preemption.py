@@ -13,8 +13,6 @@ with the Kueue integration: tests/queueing.py.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.storage import LocalStorage
 from tests.cluster.test_placement_cluster import cluster_facts, pods_of
 from tests.jobs import OperatorProcess, get_status, tj_path
-from tests.queueing import Queues, workload_of
+from tests.queueing import EvictionSeen, Queues
 from tests.realnode.conftest import SPECS
 from tests.realnode.staging import MOUNT, hostpath_policy, run_staged_worker, stage_worker
 from tests.runtime.elastic_traces import Traces, assert_every_sample_once, assert_params_identical
@@ -64,28 +62,6 @@ def real_queues(kube: KubeClient, namespace: str, queueing_operator: OperatorPro
             yield handle
         finally:
             handle.cleanup()
-
-
-class EvictionSeen:
-    """The wall-clock time this test first saw the job's Workload evicted (polled every
-    0.1 s, so at most that much after Kueue set the condition)."""
-
-    def __init__(self, kube: KubeClient, ns: str, job: str) -> None:
-        self.at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, args=(kube, ns, job), daemon=True)
-        self._thread.start()
-
-    def _poll(self, kube: KubeClient, ns: str, job: str) -> None:
-        while self.at is None and not self._stop.wait(0.1):
-            workload = workload_of(kube, ns, job) or {}
-            if any(c["type"] == "Evicted" and c["status"] == "True"
-                   for c in (workload.get("status") or {}).get("conditions") or []):
-                self.at = time.time()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _queued(name: str, workers: int, gpus: int, queues: Queues, priority: str,
