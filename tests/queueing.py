@@ -23,8 +23,11 @@ from ringwright.operator.api.schedulingpolicy import GPU_MODEL_LABEL, GPU_RESOUR
 from ringwright.operator.plan.kueue import PRIORITY_LABEL, QUEUE_LABEL, admission, slice_number
 from ringwright.operator.plan.kueue_topology import HOSTNAME
 from ringwright.operator.plan.manifests import JOB_LABEL
+from ringwright.runtime.checkpoint.checkpointer import Checkpointer
+from ringwright.runtime.checkpoint.storage import LocalStorage
 from tests.cluster.test_placement_cluster import SLOW, cluster_facts, condition, job
 from tests.jobs import OperatorProcess, instead_of, tj_path
+from tests.runtime.elastic_traces import Traces
 from tests.waiting import wait_for
 
 
@@ -220,3 +223,20 @@ class EvictionSeen:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def checkpoint_after_eviction(t: Traces, generation: int, folder: Path, held_at: int,
+                              evicted: EvictionSeen, where: str) -> int:
+    """The step rank 0 stopped at when world ``generation`` was evicted (its last commit
+    there, or where its SIGTERM found it), checked to be the newest checkpoint in
+    ``folder`` and no earlier than ``held_at``; prints how long after the eviction was
+    seen that checkpoint was durable (``where``: the path the figure comes from)."""
+    stopped: int = max([r["step"] for _, r in t.events("commit")
+                   if r["generation"] == generation and r["rank"] == 0]
+                  + [r["step"] for _, r in t.events("terminated") if r["rank"] == 0])
+    assert Checkpointer(LocalStorage(folder)).steps()[-1] == stopped >= held_at
+    durable = max(f.stat().st_mtime for f in folder.rglob("*") if f.is_file())
+    assert evicted.at is not None
+    print(f"eviction -> checkpoint durable: {durable - evicted.at:.2f} s "
+          f"(step {stopped}; {where}eviction seen within 0.1 s)")
+    return stopped

@@ -18,12 +18,10 @@ import pytest
 
 from ringwright.devcluster.podhost import PodHost
 from ringwright.kube import KubeClient, api_path
-from ringwright.runtime.checkpoint.checkpointer import Checkpointer
-from ringwright.runtime.checkpoint.storage import LocalStorage
 from tests.cluster.test_placement_cluster import SLOW, pods_of, wait_quiet, wait_running
 from tests.e2e.test_elastic_job import HostThread
 from tests.jobs import get_status, tj_path
-from tests.queueing import EvictionSeen, Queues, queued_job
+from tests.queueing import EvictionSeen, Queues, checkpoint_after_eviction, queued_job
 from tests.runtime.elastic_traces import assert_every_sample_once, assert_params_identical
 from tests.waiting import wait_for
 
@@ -78,15 +76,8 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_with_every_sample_once
         # wrote where it stopped: no training is lost but the steps of the last commit.
         assert all(runner.host.finished[p][0] in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
                    for p in world.pods), runner.host.finished
-        t = runner.traces()
-        stopped = max([r["step"] for _, r in t.events("commit")
-                       if r["generation"] == world.generation and r["rank"] == 0]
-                      + [r["step"] for _, r in t.events("terminated") if r["rank"] == 0])
-        assert Checkpointer(LocalStorage(root)).steps()[-1] == stopped >= HELD_AT
-        durable = max(f.stat().st_mtime for f in root.rglob("*") if f.is_file())
-        assert evicted.at is not None
-        print(f"eviction -> checkpoint durable: {durable - evicted.at:.2f} s "
-              f"(step {stopped}; eviction seen within 0.1 s)")
+        stopped = checkpoint_after_eviction(runner.traces(), world.generation, root, HELD_AT,
+                                            evicted, "")
 
         # high finishes: low is admitted again and resumes from that checkpoint.
         high, _ = wait_running(kube, ns, "high", 3)

@@ -24,11 +24,9 @@ from ringwright.devcluster.realnode_only import real_nodes_only as plain_real_no
 from ringwright.kube import KubeClient, api_path
 from ringwright.objects import Obj
 from ringwright.operator.plan.kueue import PRIORITY_LABEL, QUEUE_LABEL
-from ringwright.runtime.checkpoint.checkpointer import Checkpointer
-from ringwright.runtime.checkpoint.storage import LocalStorage
 from tests.cluster.test_placement_cluster import cluster_facts, pods_of
 from tests.jobs import OperatorProcess, get_status, tj_path
-from tests.queueing import EvictionSeen, Queues
+from tests.queueing import EvictionSeen, Queues, checkpoint_after_eviction
 from tests.realnode.conftest import SPECS
 from tests.realnode.staging import MOUNT, hostpath_policy, run_staged_worker, stage_worker
 from tests.runtime.elastic_traces import Traces, assert_every_sample_once, assert_params_identical
@@ -122,15 +120,8 @@ def test_a_job_preempted_on_real_nodes_checkpoints_requeues_and_resumes_with_eve
         gate.unlink()
         wait_for(lambda: get_status(kube, ns, "low").get("phase") == "Suspended"
                  and not pods_of(kube, ns, "low"), "low: Suspended, its pods gone", timeout=300)
-        t = Traces.load(traces)
-        stopped = max([r["step"] for _, r in t.events("commit")
-                       if r["generation"] == first.generation and r["rank"] == 0]
-                      + [r["step"] for _, r in t.events("terminated") if r["rank"] == 0])
-        assert Checkpointer(LocalStorage(checkpoints)).steps()[-1] == stopped >= HELD_AT
-        durable = max(f.stat().st_mtime for f in checkpoints.rglob("*") if f.is_file())
-        assert evicted.at is not None
-        print(f"eviction -> checkpoint durable: {durable - evicted.at:.2f} s "
-              f"(step {stopped}; real nodes; eviction seen within 0.1 s)")
+        stopped = checkpoint_after_eviction(Traces.load(traces), first.generation,
+                                            checkpoints, HELD_AT, evicted, "real nodes; ")
 
         # high goes: low is admitted again and resumes from that checkpoint.
         kube.delete(tj_path(ns, "high"))
