@@ -5,6 +5,7 @@ docs/porting.md shows the current difference between them, with its size."""
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from ringwright.runtime import ElasticSampler
 from ringwright.runtime.local.launcher import LocalJob, free_port
 from tests.runtime.test_elastic_processes import DEADLINE_S, finish, log_tails
 
@@ -27,6 +29,9 @@ PORTED = ROOT / "examples" / "ddp_ringwright.py"
 GUIDE = ROOT / "docs" / "porting.md"
 SAMPLES = 960
 """Twenty steps per epoch in a world of three (16 samples per rank and step)."""
+BATCH, SEED = 16, 1
+"""The batch size and the sampler's seed of examples/ddp_ringwright.py: a missing record's
+share follows from them."""
 EPOCHS = 2
 
 pytestmark = pytest.mark.timeout(420)
@@ -79,21 +84,66 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def missing_records(step: int, last: dict[int, dict[str, Any]],
+                    size: int) -> list[dict[str, Any]]:
+    """Records of ``step`` for the ranks of a world of ``size`` that logged none, with
+    the shares the sampler's partition gives them of the one global batch whose
+    partition gives every rank that did log exactly the indices it logged."""
+    epoch = next(iter(last.values()))["epoch"]
+    assert {r["epoch"] for r in last.values()} == {epoch}, f"step {step}: {last}"
+    sampler = ElasticSampler(SAMPLES, BATCH, seed=SEED)
+    sampler.epoch = epoch
+    order = sampler.order()
+
+    def share(offset: int, rank: int) -> list[int]:
+        sampler.offset = offset
+        sampler.set_world(rank, size)
+        return sampler.batch()
+
+    first = order.index(next(iter(last.values()))["indices"][0])
+    offsets = [offset for offset in range(max(0, first - size * (BATCH + 1)), first + 1)
+               if all(share(offset, rank) == r["indices"] for rank, r in last.items())]
+    assert len(offsets) == 1, (
+        f"step {step}: the logged shares {last} are not one global batch's")
+    return [{"rank": rank, "size": size, "step": step, "epoch": epoch,
+             "indices": share(offsets[0], rank)} for rank in range(size) if rank not in last]
+
+
 def trained_per_epoch(records: list[dict[str, Any]]) -> dict[int, Counter[int]]:
     """Counting, for every step, its last attempt: the ranks of the world that trained
-    it last, each rank's latest record of it."""
+    it last, each rank's latest record of it.
+
+    Only the last step of a world that then lost a member may lack records. SIGKILL
+    can land after the killed rank's part of a step's all-reduce and before it logs
+    the step: the survivors' all-reduce, which cannot finish without every rank's
+    gradients, completes, and they log the step. If it was due for a commit (commits
+    are local), the survivors roll back to it when the next step's all-reduce fails
+    and never train it again, so the killed rank's share of it counts: the one the
+    sampler's partition gives it, derived from the logged shares. A step the killed
+    rank took no part in did not complete at the old size; the smaller world trained
+    it again, and that attempt, complete, is the step's last. The kill below follows
+    the first record of step 10, the step a commit follows, so this happens."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         by_step[r["step"]].append(r)
-    per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
+    last_attempts: list[tuple[int, int, dict[int, dict[str, Any]]]] = []
     for step, attempts in sorted(by_step.items()):
         size = max(attempts, key=lambda r: r["t"])["size"]
         latest = {}
         for r in sorted(attempts, key=lambda r: r["t"]):
             latest[r["rank"]] = r
-        last = [latest[rank] for rank in range(size)]
-        assert {r["size"] for r in last} == {size}, f"step {step}: mixed attempts {last}"
-        for r in last:
+        last = {rank: latest[rank] for rank in range(size) if rank in latest}
+        assert {r["size"] for r in last.values()} == {size}, f"step {step}: mixed attempts {last}"
+        last_attempts.append((step, size, last))
+    shrunk_after = {step for (step, size, _), (_, smaller, _) in
+                    itertools.pairwise(last_attempts) if smaller < size}
+    per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
+    for step, size, last in last_attempts:
+        assert len(last) == size or step in shrunk_after, (
+            f"step {step}: no record of ranks {sorted(set(range(size)) - set(last))}, "
+            "yet the world that trained it trained on")
+        missing = missing_records(step, last, size) if len(last) < size else []
+        for r in [*last.values(), *missing]:
             per_epoch[r["epoch"]].update(r["indices"])
     return per_epoch
 
