@@ -44,7 +44,7 @@ import torch
 from ringwright.world import World
 
 from ..kvlog import log_event, runtime_logger
-from ..membership.generation_store import GenerationStores
+from ..membership.generation_store import GenerationStores, await_published
 from ..membership.liveness import LagListener, PeerFailure
 from ..settings import RuntimeSettings
 from .backend import CollectiveError, PeerFailureListener, as_collective_failure, collective
@@ -153,7 +153,10 @@ class HorovodBackend:
         self.shutdown()
         s = self._settings
 
+        dead: list[str] = []
+
         def peer_failed(failure: PeerFailure) -> None:
+            dead.append(failure.evidence)
             # Reported first, so the rollback's own report already names the suspects.
             on_peer_failure(failure)
             if self._in_init and self.on_stuck_init is not None:
@@ -169,7 +172,9 @@ class HorovodBackend:
                 store.set(RENDEZVOUS_KEY, at)
         else:
             with collective("reading the Horovod rendezvous store's address"):
-                at = store.get(RENDEZVOUS_KEY).decode()
+                at = await_published(store, RENDEZVOUS_KEY, superseded=superseded,
+                                     peers_dead=lambda: f"peers dead: {dead[0]}" if dead
+                                     else None).decode()
         address, _, port = at.rpartition(":")
         self._environ.update(horovod_env(world, rank, address, int(port),
                                          s.collective_timeout_s))

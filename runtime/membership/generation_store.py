@@ -177,6 +177,37 @@ def join_barrier(
                 f"only {arrived} of {size} members arrived before the rendezvous deadline")
 
 
+def await_published(
+    store: Store,
+    key: str,
+    *,
+    superseded: Callable[[], bool],
+    peers_dead: Callable[[], str | None],
+) -> bytes:
+    """The value a peer (rank 0) publishes at ``key`` after the join barrier, waited for
+    in slices.
+
+    A member can pass the barrier while the one that publishes leaves it for a newer
+    world (it saw that world first); a plain ``get`` would then wait for the store's
+    whole timeout. Raises :class:`Superseded` when the world moved on, and
+    :class:`CollectiveError` when ``peers_dead`` names a reason (the heartbeats found a
+    peer dead) or the store is lost.
+    """
+    while True:
+        try:
+            store.wait([key], timedelta(seconds=WAIT_SLICE_S))
+            return store.get(key)
+        except dist.DistNetworkError as err:
+            raise CollectiveError(f"lost the store while waiting for {key!r}: {err}") from err
+        except dist.DistStoreError:
+            pass  # not published yet
+        if superseded():
+            raise Superseded
+        why = peers_dead()
+        if why is not None:
+            raise CollectiveError(f"gave up waiting for {key!r}: {why}")
+
+
 def _valid_claims(store: SignedStore, claims: list[str]) -> int:
     """How many of ``claims`` exist with this job's tag."""
     valid = 0

@@ -14,6 +14,7 @@ from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
 from ringwright.runtime.local.launcher import free_port
 from ringwright.runtime.membership.generation_store import (
     StoreHost,
+    await_published,
     claim_key,
     connect_client,
     generation_prefix,
@@ -106,6 +107,35 @@ def test_waiting_for_peers_has_a_deadline(host: StoreHost) -> None:
     store = generation_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
     with pytest.raises(CollectiveError, match="only 1 of 3 members arrived"):
         join_barrier(store, 1, 3, deadline=time.monotonic() + 0.3, superseded=never)
+
+
+def test_a_value_published_after_the_barrier_is_waited_for_until_it_comes(
+        host: StoreHost) -> None:
+    store = generation_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
+    polls = iter(range(100))
+
+    def publish_on_the_third_poll() -> None:
+        if next(polls) == 2:
+            store.set("rendezvous", "127.0.0.77:1234")
+        return None
+
+    assert await_published(store, "rendezvous", superseded=never,
+                           peers_dead=publish_on_the_third_poll) == b"127.0.0.77:1234"
+
+
+def test_waiting_for_a_published_value_ends_with_a_newer_world_or_a_dead_peer(
+        host: StoreHost) -> None:
+    # The publisher passed the barrier and left for a newer world (or died): waiting
+    # out the store's timeout would keep this member from that newer world.
+    store = generation_store(host.serve(ADDRESS, free_port(), 60), world(1), TOKEN)
+    calls = iter([False, True])
+    with pytest.raises(Superseded):
+        await_published(store, "rendezvous", superseded=lambda: next(calls),
+                        peers_dead=lambda: None)
+    verdicts = iter([None, "w-0 (rank 0): no heartbeat for 3.0s"])
+    with pytest.raises(CollectiveError, match="no heartbeat"):
+        await_published(store, "rendezvous", superseded=never,
+                        peers_dead=lambda: next(verdicts))
 
 
 def test_an_unreachable_store_host_gives_way_to_a_newer_world() -> None:

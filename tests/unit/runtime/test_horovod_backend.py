@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch._C._distributed_c10d import TCPStore
 
-from ringwright.runtime.collectives.backend import CollectiveError
+from ringwright.runtime.collectives.backend import CollectiveError, Superseded
 from ringwright.runtime.collectives.horovod_backend import (
     RENDEZVOUS_KEY,
     HorovodBackend,
@@ -23,7 +23,11 @@ from ringwright.runtime.collectives.horovod_backend import (
 )
 from ringwright.runtime.collectives.horovod_store import RendezvousStore
 from ringwright.runtime.local.launcher import free_port
-from ringwright.runtime.membership.generation_store import generation_store
+from ringwright.runtime.membership.generation_store import (
+    StoreHost,
+    claim_key,
+    generation_store,
+)
 from ringwright.runtime.settings import RuntimeSettings
 from ringwright.world import JobRef, Member, StoreAddress, World
 
@@ -190,6 +194,23 @@ def test_rank_zero_publishes_the_store_for_the_others(
                       wait_for_workers=False)
     published = generation_store(client, w, b"").get(RENDEZVOUS_KEY).decode()
     assert published == (f"127.0.0.92:{fake.env_at_init['HOROVOD_GLOO_RENDEZVOUS_PORT']}")
+
+
+def test_a_member_past_the_barrier_follows_a_newer_world_when_rank_zero_left_for_it(
+        backend: HorovodBackend, fake: RecordingHorovod) -> None:
+    # Rank 0 claimed its rank, so the barrier passes here, but it saw the newer world
+    # first and never publishes Horovod's store: this member must not wait for it.
+    w = world(1, ["127.0.0.94", "127.0.0.95"])
+    host = StoreHost()
+    try:
+        rank_zero = generation_store(host.serve(w.store.address, w.store.port, 60), w, b"")
+        rank_zero.set(claim_key(rank_zero, 0), "rank zero")
+        polls = iter([False, False, False, True])
+        with pytest.raises(Superseded):
+            backend.init(w, 1, lambda: next(polls), print)
+    finally:
+        host.close()
+    assert fake.calls == []  # Horovod never started
 
 
 def test_collectives_are_named_and_failures_become_collective_errors(
