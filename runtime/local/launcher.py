@@ -18,7 +18,9 @@ a frozen member answers nobody) or that reports itself stalled is dropped from t
 and killed after a grace period (a cut-off member fences itself first). With
 ``restart=True`` a crashed process is started again under the same name and address, as
 the kubelet restarts a container in its pod: it is dropped from the world like any dead
-member and added back as a newcomer once it has reported ``joining``.
+member and added back as a newcomer once it has reported ``joining``. Every process
+started gets its own uid (``RINGWRIGHT_POD_UID``), so one started again never mistakes
+its predecessor's entry in a world published before the exit was seen for its own.
 
 Run a script elastically on this machine::
 
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
@@ -293,6 +296,7 @@ class LocalJob:
             index = self._next_index
             self._next_index += 1
         name = f"{self.job.name}-worker-{index}"
+        uid = uuid.uuid4().hex
         ip, prefix, net_env = self.network.attach(index)
         env = {
             **os.environ,
@@ -300,6 +304,7 @@ class LocalJob:
             **net_env,
             Env.REPORTS_DIR: str(self.reports_dir),
             Env.POD_NAME: name,
+            Env.POD_UID: uid,
             Env.POD_IP: ip,
             Env.JOB_NAME: self.job.name,
             Env.NAMESPACE: self.job.namespace,
@@ -324,7 +329,7 @@ class LocalJob:
             if out is not None:
                 out.close()
         rack = self.racks[index] if index < len(self.racks) else ""
-        pod = LocalPod(name=name, ip=ip, index=index, process=proc, rack=rack)
+        pod = LocalPod(name=name, ip=ip, index=index, process=proc, uid=uid, rack=rack)
         self._pods[name] = pod
         log_event(_log, logging.INFO, "pod_started", pod=name, ip=ip, pid=proc.pid)
         return pod
@@ -334,7 +339,7 @@ class LocalJob:
         per = self.procs_per_pod
         members = tuple(
             Member(rank=i * per + local, pod=name, local_rank=local, ip=self._pods[name].ip,
-                   node="localhost", rack=self._pods[name].rack)
+                   pod_uid=self._pods[name].uid, node="localhost", rack=self._pods[name].rack)
             for i, name in enumerate(self._members) for local in range(per)
         )
         address = members[0].ip if members else "127.0.0.1"
@@ -363,7 +368,9 @@ class LocalJob:
             else:
                 self._joining.remove(name)
         if self._joining and self._pending_since is None and \
-                len(ready_to_join(self._world, reports, self._joining)) == len(self._joining):
+                len(ready_to_join(self._world, reports, self._joining,
+                                  {p: self._pods[p].uid for p in self._joining})) \
+                == len(self._joining):
             # Every newcomer waits for the next world: the members stop for no start-up.
             self._members += self._joining
             for name in self._joining:

@@ -24,6 +24,10 @@ class LocalPod:
     ip: str
     index: int
     process: Process
+    uid: str = ""
+    """This process's incarnation, as a pod's uid: a process started again under the
+    pod's name gets a new one, so it never takes its predecessor's entry in a world
+    published before its predecessor's exit was seen."""
     rack: str = ""
     leaving: bool = False
     """Dropped by a planned scale-down: its exit is expected and not a failure."""

@@ -203,15 +203,23 @@ def assert_none_restarted(job: LocalJob, pods: set[str]) -> None:
 def test_kill_rank_zero_the_store_host(job: LocalJob) -> None:
     # Worker pods have restartPolicy OnFailure: the kubelet restarts the killed store
     # host, which rejoins as a newcomer; meanwhile the survivors train on without it.
+    # The restarted process holds in its start-up until they have (a forked process can
+    # be back before the world without it forms, and is then rightly taken into it).
     job.restart = True
+    start_gate = job.workdir / "start-gate"
+    job.env["START_GATE_FILE"] = str(start_gate)
     gate = hold_late(job)
     job.start(4)
     wait_for_step(job, 6)
     store_host = job.world.members[0]
     survivors = {m.pod for m in job.world.members[1:]}
     assert job.world.store.address == store_host.ip
+    start_gate.touch()
     job.kill(store_host.pod, signal.SIGKILL)
     # Generation 1 is the world without it; a later one with it is its rejoin.
+    wait_until(job, "the survivors to train without it",
+               lambda: set(traces(job).starts(1)) == survivors)
+    start_gate.unlink()
     wait_until(job, "the restarted store host to rejoin", lambda: job.world.generation >= 2
                and job.world.size == 4 and job.world.member(store_host.pod) is not None)
     gate.unlink()
