@@ -218,7 +218,7 @@ class ElasticRuntime:
             local: Reporter = FileReporter(Path(reports_dir), pod) if reports_dir \
                 else LogReporter(pod)
             return cls(source, pod, settings=settings, reporter=local, backend_kind=kind,
-                       local_rank=local_rank)
+                       local_rank=local_rank, pod_uid=env.get(Env.POD_UID, ""))
         job = env.get(Env.JOB_NAME, "")
         if not job:
             raise ValueError(f"set {Env.JOB_NAME} (in a pod) or {Env.WORLD_FILE} (locally)")

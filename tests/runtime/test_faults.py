@@ -237,11 +237,21 @@ def test_a_process_restarted_in_its_pod_rejoins_as_a_newcomer(make_job: JobFacto
     # they would otherwise finish without it (the hold also keeps the job from ending
     # before the kill lands).
     gate = hold_late(job, step=20)
+    # And the restarted process holds in its start-up until they have trained at three: a
+    # forked process is back within a tenth of a second, and is then rightly taken in
+    # before they start.
+    start_gate = job.workdir / "start-gate"
+    job.env["START_GATE_FILE"] = str(start_gate)
     job.start(4)
     wait_for_step(job, 6)
     victim = job.world.members[2].pod
     first_pid = job.pod(victim).process.pid
+    survivors = {m.pod for m in job.world.members} - {victim}
+    start_gate.touch()
     job.kill(victim, signal.SIGKILL)
+    wait_until(job, "the survivors to train without it",
+               lambda: set(traces(job).starts(1)) == survivors)
+    start_gate.unlink()
     wait_until(job, "the restarted process to be back", lambda: job.world.size == 4
                and job.world.generation >= 2)
     gate.unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,6 +153,15 @@ def test_a_runtime_from_a_job_environment_needs_its_pod_name() -> None:
         ElasticRuntime.from_env({"RINGWRIGHT_JOB_NAME": "j"})
     with pytest.raises(ValueError, match="RINGWRIGHT_JOB_NAME"):
         ElasticRuntime.from_env({"RINGWRIGHT_POD_NAME": "p"})
+
+
+def test_a_runtime_following_a_world_file_knows_its_uid(tmp_path: Path) -> None:
+    # The local launcher starts every process with its own uid: a process started again
+    # must not take its predecessor's entry in a world published before the exit was seen.
+    with ElasticRuntime.from_env({"RINGWRIGHT_POD_NAME": "p",
+                                  "RINGWRIGHT_POD_UID": "second",
+                                  "RINGWRIGHT_WORLD_FILE": str(tmp_path / "world.json")}) as rt:
+        assert rt.pod_uid == "second"
 
 
 def test_without_any_job_environment_the_process_trains_as_a_world_of_one() -> None:
