@@ -16,7 +16,7 @@ DEPS_DIGEST := $(shell $(PYTHON) scripts/deps_digest.py)
 VENV ?= $(CACHE)/venv/$(DEPS_DIGEST)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 MAKEFLAGS += --jobs=2
 
 .PHONY: help env binaries lint test test-unit demo demo-real down bench crds images clean-cache
@@ -61,8 +61,9 @@ crds: env
 	$(PY) -m ringwright.operator.api.crdgen
 
 # Most tests wait (on processes, clocks, the cluster) rather than compute, so
-# TEST_WORKERS pytest-xdist workers share the machine; every cluster test runs on one of
-# them, against one control plane (tests/README.md). No failure is retried, except in a
+# TEST_WORKERS pytest-xdist workers share the machine: one per xdist group (the cluster
+# tests, the real-node tests, two lanes of real-process tests, the images), each starting
+# at once (tests/README.md). No failure is retried, except in a
 # test marked flaky with the reason it is (tests/README.md, "Reruns").
 test: binaries lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup \

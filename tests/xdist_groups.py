@@ -5,7 +5,14 @@ worker as a whole and runs there one test after the other.
 
 * Every test that uses the ``cluster`` fixture (directly or through ``kube``,
   ``namespace``, ``operator`` ...) is in :data:`CLUSTER_GROUP`: one worker starts the
-  run's one control plane, and the pods of two clusters never share a 127.x address.
+  control plane its pod host's pods run against, and the pods of two pod hosts never
+  share a 127.x address.
+* The real-node tests (:data:`REALNODE_DIR`) are in :data:`REALNODE_GROUP`: their worker
+  starts a control plane of its own. Their pods live in network namespaces their nodes
+  make, never on a 127.x address, so the two clusters run side by side; the real-node
+  tests are mostly waiting (on the kubelet, containerd, grace periods), and beside the
+  other cluster tests instead of after them they take that waiting off the run's longest
+  lane.
 * Every other test under :data:`PROCESS_DIRS` starts several torch processes; they are
   dealt in turn (in node-id order) to :data:`PROCESS_LANES` lanes, so at most that many
   of them start and train at once. On two cores, four at once starved each other past
@@ -23,7 +30,14 @@ import pytest
 from _pytest.nodeid import NodeId
 
 CLUSTER_GROUP = "cluster"
-"""The xdist group of every test that needs the local control plane."""
+"""The xdist group of every test that needs the local control plane (but the real-node
+tests)."""
+
+REALNODE_GROUP = "realnode"
+"""The xdist group of the real-node tests, with a control plane of their own."""
+
+REALNODE_DIR = "tests/realnode/"
+"""Where the real-node tests live."""
 
 PROCESS_DIRS = ("tests/runtime/", "tests/ps/")
 """Where the tests that run real training processes live."""
@@ -46,7 +60,8 @@ def plain_nodeid(item: pytest.Item) -> str:
 
 
 def assign_groups(items: list[pytest.Item], loadgroup: bool) -> None:
-    """Mark every cluster test with :data:`CLUSTER_GROUP` and every other real-process
+    """Mark every cluster test with :data:`CLUSTER_GROUP` (:data:`REALNODE_GROUP` under
+    :data:`REALNODE_DIR`) and every other real-process
     test with its lane; under ``--dist loadgroup`` make sure the scheduler sees each
     grouped item's groups.
 
@@ -58,12 +73,18 @@ def assign_groups(items: list[pytest.Item], loadgroup: bool) -> None:
     in_processes: list[pytest.Item] = []
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+            item.add_marker(pytest.mark.xdist_group(
+                REALNODE_GROUP if item.nodeid.startswith(REALNODE_DIR) else CLUSTER_GROUP))
         elif item.nodeid.startswith(PROCESS_DIRS):
             in_processes.append(item)
     # Dealt in node-id order: every worker collects the same ids, so all agree.
     for i, item in enumerate(sorted(in_processes, key=lambda it: it.nodeid)):
         item.add_marker(pytest.mark.xdist_group(f"processes-{i % PROCESS_LANES}"))
+    if loadgroup:
+        # xdist hands out work in collection order, first one unit to every worker: the
+        # groups first, so that each starts at once on a worker of its own (with at least
+        # as many workers as groups) and the quick ungrouped tests fill in around them.
+        items.sort(key=lambda it: not group_names(it))
     for item in items:
         names = group_names(item)
         if not loadgroup or not names:

@@ -23,9 +23,9 @@ from ringwright.kube import ApiError, KubeClient, api_path
 from ringwright.objects import Obj
 from tests.conftest import IN_CI
 from tests.waiting import wait_for
-from tests.xdist_groups import CLUSTER_GROUP
+from tests.xdist_groups import REALNODE_GROUP
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(CLUSTER_GROUP)]
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(REALNODE_GROUP)]
 
 NODE_IMAGES = ("operator",)
 """The image the nodes start with (tests/realnode/conftest.py)."""

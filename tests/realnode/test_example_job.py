@@ -52,9 +52,9 @@ from tests.runtime.elastic_traces import (
     assert_params_identical,
 )
 from tests.waiting import wait_for
-from tests.xdist_groups import CLUSTER_GROUP
+from tests.xdist_groups import REALNODE_GROUP
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(CLUSTER_GROUP),
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(REALNODE_GROUP),
               pytest.mark.timeout(1800)]
 
 NODE_IMAGES = ("training", "training-horovod")

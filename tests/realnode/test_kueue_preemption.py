@@ -31,9 +31,9 @@ from tests.realnode.conftest import SPECS
 from tests.realnode.staging import MOUNT, hostpath_policy, run_staged_worker, stage_worker
 from tests.runtime.elastic_traces import Traces, assert_every_sample_once, assert_params_identical
 from tests.waiting import wait_for
-from tests.xdist_groups import CLUSTER_GROUP
+from tests.xdist_groups import REALNODE_GROUP
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(CLUSTER_GROUP),
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group(REALNODE_GROUP),
               pytest.mark.timeout(1800)]
 
 NODE_IMAGES = ("training",)

@@ -14,9 +14,9 @@ from ringwright.devcluster.realnode import REAL_NODE_LABEL, RealNodeSet
 from ringwright.kube import KubeClient, api_path
 from ringwright.objects import Obj
 from tests.waiting import wait_for
-from tests.xdist_groups import CLUSTER_GROUP
+from tests.xdist_groups import REALNODE_GROUP
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(CLUSTER_GROUP)]
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(REALNODE_GROUP)]
 
 NODE_IMAGES = ("operator",)
 """The image the nodes start with (tests/realnode/conftest.py)."""

@@ -30,9 +30,9 @@ from ringwright.devcluster.versions import KUBERNETES
 from ringwright.kube import KubeClient, api_path
 from ringwright.objects import Obj
 from tests.waiting import wait_for
-from tests.xdist_groups import CLUSTER_GROUP
+from tests.xdist_groups import REALNODE_GROUP
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(CLUSTER_GROUP)]
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(REALNODE_GROUP)]
 
 USER = 10001
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"

@@ -1,8 +1,8 @@
-"""The xdist groups really reach the scheduler: a small suite run with ``-n 3``.
+"""The xdist groups really reach the scheduler: a small suite run with ``-n 4``.
 
-Cluster tests must all land on one worker, and real-process tests on at most
-``PROCESS_LANES`` workers, each lane on one. pytest 9.2 silently stopped honouring
-xdist 3.8's groups once; this catches that kind of change.
+Cluster tests must all land on one worker, the real-node tests on one other, and
+real-process tests on at most ``PROCESS_LANES`` workers, each lane on one. pytest 9.2
+silently stopped honouring xdist 3.8's groups once; this catches that kind of change.
 """
 
 from __future__ import annotations
@@ -56,12 +56,15 @@ def test_cluster_tests_share_one_worker_and_process_tests_keep_to_their_lanes(
         tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     (suite / "tests" / "cluster").mkdir(parents=True)
+    (suite / "tests" / "realnode").mkdir()
     (suite / "tests" / "runtime").mkdir()
     (suite / "tests" / "unit").mkdir()
     (suite / "pytest.ini").write_text("[pytest]\n")
     (suite / "conftest.py").write_text(CONFTEST)
     (suite / "tests" / "cluster" / "test_c.py").write_text(
         TESTS.format(kind="c", fixture="kube"))
+    (suite / "tests" / "realnode" / "test_r.py").write_text(
+        TESTS.format(kind="r", fixture="kube"))
     (suite / "tests" / "runtime" / "test_p.py").write_text(
         TESTS.format(kind="p", fixture="tmp_path"))
     (suite / "tests" / "unit" / "test_u.py").write_text(
@@ -71,7 +74,7 @@ def test_cluster_tests_share_one_worker_and_process_tests_keep_to_their_lanes(
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "xdist", "-p", "no:cacheprovider",
-         "-n", "3",
+         "-n", "4",
          "--dist", "loadgroup", "--basetemp", str(tmp_path / "base"), "tests"],
         cwd=suite, env=env, capture_output=True, text=True, timeout=500)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -84,6 +87,8 @@ def test_cluster_tests_share_one_worker_and_process_tests_keep_to_their_lanes(
         if folder == "runtime":
             lanes[worker].add(name)
     assert len(workers["cluster"]) == 1, workers
+    # The real-node tests: one worker too, not the cluster tests' (a control plane each).
+    assert len(workers["realnode"]) == 1 and workers["realnode"] != workers["cluster"], workers
     assert 1 < len(workers["runtime"]) <= PROCESS_LANES, workers
     # Dealt in turn: each lane holds half of the process tests.
     assert sorted(len(names) for names in lanes.values()) == [3, 3], lanes
