@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shutil
 import signal
 import socket
@@ -58,11 +59,41 @@ CONTROL_PLANE_NODE = "control-plane"
 """The node name the control plane's recorded processes carry (they run on no node)."""
 
 
-def free_port() -> int:
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Where the kernel says which ports it gives the local ends of outgoing connections."""
+
+LISTEN_PORTS_FROM = 10000
+"""Lowest port :func:`free_port` hands out."""
+
+_DRAW = random.SystemRandom().randrange
+
+
+def free_port(ephemeral_range: Path = EPHEMERAL_RANGE,
+              pick: Callable[[int, int], int] = _DRAW) -> int:
+    """A TCP port free on 127.0.0.1 right now, for a server that binds it a little later.
+
+    Drawn below the kernel's ephemeral range: a port from ``bind(0)`` is one the kernel
+    may give the local end of any outgoing connection before the server binds it (seen:
+    Kueue's health port taken while its CRDs were installed, with two clusters' clients
+    busy), while a port below the range is only ever taken on purpose. Where the range
+    leaves too little room below it, ``bind(0)`` it is.
+    """
+    try:
+        low = int(ephemeral_range.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(100 if low - LISTEN_PORTS_FROM >= 1000 else 0):
+        port = pick(LISTEN_PORTS_FROM, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: draw again
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        bound: int = s.getsockname()[1]
+        return bound
 
 
 @dataclass

@@ -25,7 +25,10 @@ from tests.conftest import IN_CI
 from tests.waiting import wait_for
 from tests.xdist_groups import REALNODE_GROUP
 
-pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(REALNODE_GROUP)]
+# 30 min like the other image modules: on a cold run this module's setup waits for the
+# image lane to build the operator image from nothing (the builds take turns).
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group(REALNODE_GROUP),
+              pytest.mark.timeout(1800)]
 
 NODE_IMAGES = ("operator",)
 """The image the nodes start with (tests/realnode/conftest.py)."""
