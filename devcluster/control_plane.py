@@ -62,8 +62,10 @@ CONTROL_PLANE_NODE = "control-plane"
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 """Where the kernel says which ports it gives the local ends of outgoing connections."""
 
-LISTEN_PORTS_FROM = 10000
-"""Lowest port :func:`free_port` hands out."""
+LISTEN_PORTS_FROM = 20000
+"""Lowest port :func:`free_port` hands out: above Kubernetes's own well-known ports
+(the kubelet's 10248 and 10250, containerd's stream server's 10010, ...), which the real
+nodes bind."""
 
 _DRAW = random.SystemRandom().randrange
 

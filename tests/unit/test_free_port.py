@@ -31,7 +31,7 @@ def test_a_port_comes_from_below_the_ephemeral_range_and_a_taken_one_is_skipped(
 
 def test_without_room_below_the_range_the_kernel_picks(tmp_path: Path) -> None:
     ranges = tmp_path / "ip_local_port_range"
-    ranges.write_text("10500 60999\n")
+    ranges.write_text("20500 60999\n")
 
     def pick(low: int, high: int) -> int:
         raise AssertionError("no draw below a range that starts this low")
