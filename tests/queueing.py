@@ -26,8 +26,8 @@ from ringwright.operator.plan.manifests import JOB_LABEL
 from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.storage import LocalStorage
 from tests.cluster.test_placement_cluster import SLOW, cluster_facts, condition, job
-from tests.jobs import OperatorProcess, instead_of, tj_path
-from tests.runtime.elastic_traces import Traces
+from tests.jobs import OperatorProcess, get_status, instead_of, tj_path
+from tests.runtime.elastic_traces import Traces, assert_every_sample_once, assert_params_identical
 from tests.waiting import wait_for
 
 
@@ -240,3 +240,19 @@ def checkpoint_after_eviction(t: Traces, generation: int, folder: Path, held_at:
     print(f"eviction -> checkpoint durable: {durable - evicted.at:.2f} s "
           f"(step {stopped}; {where}eviction seen within 0.1 s)")
     return stopped
+
+
+def assert_resumed_once(kube: KubeClient, ns: str, job: str, t: Traces, generation: int,
+                        stopped: int, samples: int, epochs: int) -> list[dict[str, Any]]:
+    """Job ``job``, preempted in world ``generation`` at step ``stopped``, trained again
+    from that step, every sample of every epoch once, parameters identical on every rank,
+    and no restart counted (a preemption is no failure); its status's phase history."""
+    resumed = [g for g in t.generations() if g > generation]
+    assert resumed, f"{job} never trained again"
+    assert {r["step"] for r in t.starts(resumed[0]).values()} == {stopped}
+    assert_every_sample_once(t, samples, epochs)
+    assert_params_identical(t)
+    status = get_status(kube, ns, job)
+    assert status.get("restarts", 0) == 0, status
+    history: list[dict[str, Any]] = status["phaseHistory"]
+    return history

@@ -21,8 +21,13 @@ from ringwright.kube import KubeClient, api_path
 from tests.cluster.test_placement_cluster import SLOW, pods_of, wait_quiet, wait_running
 from tests.e2e.test_elastic_job import HostThread
 from tests.jobs import get_status, tj_path
-from tests.queueing import EvictionSeen, Queues, checkpoint_after_eviction, queued_job
-from tests.runtime.elastic_traces import assert_every_sample_once, assert_params_identical
+from tests.queueing import (
+    EvictionSeen,
+    Queues,
+    assert_resumed_once,
+    checkpoint_after_eviction,
+    queued_job,
+)
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -85,15 +90,9 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_with_every_sample_once
                          {"status": {"phase": "Succeeded"}})
         wait_for(lambda: get_status(kube, ns, "low").get("phase") == "Succeeded",
                  "low: readmitted and trained to the end", timeout=2 * SLOW)
-        t = runner.traces()
-        resumed = [g for g in t.generations() if g > world.generation]
-        assert resumed, "low never trained again"
-        assert {r["step"] for r in t.starts(resumed[0]).values()} == {stopped}
-        assert_every_sample_once(t, SAMPLES, EPOCHS)
-        assert_params_identical(t)
-        status = get_status(kube, ns, "low")
-        assert status.get("restarts", 0) == 0, status
-        phases = [p["phase"] for p in status["phaseHistory"]]
+        history = assert_resumed_once(kube, ns, "low", runner.traces(), world.generation,
+                                      stopped, SAMPLES, EPOCHS)
+        phases = [p["phase"] for p in history]
         assert phases[-4:] == ["Suspended", "Pending", "Running", "Succeeded"], phases
     except BaseException:
         print(runner.tails(30))

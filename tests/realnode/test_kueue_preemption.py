@@ -26,10 +26,10 @@ from ringwright.objects import Obj
 from ringwright.operator.plan.kueue import PRIORITY_LABEL, QUEUE_LABEL
 from tests.cluster.test_placement_cluster import cluster_facts, pods_of
 from tests.jobs import OperatorProcess, get_status, tj_path
-from tests.queueing import EvictionSeen, Queues, checkpoint_after_eviction
+from tests.queueing import EvictionSeen, Queues, assert_resumed_once, checkpoint_after_eviction
 from tests.realnode.conftest import SPECS
 from tests.realnode.staging import MOUNT, hostpath_policy, run_staged_worker, stage_worker
-from tests.runtime.elastic_traces import Traces, assert_every_sample_once, assert_params_identical
+from tests.runtime.elastic_traces import Traces
 from tests.waiting import wait_for
 from tests.xdist_groups import REALNODE_GROUP
 
@@ -127,17 +127,10 @@ def test_a_job_preempted_on_real_nodes_checkpoints_requeues_and_resumes_with_eve
         kube.delete(tj_path(ns, "high"))
         wait_for(lambda: get_status(kube, ns, "low").get("phase") == "Succeeded",
                  "low: readmitted and trained to the end", timeout=900, interval=2)
-        t = Traces.load(traces)
-        resumed = [g for g in t.generations() if g > first.generation]
-        assert resumed, "low never trained again"
-        assert {r["step"] for r in t.starts(resumed[0]).values()} == {stopped}
-        assert_every_sample_once(t, SAMPLES, EPOCHS)
-        assert_params_identical(t)
-        status = get_status(kube, ns, "low")
-        assert status.get("restarts", 0) == 0, status
+        history = assert_resumed_once(kube, ns, "low", Traces.load(traces), first.generation,
+                                      stopped, SAMPLES, EPOCHS)
         # Between the resumed Running and Succeeded, real nodes have shown a moment of
         # Restarting (BelowMinimum) at the end of training (docs/kueue.md).
-        history = status["phaseHistory"]
         print("low's phases:", [(p["phase"], p.get("reason")) for p in history])
         phases = [p["phase"] for p in history]
         after = phases[phases.index("Suspended"):]
