@@ -50,7 +50,7 @@ from .observe.cache import (
 from .observe.drift import SCAFFOLD_KINDS, Watched, record
 from .observe.job import observe
 from .observe.kueue import with_queue
-from .observe.ledger import CapacityLedger, pod_slots, touched_nodes
+from .observe.ledger import CapacityLedger, frees_room, pod_slots, touched_nodes
 from .observe.nodes import NodeInformer
 from .observe.ownership import owned_by
 from .plan.kueue import API_VERSION as KUEUE_API_VERSION
@@ -79,6 +79,9 @@ class OperatorContext:
         default_factory=lambda: ThreadPoolExecutor(MAX_IN_FLIGHT, "ringwright-create"))
     placement_lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    awaiting_room: set[tuple[str, str]] = field(default_factory=set)
+    """Jobs whose last round found no room; rounds (threads) change it under ``_room_lock``."""
+    _room_lock: threading.Lock = field(default_factory=threading.Lock)
     refusal_backoff: RefusalBackoff = field(init=False)
     nodes: NodeInformer = field(init=False)
 
@@ -96,6 +99,22 @@ class OperatorContext:
         waker = self.wakers.get((namespace, name))
         if waker is not None:
             waker.set()
+
+    def waits_for_room(self, key: tuple[str, str], waits: bool) -> None:
+        """Record whether the job's last round found no room for what it needs."""
+        with self._room_lock:
+            if waits:
+                self.awaiting_room.add(key)
+            else:
+                self.awaiting_room.discard(key)
+
+    def room_freed(self) -> None:
+        """Wake every job waiting for room: another job's pod gave some back, and the
+        waiting job must not sleep until its resync (ten minutes under Kueue's tests)."""
+        with self._room_lock:
+            waiting = tuple(self.awaiting_room)
+        for key in waiting:
+            self.wake(*key)
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -153,6 +172,7 @@ def reconcile_once(ctx: OperatorContext, cache: IndexCache, job: Obj,
     elif hold is None:
         ctx.refusal_backoff.accepted(key)
     ctx.metrics.applied(key[0], key[1], observed, decided)
+    ctx.waits_for_room(key, decided.waits_for_room and not decided.delete_job)
     if decided.delete_job:
         return None
     delay: float = ctx.settings.resync_seconds
@@ -320,6 +340,8 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
         ctx.ledger.mark(touched_nodes(body))
         if JOB_LABEL in labels:
             ctx.wake(namespace or "", labels[JOB_LABEL])
+        if frees_room(body, type):
+            ctx.room_freed()
 
     for kind, w in SCAFFOLD_KINDS.items():
         _watch_scaffold(registry, kind, w)
@@ -380,6 +402,7 @@ def register(registry: kopf.OperatorRegistry, kueue: bool = False) -> None:
         finally:
             if ctx.wakers.get((ns, name)) is waker:
                 del ctx.wakers[(ns, name)]
+                ctx.waits_for_room((ns, name), False)
                 if body.get("metadata", {}).get("deletionTimestamp") is not None:
                     ctx.written.forget_job(ns, name)
                     ctx.metrics.forget(ns, name)

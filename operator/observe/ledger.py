@@ -69,6 +69,14 @@ def touched_nodes(pod: Mapping[str, Any]) -> set[str]:
     return {n for n in (spec.get("nodeName") or "", planned) if n}
 
 
+def frees_room(pod: Mapping[str, Any], event_type: str | None) -> bool:
+    """Whether this watch event of ``pod`` gives room back to the nodes it was on or planned
+    for: the pod is gone, or it finished (a finished pod holds nothing)."""
+    if not touched_nodes(pod):
+        return False
+    return event_type == "DELETED" or (pod.get("status") or {}).get("phase") in _FINISHED_PHASES
+
+
 def node_record(node: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a Node the planner reads (what the nodes index keeps)."""
     meta = node.get("metadata") or {}

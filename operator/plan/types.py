@@ -125,6 +125,13 @@ class Plan:
     evicted Workload back to the queue once the job's pods are gone (what Kueue's job
     integrations do)."""
 
+    @property
+    def waits_for_room(self) -> bool:
+        """Whether the job waits for room (its Schedulable condition is False): a pod of
+        any job that frees room, not only the resync, must bring its next round."""
+        return any(c.get("type") == "Schedulable" and c.get("status") == "False"
+                   for c in self.status.get("conditions") or ())
+
     def soon(self, seconds: float) -> None:
         """Ask to be run again within ``seconds``."""
         if self.requeue_after is None or seconds < self.requeue_after:

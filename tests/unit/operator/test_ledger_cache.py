@@ -19,7 +19,13 @@ from ringwright.operator.observe.cache import (
     newer,
 )
 from ringwright.operator.observe.job import observe
-from ringwright.operator.observe.ledger import CapacityLedger, PodSlot, node_record, pod_slots
+from ringwright.operator.observe.ledger import (
+    CapacityLedger,
+    PodSlot,
+    frees_room,
+    node_record,
+    pod_slots,
+)
 from ringwright.operator.plan.manifests import JOB_LABEL, PLANNED_NODE_ANNOTATION
 from ringwright.operator.plan.placement.resources import Resources
 from tests.jobs import training_job
@@ -72,6 +78,18 @@ def test_free_room_counts_bound_pods_and_unbound_ringwright_pods_on_their_planne
         pod("done", 8, node_name="n1", phase="Succeeded"),
     ])
     assert ix.free_gpus(CapacityLedger()) == {"n1": 6, "n2": 4}
+
+
+def test_room_is_given_back_by_a_placed_pod_that_goes_or_finishes_and_by_nothing_else(
+) -> None:
+    bound, planned = pod("a", 8, node_name="n1", phase="Running"), pod("b", 8, planned="n2")
+    assert frees_room(bound, "DELETED") and frees_room(planned, "DELETED")
+    assert frees_room(pod("c", 8, node_name="n1", phase="Succeeded"), "MODIFIED")
+    assert frees_room(pod("d", 8, node_name="n1", phase="Failed"), None)
+    # Created, bound or running: it takes room rather than gives it.
+    assert not frees_room(bound, "MODIFIED") and not frees_room(planned, "ADDED")
+    # Never on a node: it held no room to give back.
+    assert not frees_room(pod("e", 8), "DELETED")
 
 
 def test_only_nodes_marked_by_events_are_recomputed() -> None:
