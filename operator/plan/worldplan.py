@@ -105,7 +105,7 @@ def build_world(
             rank=rank, pod=p.name, local_rank=local_rank, pod_uid=p.uid, ip=p.ip, node=p.node,
             rack=node.rack if node else "",
             nvlink_domain=node.nvlink_domain if node else "",
-            gpu_model=node.gpu_model if node else "",
+            gpu_model=node.gpu_model if node else "", restarts=p.restarts,
         )
 
     ring = tuple(member(i * local_ranks + local, by_name[s.pod], local)

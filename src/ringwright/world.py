@@ -173,6 +173,10 @@ class Member(_Wire):
     rack: str = ""
     nvlink_domain: str = Field(default="", alias="nvlinkDomain")
     gpu_model: str = Field(default="", alias="gpuModel")
+    restarts: Annotated[int, Field(ge=0)] | None = None
+    """The pod's container restarts when the operator put it in this world (new in this
+    version; None in a world an older operator wrote): a higher count later means the
+    process its peers knew is gone and the kubelet started another in the same pod."""
 
     @property
     def process(self) -> str:
@@ -314,6 +318,8 @@ class World(_Wire):
         for member in doc["members"]:
             if not member["localRank"]:
                 del member["localRank"]  # one process per pod: the older document
+            if member["restarts"] is None:
+                del member["restarts"]
         for server in doc["ps"]:
             server.pop("localRank", None)
         doc["size"] = self.size

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ringwright.eviction import judge
-from ringwright.world import ReportKind
+from ringwright.world import Member, ReportKind
 
 from ...api.conditions import rfc3339
 from ...api.models import JobPhase, TrainingJobStatus
@@ -34,12 +34,18 @@ def failures(r: Round, status: TrainingJobStatus) -> Outcome:
     return merged(found, _counted(r, status, lost, restarted))
 
 
-def restarted_since_published(p: PodView, published_at: float | None) -> bool:
+def restarted_since_published(p: PodView, member: Member | None,
+                              published_at: float | None) -> bool:
     """True when ``p``'s container restarted after the world was written: the process its
     peers knew in that world is the one whose exit the container restart counts.
 
-    ``started`` has whole seconds, so a restart within the second of the write reads as
-    before it (counted twice, never missed)."""
+    The world's ``member`` says how often the container had restarted when it was
+    written: more restarts now is exact, however soon after the write the process died.
+    A world of an older operator has no count; then the container's start is compared
+    with the write, and ``started`` has whole seconds, so a restart within the second of
+    the write reads as before it (counted twice, never missed)."""
+    if member is not None and member.restarts is not None and member.pod_uid == p.uid:
+        return p.restarts > member.restarts
     return (p.restarts > 0 and p.started is not None and published_at is not None
             and p.started >= published_at)
 
@@ -60,10 +66,12 @@ def _lost(r: Round) -> tuple[list[str], set[str], Outcome]:
     cleared: list[str] = []
     restarted: set[str] = set()
 
+    listed = {m.pod: m for m in world.members if m.local_rank == 0} if world else {}
+
     def _judged(p: PodView, reason: str, message: str) -> None:
         key = f"{p.name}/{p.uid}"
         lost.append(key)
-        if restarted_since_published(p, r.obs.world_published_at):
+        if restarted_since_published(p, listed.get(p.name), r.obs.world_published_at):
             restarted.add(key)
             message += ("; its container restarted since (counted once): it leaves the "
                         "world and joins again")

@@ -289,6 +289,14 @@ def test_gang_rule_creates_nothing_when_min_does_not_fit() -> None:
     assert cond["status"] == "False" and "needs 4" in cond["message"]
 
 
+def test_a_job_without_room_waits_for_room_and_one_placed_does_not() -> None:
+    # What the operator keys its wake-ups on: a job that found no room (gang rule, or
+    # only part of what is missing placed) is woken when another job's pod frees some.
+    assert run(job(), placer=FakePlacer(reason="needs 4 x H100")).waits_for_room
+    assert run(job(), placer=FakePlacer(room=1)).waits_for_room
+    assert not run(job()).waits_for_room
+
+
 def test_deadline_exceeded_fails() -> None:
     status = {"phase": "Running", "startTime": "1970-01-12T13:46:40Z"}
     body = job(status=status, runPolicy={"activeDeadlineSeconds": 100})
@@ -421,6 +429,51 @@ def test_a_member_whose_container_restarted_leaves_the_world_and_joins_again() -
     replaced = run(job(status={"phase": "Running"}), pods=failed,
                    world=world_of(range(4), generation=4), reports=reports, published=NOW - 10)
     assert replaced.delete == ["tj-worker-2"]
+
+
+def counted_world(restarts: dict[int, int]) -> World:
+    """Generation 4 of workers 0-3, as this operator writes it: with each pod's container
+    restarts when it was written."""
+    base = world_of(range(4), generation=4)
+    return base.model_copy(update={"members": tuple(
+        m.model_copy(update={"restarts": restarts.get(i, 0)})
+        for i, m in enumerate(base.members))})
+
+
+def test_a_restart_within_the_second_of_the_write_is_told_by_the_worlds_count() -> None:
+    # Killed 0.3 s after the world was written, started again at once: the container's
+    # start reads as the whole second before the write, but the world's count shows the
+    # restart. The pod is kept and the failure counted once.
+    pods = [pod(0), pod(1), restarted(2, 1, NOW - 0.2), pod(3)]
+    verdict = run(job(status={"phase": "Running"}), pods=pods, world=counted_world({}),
+                  reports=TWO_ACCUSE_2, published=NOW - 0.5)
+    assert verdict.delete == [] and verdict.create == []
+    assert any(e.reason == "MemberDead" and "joins again" in e.message
+               for e in verdict.events), verdict.events
+    assert verdict.status["restarts"] == 1
+    # Without the count (an older operator's world) the same start reads as before the
+    # write: the pod is replaced.
+    old = run(job(status={"phase": "Running"}), pods=pods,
+              world=world_of(range(4), generation=4), reports=TWO_ACCUSE_2,
+              published=NOW - 0.5)
+    assert old.delete == ["tj-worker-2"]
+    # Restarted before the world was written (the count says so), then dead again: a
+    # second failure, and the pod is replaced whatever the clocks say.
+    again = run(job(status={"phase": "Running", "containerRestarts": {"tj-worker-2/u2": 1},
+                           "restarts": 1}),
+                pods=pods, world=counted_world({2: 1}), reports=TWO_ACCUSE_2,
+                published=NOW - 10)
+    assert again.delete == ["tj-worker-2"] and again.status["restarts"] == 2
+
+
+def test_the_world_records_each_members_container_restarts() -> None:
+    pods = [pod(0), pod(1), restarted(2, 3, NOW - 50), pod(3)]
+    result = run(job(status={"phase": "Running", "containerRestarts": {"tj-worker-2/u2": 3},
+                            "restarts": 3}), pods=pods)
+    assert result.world is not None
+    assert {m.pod: m.restarts for m in result.world.members} == {
+        "tj-worker-0": 0, "tj-worker-1": 0, "tj-worker-2": 3, "tj-worker-3": 0}
+    assert '"restarts":3' in result.world.to_json().replace(" ", "")
 
 
 def test_a_restart_before_the_world_was_written_and_a_later_death_are_two_failures() -> None:
