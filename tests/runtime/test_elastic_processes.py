@@ -9,6 +9,7 @@ depends on how long anything took; waits are on observed progress.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
@@ -111,8 +112,24 @@ def assert_no_rollback(t: Traces) -> None:
     assert t.rollbacks() == []
 
 
+def stacks(job: LocalJob) -> str:
+    """The threads of every process still running (elastic_worker.py writes them to its
+    ``.stacks`` file on SIGUSR1): what a job that never ended was waiting on."""
+    running = [name for name, code in job.exit_codes().items() if code is None]
+    for name in running:
+        with contextlib.suppress(ProcessLookupError):
+            job.kill(name, signal.SIGUSR1)
+    time.sleep(1.0)
+    dumps = {name: job.workdir / "trace" / f"{name}.stacks" for name in running}
+    return "\n".join(f"--- {name}: threads\n{path.read_text(errors='replace')[-4000:]}"
+                     for name, path in dumps.items() if path.exists())
+
+
 def finish(job: LocalJob) -> dict[str, int]:
-    codes = job.wait(DEADLINE_S)
+    try:
+        codes = job.wait(DEADLINE_S)
+    except TimeoutError as err:
+        raise AssertionError(f"{err}\n{stacks(job)}") from err
     failed = {m.pod: codes[m.pod] for m in job.world.members if codes[m.pod] != 0}
     assert not failed, f"members failed: {failed}\n{log_tails(job)}"
     return codes
