@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -189,14 +190,24 @@ def test_the_charts_operator_runs_on_real_nodes_and_a_standby_takes_over(
     live = _operator_pods(kube, namespace)
     (leading,) = [p for p in live if _pod_holding([p], holder)]
     assert leading["metadata"]["name"] != leader_name
-    for pod in live:
+    def log_of(pod: Obj) -> str:
         try:
-            log = kube.get_text(api_path("v1", "pods", namespace, pod["metadata"]["name"],
-                                         subresource="log"))
+            return kube.get_text(api_path("v1", "pods", namespace, pod["metadata"]["name"],
+                                          subresource="log"))
         except ApiError:
-            log = ""  # the replacement's container has not started: it cannot lead
+            return ""  # the replacement's container has not started: it cannot lead
+
+    for pod in live:
         if pod is leading:
-            assert f"leading as {holder}" in log, log[-4000:]
+            # The Lease is written before the line is logged (and read through the
+            # kubelet): the line may come a moment after the Lease.
+            wait_for(partial(_says, log_of, pod, f"leading as {holder}"),
+                     f"{holder} to log that it leads", timeout=60)
         else:
+            log = log_of(pod)
             # Never two leaders: the other replica still stands by.
             assert "leading as" not in log, log[-4000:]
+
+
+def _says(log_of: Callable[[Obj], str], pod: Obj, line: str) -> bool:
+    return line in log_of(pod)
