@@ -16,6 +16,12 @@ whose process died may hold a GPU in an unknown state (docs/gpu.md). When every 
 exits 0 (the job finished, or the pod left the world) the entry point exits 0. SIGTERM
 and SIGINT are forwarded to every rank, which checkpoint and exit within the grace
 period.
+
+With ``RINGWRIGHT_FORK_WORKERS=1`` in the pod's environment, a command that runs a
+script or module of this interpreter is forked from a server that imported torch once
+(:mod:`ringwright.runtime.local.forkserver`) instead of started afresh per rank: a pod
+of eight ranks pays for one import of torch, not eight. The server imports torch without
+touching CUDA, so each forked rank still sees only its own ``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from types import FrameType
 from ringwright.world import Env
 
 from .kvlog import log_event, runtime_logger
+from .local import forkserver
 
 _log = runtime_logger("launch")
 
@@ -103,14 +110,14 @@ def exit_status(code: int) -> int:
 @dataclass
 class _Rank:
     local_rank: int
-    process: subprocess.Popen[bytes]
+    process: forkserver.Process
 
 
 class PodRanks:
     """The local ranks of one pod, started, watched and stopped together."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], procs: int,
-                 *, poll_s: float = 0.05) -> None:
+                 *, poll_s: float = 0.05, fork: bool = False) -> None:
         if procs < 1:
             raise LaunchError(f"{Env.PROCS_PER_POD} must be at least 1, got {procs}")
         if not command:
@@ -119,16 +126,27 @@ class PodRanks:
         self.procs = procs
         self._envs = [local_env(env, k, procs) for k in range(procs)]
         self._poll_s = poll_s
+        self._fork = fork
+        self._server: forkserver.ForkServer | None = None
         self._ranks: list[_Rank] = []
         self._stopping = False
 
     def start(self) -> None:
         """Start every local rank."""
         for k, env in enumerate(self._envs):
-            proc = subprocess.Popen(self.command, env=env)
+            proc = self._start(env)
             self._ranks.append(_Rank(k, proc))
             log_event(_log, logging.INFO, "local_rank_started", local_rank=k, pid=proc.pid,
                       gpu=env[CUDA_VISIBLE])
+
+    def _start(self, env: Mapping[str, str]) -> forkserver.Process:
+        if not (self._fork and forkserver.forkable(self.command)):
+            return subprocess.Popen(self.command, env=env)
+        if self._server is None:
+            # A SIGTERM to the pod's processes (the pod host signals the group) must let
+            # the ranks checkpoint: the server must not kill them on it.
+            self._server = forkserver.ForkServer(survive_signals=True)
+        return self._server.spawn(self.command, env, stdout=1, stderr=2)
 
     def stop(self, signum: int) -> None:
         """Forward a termination signal: every rank checkpoints and exits on its own, so
@@ -142,18 +160,24 @@ class PodRanks:
             if r.process.poll() is None:
                 r.process.send_signal(signum)
 
+    def close(self) -> None:
+        """Stop the fork server, if the ranks were forked (it kills any still running)."""
+        if self._server is not None:
+            self._server.close()
+
     def wait(self) -> int:
         """Wait for the ranks; the pod's exit status (see the module's docstring)."""
         while True:
             codes = [r.process.poll() for r in self._ranks]
-            failed = next((r for r, c in zip(self._ranks, codes, strict=True)
+            failed = next(((r, c) for r, c in zip(self._ranks, codes, strict=True)
                            if c is not None and c != 0), None)
             if self._stopping and all(c is not None for c in codes):
                 return max((exit_status(c) for c in codes if c is not None), default=0)
             if failed is not None and not self._stopping:
-                status = exit_status(failed.process.returncode)
+                rank, code = failed
+                status = exit_status(code)
                 log_event(_log, logging.WARNING, "local_rank_failed",
-                          local_rank=failed.local_rank, exit_code=status,
+                          local_rank=rank.local_rank, exit_code=status,
                           action="stopping the pod's other ranks")
                 self.signal_all(signal.SIGKILL)
                 for r in self._ranks:
@@ -172,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s launch %(message)s")
     try:
         procs = int(os.environ.get(Env.PROCS_PER_POD, "") or 1)
-        ranks = PodRanks(command, os.environ, procs)
+        ranks = PodRanks(command, os.environ, procs, fork=forkserver.wanted(os.environ))
     except (LaunchError, ValueError) as err:
         print(f"ringwright.runtime.launch: {err}", file=sys.stderr)
         return 2
@@ -182,8 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
-    ranks.start()
-    return ranks.wait()
+    try:
+        ranks.start()
+        return ranks.wait()
+    finally:
+        ranks.close()
 
 
 if __name__ == "__main__":

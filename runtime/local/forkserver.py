@@ -54,6 +54,9 @@ _LENGTH = struct.Struct("!I")
 _ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """Signals that end the server, and its children with it."""
 
+SURVIVE_SIGNALS = "--survive-signals"
+"""The server's flag: it ignores :data:`_ENDING` (its children get the default handlers)."""
+
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether ``environ`` asks for forked workers (:data:`SETTING`)."""
@@ -162,11 +165,18 @@ class ForkServer:
     process dies), so no child outlives the launcher that started it.
     """
 
-    def __init__(self, preload: Sequence[str] = PRELOAD) -> None:
+    def __init__(self, preload: Sequence[str] = PRELOAD, *,
+                 survive_signals: bool = False) -> None:
+        """``survive_signals``: SIGTERM, SIGINT and SIGHUP sent to this process's group
+        leave the server and its children to their own handlers, instead of ending the
+        server and killing the children (for a caller that forwards such signals itself
+        and lets its children shut down cleanly); the server still kills its children
+        when this process dies."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        flags = [SURVIVE_SIGNALS] if survive_signals else []
         with theirs:
             self._proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "ringwright.runtime.local.forkserver",
+                [sys.executable, "-u", "-m", "ringwright.runtime.local.forkserver", *flags,
                  str(theirs.fileno()), *preload],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         self._sock = ours
@@ -277,7 +287,7 @@ def start_process(argv: Sequence[str], env: Mapping[str, str], *,
 # -- the server process ------------------------------------------------------------------
 
 
-def _serve(sock: socket.socket) -> dict[str, Any] | None:
+def _serve(sock: socket.socket, survive_signals: bool = False) -> dict[str, Any] | None:
     """Fork a child per request and report exits; in a child, return its request."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -292,7 +302,8 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
         _kill(children)
         _end_by(signum)
 
-    ending = {signum: signal.signal(signum, end) for signum in _ENDING}
+    ending = {signum: signal.signal(signum, signal.SIG_IGN if survive_signals else end)
+              for signum in _ENDING}
     while True:
         # SIGCHLD interrupts select; Python retries it, and the wake-up byte ends it.
         ready = select.select([sock.fileno(), wake_r], [], [])[0]
@@ -449,14 +460,18 @@ def _end_by(signum: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """The server: ``python -u -m ringwright.runtime.local.forkserver FD [MODULE...]``."""
+    """The server: ``python -u -m ringwright.runtime.local.forkserver [--survive-signals]
+    FD [MODULE...]``."""
+    survive = argv[:1] == [SURVIVE_SIGNALS]
+    if survive:
+        argv = argv[1:]
     sock = socket.socket(fileno=int(argv[0]))
     for name in argv[1:]:
         __import__(name)
     # The children's collections then pass over their own objects only, not the server's
     # (a pass over those would copy every page of the server's heap into the child).
     gc.freeze()
-    request = _serve(sock)
+    request = _serve(sock, survive)
     if request is None:
         # Nothing of the server needs tearing down, and an interpreter's teardown of the
         # preloaded modules is slow and noisy (triton's bindings report "leaks").

@@ -21,13 +21,14 @@ import pytest
 
 from ringwright.devcluster.podhost import PodHost
 from ringwright.kube import KubeClient, api_path
-from ringwright.world import Env, World
+from ringwright.world import World
 from tests.e2e.test_elastic_job import HostThread, world_where
 from tests.jobs import OperatorProcess, tj_path, training_job
 from tests.runtime.elastic_traces import (
     assert_every_sample_once,
     assert_params_identical,
 )
+from tests.runtime.pod_ranks import pod_ranks
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -46,13 +47,7 @@ def processes(world: World) -> set[str]:
 
 
 def local_ranks_of(host: PodHost, pod: str) -> dict[int, int]:
-    entry = host.pods[pod].proc.pid
-    out = {}
-    for pid in Path(f"/proc/{entry}/task/{entry}/children").read_text().split():
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        local = next(v for v in env if v.startswith(Env.LOCAL_RANK.encode() + b"="))
-        out[int(local.split(b"=", 1)[1])] = int(pid)
-    return out
+    return pod_ranks(host.pods[pod].proc.pid, host.workdir / f"{pod}.log")
 
 
 def rejoined(kube: KubeClient, ns: str, runner: HostThread, after: int) -> World | None:

@@ -223,3 +223,43 @@ def test_a_signal_that_comes_while_a_child_is_forked_kills_that_child_too(
 def test_only_this_interpreters_plain_commands_are_forked(argv: list[str],
                                                            expected: bool) -> None:
     assert forkable(argv) is expected
+
+
+RANK = """\
+import os, pathlib, signal, sys, time
+k = os.environ["LOCAL_RANK"]
+out = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+    time.sleep(0.3)  # a checkpoint being written
+    (out / f"flushed{k}").touch()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+(out / f"ready{k}").write_text("forked" if "torch" in sys.modules else "exec'd")
+time.sleep(600)
+"""
+
+
+def test_the_pod_entry_point_forks_its_ranks_and_the_pods_sigterm_lets_them_checkpoint(
+        tmp_path: Path) -> None:
+    """With RINGWRIGHT_FORK_WORKERS=1 a pod of three ranks forks them from one server that
+    imported torch; a SIGTERM to the pod's process group (what the pod host sends) reaches
+    each rank's own handler, which writes its checkpoint and exits 0: the server, in the
+    same group, does not kill them on it."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = {**os.environ, "RINGWRIGHT_PROCS_PER_POD": "3", "RINGWRIGHT_FORK_WORKERS": "1",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    pod = subprocess.Popen([sys.executable, "-m", "ringwright.runtime.launch", "--",
+                            sys.executable, str(script), str(tmp_path)],
+                           env=env, start_new_session=True)
+    try:
+        wait_for(lambda: all((tmp_path / f"ready{k}").exists() for k in range(3)),
+                 "the pod's three ranks to start", timeout=120)
+        assert {(tmp_path / f"ready{k}").read_text() for k in range(3)} == {"forked"}
+        os.killpg(pod.pid, signal.SIGTERM)
+        assert pod.wait(timeout=60) == 0
+        assert sorted(p.name for p in tmp_path.glob("flushed*")) == [
+            "flushed0", "flushed1", "flushed2"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pod.pid, signal.SIGKILL)

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from ringwright.runtime.local.launcher import LocalJob
-from ringwright.world import CheckpointSettings, Env
+from ringwright.world import CheckpointSettings
 from tests.runtime.elastic_traces import (
     Traces,
     assert_every_sample_once,
     assert_params_identical,
     assert_resumed_from_commit,
 )
+from tests.runtime.pod_ranks import pod_ranks
 from tests.runtime.test_elastic_processes import (
     BOTH_BACKENDS,
     EPOCHS,
@@ -53,15 +54,8 @@ def job(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalJob]:
 
 
 def local_ranks_of(job: LocalJob, pod: str) -> dict[int, int]:
-    """The pids of ``pod``'s local ranks, by local rank (the entry point's children)."""
-    entry = job.pod(pod).process.pid
-    pids = Path(f"/proc/{entry}/task/{entry}/children").read_text().split()
-    out = {}
-    for pid in pids:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        local = next(v for v in env if v.startswith(Env.LOCAL_RANK.encode() + b"="))
-        out[int(local.split(b"=", 1)[1])] = int(pid)
-    return out
+    """The pids of ``pod``'s local ranks, by local rank."""
+    return pod_ranks(job.pod(pod).process.pid, job.log_path(pod))
 
 
 def test_the_world_lists_every_local_rank() -> None:
