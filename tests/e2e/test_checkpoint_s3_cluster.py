@@ -18,6 +18,7 @@ import pytest
 from ringwright.devcluster.podhost import PodHost
 from ringwright.devcluster.s3server import S3Server
 from ringwright.kube import KubeClient, api_path
+from ringwright.operator.plan.manifests import JOB_LABEL
 from ringwright.runtime.checkpoint.checkpointer import Checkpointer
 from ringwright.runtime.checkpoint.s3 import S3Storage
 from tests.e2e.test_elastic_job import HostThread
@@ -35,9 +36,15 @@ SAMPLES, BATCH, WORKERS = 64, 4, 2
 
 def run_job(kube: KubeClient, ns: str, name: str, checkpoint: dict[str, object],
             workdir: Path, epochs: int) -> Traces:
-    """Create the job, host its pods until it succeeds, and return the workers' traces."""
+    """Create the job, host its pods until it succeeds and every worker has exited, and
+    return the workers' traces.
+
+    The job succeeds when rank 0 exits; its pods are kept (cleanPodPolicy None), so the
+    other worker's last records (it exits a moment later) are not cut off by its pod's
+    deletion."""
     kube.create(tj_path(ns), training_job(name, replicas=WORKERS, minimum=WORKERS,
-                                          gpusPerWorker=0, checkpoint=checkpoint))
+                                          gpusPerWorker=0, checkpoint=checkpoint,
+                                          runPolicy={"cleanPodPolicy": "None"}))
     env = {"TRACE_DIR": str(workdir / "trace"), "EPOCHS": str(epochs),
            "SAMPLES": str(SAMPLES), "BATCH": str(BATCH), "COMMIT_EVERY": "4",
            "STEP_SLEEP": "0.02", "OMP_NUM_THREADS": "1",
@@ -48,6 +55,10 @@ def run_job(kube: KubeClient, ns: str, name: str, checkpoint: dict[str, object],
         try:
             wait_for(lambda: get_status(kube, ns, name).get("phase") == "Succeeded",
                      f"job {name} to succeed", timeout=400)
+            wait_for(lambda: all(p["status"].get("phase") == "Succeeded"
+                                 for p in kube.list(api_path("v1", "pods", ns),
+                                                    labelSelector=f"{JOB_LABEL}={name}")),
+                     f"job {name}: every worker to exit 0", timeout=120)
         except AssertionError as err:
             raise AssertionError(f"{err}\nstatus: {get_status(kube, ns, name)}\n"
                                  f"{runner.tails()}") from err
