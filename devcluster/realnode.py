@@ -311,7 +311,7 @@ def _start_node(layout: NodeLayout, record: SetRecord, registry: Registry, logs:
         "containerd", layout.name,
         host.in_node(holder, [str(containerd), "--config", str(layout.containerd_config)],
                      netns=layout.netns), containerd_log))
-    host.wait_for_socket(layout.containerd_socket, daemon, containerd_log, timeout=60)
+    host.wait_for_cri(layout.containerd_socket, daemon, containerd_log, timeout=60)
     started(host.spawn("kubelet", layout.name,
                        host.in_node(holder, configs.kubelet_argv(layout, kubelet, kubeconfig)),
                        logs / f"realnode-{layout.name}-kubelet.log"))

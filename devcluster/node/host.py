@@ -162,6 +162,41 @@ def wait_for_socket(path: Path, proc: Proc, log: Path, timeout: float) -> None:
                     f"{timeout:.0f}s; last lines of {log}:\n{tail(log)}")
 
 
+CRI_VERSION = "/runtime.v1.RuntimeService/Version"
+"""The CRI call a kubelet makes first (an empty request is a valid one)."""
+
+
+def wait_for_cri(path: Path, proc: Proc, log: Path, timeout: float) -> None:
+    """Wait until containerd's CRI service on unix socket ``path`` answers.
+
+    The socket accepts connections before the CRI plugin has finished starting; a
+    kubelet started then exits at once ("validate CRI v1 runtime API ... server is not
+    initialized yet"), as a loaded machine showed."""
+    import grpc  # the runtime's dependency: this module also serves the system Python
+
+    deadline = time.monotonic() + timeout
+    last = ""
+    with grpc.insecure_channel(f"unix://{path}") as channel:
+        version = channel.unary_unary(CRI_VERSION, request_serializer=_raw,
+                                      response_deserializer=_raw)
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise HostError(f"{proc.role} of {proc.node} exited; last lines of {log}:\n"
+                                f"{tail(log)}")
+            try:
+                version(b"", timeout=2.0)
+                return
+            except grpc.RpcError as err:
+                last = str(err.details() if isinstance(err, grpc.Call) else err)
+            time.sleep(0.2)
+    raise HostError(f"the CRI service of {proc.role} on {proc.node} did not answer within "
+                    f"{timeout:.0f}s (last: {last}); last lines of {log}:\n{tail(log)}")
+
+
+def _raw(data: bytes) -> bytes:
+    return data
+
+
 def tail(log: Path, lines: int = 30) -> str:
     """The last lines of a log file."""
     if not log.exists():
