@@ -24,7 +24,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -144,22 +144,34 @@ def pids_mentioning(text: str) -> list[int]:
     return found
 
 
-def wait_for_socket(path: Path, proc: Proc, log: Path, timeout: float) -> None:
-    """Wait until something accepts connections on unix socket ``path``."""
+def _wait_until(ready: Callable[[], bool], proc: Proc, log: Path, timeout: float,
+                missed: Callable[[], str], every: float = 0.1) -> None:
+    """Poll ``ready`` until it holds; fail when ``proc`` exits, or after ``timeout`` with
+    ``missed()`` (what it did not do) and the tail of its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
             raise HostError(f"{proc.role} of {proc.node} exited; last lines of {log}:\n"
                             f"{tail(log)}")
+        if ready():
+            return
+        time.sleep(every)
+    raise HostError(f"{proc.role} of {proc.node} {missed()} within {timeout:.0f}s; "
+                    f"last lines of {log}:\n{tail(log)}")
+
+
+def wait_for_socket(path: Path, proc: Proc, log: Path, timeout: float) -> None:
+    """Wait until something accepts connections on unix socket ``path``."""
+
+    def accepts() -> bool:
         with socket.socket(socket.AF_UNIX) as s:
             try:
                 s.connect(str(path))
-                return
             except OSError:
-                pass
-        time.sleep(0.1)
-    raise HostError(f"{proc.role} of {proc.node} did not listen on {path} within "
-                    f"{timeout:.0f}s; last lines of {log}:\n{tail(log)}")
+                return False
+            return True
+
+    _wait_until(accepts, proc, log, timeout, lambda: f"did not listen on {path}")
 
 
 CRI_VERSION = "/runtime.v1.RuntimeService/Version"
@@ -174,23 +186,22 @@ def wait_for_cri(path: Path, proc: Proc, log: Path, timeout: float) -> None:
     initialized yet"), as a loaded machine showed."""
     import grpc  # the runtime's dependency: this module also serves the system Python
 
-    deadline = time.monotonic() + timeout
-    last = ""
+    last = [""]
     with grpc.insecure_channel(f"unix://{path}") as channel:
         version = channel.unary_unary(CRI_VERSION, request_serializer=_raw,
                                       response_deserializer=_raw)
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                raise HostError(f"{proc.role} of {proc.node} exited; last lines of {log}:\n"
-                                f"{tail(log)}")
+
+        def answers() -> bool:
             try:
                 version(b"", timeout=2.0)
-                return
             except grpc.RpcError as err:
-                last = str(err.details() if isinstance(err, grpc.Call) else err)
-            time.sleep(0.2)
-    raise HostError(f"the CRI service of {proc.role} on {proc.node} did not answer within "
-                    f"{timeout:.0f}s (last: {last}); last lines of {log}:\n{tail(log)}")
+                last[0] = str(err.details() if isinstance(err, grpc.Call) else err)
+                return False
+            return True
+
+        _wait_until(answers, proc, log, timeout,
+                    lambda: f"did not answer on its CRI socket {path} (last: {last[0]})",
+                    every=0.2)
 
 
 def _raw(data: bytes) -> bytes:
@@ -341,16 +352,14 @@ def expose_api(layout: NodeLayout, service: tuple[str, int], relay: tuple[str, i
 
 def wait_for_port(address: tuple[str, int], proc: Proc, log: Path, timeout: float) -> None:
     """Wait until something accepts TCP connections at ``address``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise HostError(f"{proc.role} of {proc.node} exited; last lines of {log}:\n"
-                            f"{tail(log)}")
+
+    def accepts() -> bool:
         with contextlib.suppress(OSError), socket.create_connection(address, timeout=1):
-            return
-        time.sleep(0.1)
-    raise HostError(f"{proc.role} of {proc.node} did not listen on {address[0]}:"
-                    f"{address[1]} within {timeout:.0f}s; last lines of {log}:\n{tail(log)}")
+            return True
+        return False
+
+    _wait_until(accepts, proc, log, timeout,
+                lambda: f"did not listen on {address[0]}:{address[1]}")
 
 
 def network_namespaces() -> list[str]:

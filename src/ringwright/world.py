@@ -318,10 +318,11 @@ class World(_Wire):
         for member in doc["members"]:
             if not member["localRank"]:
                 del member["localRank"]  # one process per pod: the older document
-            if member["restarts"] is None:
-                del member["restarts"]
         for server in doc["ps"]:
             server.pop("localRank", None)
+        for entry in (*doc["members"], *doc["ps"]):
+            if entry["restarts"] is None:
+                del entry["restarts"]  # not counted (the local launcher's worlds)
         doc["size"] = self.size
         doc[LEGACY_GENERATION_KEY] = self.generation
         return _dumps(doc)
