@@ -138,7 +138,8 @@ class Worker(Generic[B]):
     def run(self) -> WorkerReport:
         """Train until the data is done or this worker leaves the world."""
         world = self._wait_for_me()
-        client = PSClient(self._addresses(world, self.port), self.name, recovery=self.recovery)
+        client = PSClient(self._addresses(world, self.port), self.name, recovery=self.recovery,
+                          beat=self.beat)
         self.client = client
         try:
             client.wait_ready(self.world_wait_s, self.beat)

@@ -88,9 +88,13 @@ class PSClient(Routes):
                  call_timeout: float = 60.0, chunk_bytes: int = 8 << 20,
                  recovery: RecoverySettings | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 logger: logging.Logger | None = None) -> None:
+                 logger: logging.Logger | None = None,
+                 beat: Callable[[], None] = lambda: None) -> None:
+        """``beat``: called while a pull waits for a version the shard has not reached
+        (a sync round still open): waiting for a slow peer is no stall of this worker."""
         super().__init__(addresses, recovery=recovery, clock=clock, logger=logger)
         self.worker = worker
+        self.beat = beat
         self.call_timeout = call_timeout
         self.chunk_bytes = chunk_bytes
         self._push_id = 0
@@ -219,6 +223,14 @@ class PSClient(Routes):
                     retry = {**header, "minVersion": min(header["minVersion"],
                                                          self.versions[s])}
                 reply = self._call(s, "Pull", retry, tensors, attempt)
+            while int(reply[0]["version"]) < int(header["minVersion"]) \
+                    and self.route[s] == server:
+                # The server waited as long as it was asked to and the shard is still
+                # older (a sync round waits for a slow peer): values from before the
+                # round would make this worker's next push a duplicate, dropped. Ask
+                # again; after a failover the new copy's version is taken as it is.
+                self.beat()
+                reply = self._call(s, "Pull", header, tensors)
             # A chunked pull may straddle an update (async): claim the oldest version.
             out.versions[s] = min(out.versions.get(s, 1 << 62), int(reply[0]["version"]))
             for key, value in reply[1].items():
