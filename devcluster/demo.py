@@ -336,13 +336,15 @@ def main(argv: list[str] | None = None) -> int:
 def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = NAMESPACE,
             operator_log: Path | None = None, operator_metrics: str = "",
             png: Path | None = None,
-            before_failure: Callable[[World], None] | None = None) -> DemoRun:
+            before_failure: Callable[[World], None] | None = None,
+            after_recovery: Callable[[World], None] | None = None) -> DemoRun:
     """Apply the example job, its pods run by a pod host on this machine; show
     placement, inject a failure, show the recovery (:func:`drive`).
 
     Needs a running operator; ``operator_log`` and ``operator_metrics`` (its /metrics
     URL) are read when given. ``before_failure`` is called with the first world just
-    before its last member's pod is deleted. Raises :class:`DemoTimeout` when a step
+    before its last member's pod is deleted, ``after_recovery`` with the healed world
+    once it trains, while every pod still runs. Raises :class:`DemoTimeout` when a step
     never comes.
     """
     manifest = example()
@@ -362,7 +364,7 @@ def run_job(cluster: Cluster, kube: KubeClient, work: Path, *, namespace: str = 
                      if operator_log else None,
                      operator_metrics=(lambda: scrape(operator_metrics))
                      if operator_metrics else None,
-                     before_failure=before_failure)
+                     before_failure=before_failure, after_recovery=after_recovery)
     finally:
         host.close()
 
@@ -405,7 +407,8 @@ def drive(cluster: Cluster, kube: KubeClient, pods: Pods, manifest: Obj, scenari
           namespace: str, png: Path,
           operator_lines: Callable[[], list[LogLine]] | None = None,
           operator_metrics: Callable[[], Scrape | None] | None = None,
-          before_failure: Callable[[World], None] | None = None) -> DemoRun:
+          before_failure: Callable[[World], None] | None = None,
+          after_recovery: Callable[[World], None] | None = None) -> DemoRun:
     """The demo's steps once the job ``manifest`` is applied: show placement, wait for
     training, delete the last member's pod, show the smaller world and the whole one
     again, the merged logs, the metrics, the recovery figure and the timeline."""
@@ -470,6 +473,8 @@ def drive(cluster: Cluster, kube: KubeClient, pods: Pods, manifest: Obj, scenari
     say("the replacement joined; the ring is whole again")
     show(healed)
     trained_in(healed.generation, 3)
+    if after_recovery is not None:
+        after_recovery(healed)
 
     say("what every process logged, merged by time")
     logs = pods.lines()

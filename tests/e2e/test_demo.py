@@ -79,6 +79,9 @@ def test_demo_survives_a_deleted_pod_and_prometheus_sees_the_recovery(
     operator = demo_operator
     ns = f'namespace="{namespace}"'
 
+    # Each world is waited for in Prometheus while its pods run: a replacement's pod is
+    # found by service discovery (whose updates leave at most every 5 s) and then
+    # scraped, and the job is torn down a few seconds after it joins.
     def scraped_everyone(world: World) -> None:
         eventually(f"all {world.size} members in generation {world.generation}",
                    lambda: prometheus.value(
@@ -87,7 +90,8 @@ def test_demo_survives_a_deleted_pod_and_prometheus_sees_the_recovery(
 
     with GenerationLog(cluster, namespace) as worlds:
         run = run_job(cluster, kube, tmp_path, namespace=namespace, operator_log=operator.log,
-                      operator_metrics=operator.metrics_url, before_failure=scraped_everyone)
+                      operator_metrics=operator.metrics_url, before_failure=scraped_everyone,
+                      after_recovery=scraped_everyone)
 
     # The deleted pod left a world of 3 before its replacement made it 4 again.
     first, shrunk, healed = run.generations
