@@ -24,10 +24,11 @@ from typing import IO
 import yaml
 
 from ringwright.kube import ApiError, KubeClient, RetryPolicy, api_path, load_kubeconfig
+from ringwright.procstat import start_ticks
 
 from .build import Binaries, ensure_binaries
 from .inventory import KWOK_NODE_ANNOTATION, load_inventory, node_manifests
-from .node.host import Proc, start_ticks, stop
+from .node.host import Proc, stop
 from .pki import Pki, ensure_pki
 from .realnode import stop_real_nodes
 from .versions import CONTROL_PLANE, cache_root

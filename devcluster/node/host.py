@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from ringwright.procstat import start_ticks
+
 from .layout import (
     BACKBONE_LINK,
     BACKBONE_PREFIX_LEN,
@@ -56,16 +58,6 @@ def run(argv: Sequence[str], stdin: str | None = None) -> None:
 
 
 # -- processes -------------------------------------------------------------------------
-
-
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks after boot); None when there is none.
-    A pid with another start time is another process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)

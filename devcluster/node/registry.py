@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ringwright.procstat import start_ticks
+
 from .host import (
     HostError,
     Proc,
@@ -37,7 +39,6 @@ from .host import (
     pids_mentioning,
     remove_cgroup,
     remove_network,
-    start_ticks,
     stop,
 )
 from .layout import LINK_PREFIX, NAME_PREFIX, SLOTS, NodeLayout, backbone_netns

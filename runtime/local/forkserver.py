@@ -41,6 +41,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Protocol
 
+from ringwright.procstat import start_ticks
+
 SETTING = "RINGWRIGHT_FORK_WORKERS"
 """``1``: the local launcher, the local cluster's pod host and the test harnesses fork
 their Python workers from a fork server."""
@@ -126,10 +128,16 @@ class Process(Protocol):
 class ForkedProcess:
     """A forked child as the callers of :class:`subprocess.Popen` use one."""
 
-    def __init__(self, server: ForkServer, pid: int, args: Sequence[str]) -> None:
+    def __init__(self, server: ForkServer, pid: int, args: Sequence[str], *,
+                 session: bool = False) -> None:
         self._server = server
         self.pid = pid
         self.args = list(args)
+        self.session = session
+        """It leads its own session (and process group)."""
+        self.started = start_ticks(pid)
+        """When it started (None: already gone), to tell it from a later process that
+        gets the same pid."""
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -209,7 +217,7 @@ class ForkServer:
             if not self._started:
                 raise RuntimeError(f"the fork server exited (code {self._proc.poll()})")
             pid = self._started.pop(0)
-            child = ForkedProcess(self, pid, argv)
+            child = ForkedProcess(self, pid, argv, session=new_session)
             self._children[pid] = child
             if pid in self._exits:  # it exited before we took its pid
                 child.returncode = self._exits.pop(pid)
@@ -231,6 +239,13 @@ class ForkServer:
                 self.changed.notify_all()
         with self.changed:
             self._closed = True
+            orphans, self._children = list(self._children.values()), {}
+        for child in orphans:
+            _end_orphan(child)
+        with self.changed:
+            for child in orphans:
+                # Its exit report, if it was ever sent, went with the server.
+                child.returncode = -signal.SIGKILL
             self.changed.notify_all()
 
     @property
@@ -250,6 +265,20 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def _end_orphan(child: ForkedProcess) -> None:
+    """Kill a child that its server no longer watches (the server was SIGKILLed, say by
+    the OOM killer, and could not take its children with it), unless it is gone."""
+    if child.started is None or start_ticks(child.pid) != child.started:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        if child.session:
+            os.killpg(child.pid, signal.SIGKILL)
+        os.kill(child.pid, signal.SIGKILL)
+    # Ours to reap when orphans are handed to this process (a container's init).
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(child.pid, 0)
 
 
 _shared: ForkServer | None = None

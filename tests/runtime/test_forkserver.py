@@ -154,11 +154,13 @@ def assert_ends(pid: int, why: str) -> None:
         raise
 
 
-@pytest.mark.parametrize("ending", ["closed", signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("ending", ["closed", signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_server_that_ends_kills_its_children(tmp_path: Path,
                                                 ending: str | signal.Signals) -> None:
     # Closed by the launcher, or signalled with the launcher's process group (a Ctrl-C, a
-    # kill): a child in a session of its own is out of that group's reach.
+    # kill): a child in a session of its own is out of that group's reach. A server
+    # SIGKILLed (the OOM killer) takes no child with it: this side kills them. Either
+    # way a waiter learns that the child is gone.
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
     server = ForkServer(preload=())
     with (tmp_path / "log").open("wb") as log:
@@ -167,7 +169,12 @@ def test_a_server_that_ends_kills_its_children(tmp_path: Path,
     if isinstance(ending, signal.Signals):
         os.kill(server._proc.pid, ending)
         assert server._proc.wait(timeout=30) == -ending  # it ends as the signal would
-    server.close()
+    else:
+        server.close()
+    try:
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        server.close()
     assert_ends(child.pid, "its fork server ended")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ringwright.devcluster.control_plane import Cluster
-from ringwright.devcluster.node.host import start_ticks
+from ringwright.procstat import start_ticks
 
 SLEEP = "import time; time.sleep(120)"
 

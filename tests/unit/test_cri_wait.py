@@ -12,7 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ringwright.devcluster.node.host import CRI_VERSION, HostError, Proc, start_ticks, wait_for_cri
+from ringwright.devcluster.node.host import CRI_VERSION, HostError, Proc, wait_for_cri
+from ringwright.procstat import start_ticks
 
 
 class StartingCri(grpc.GenericRpcHandler):
