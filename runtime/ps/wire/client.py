@@ -223,12 +223,13 @@ class PSClient(Routes):
                     retry = {**header, "minVersion": min(header["minVersion"],
                                                          self.versions[s])}
                 reply = self._call(s, "Pull", retry, tensors, attempt)
-            while int(reply[0]["version"]) < int(header["minVersion"]) \
+            while self.versions[s] <= int(reply[0]["version"]) < int(header["minVersion"]) \
                     and self.route[s] == server:
                 # The server waited as long as it was asked to and the shard is still
                 # older (a sync round waits for a slow peer): values from before the
                 # round would make this worker's next push a duplicate, dropped. Ask
-                # again; after a failover the new copy's version is taken as it is.
+                # again. A shard that failed over, or went back (restored from a
+                # checkpoint), may never reach the version: taken as it is.
                 self.beat()
                 reply = self._call(s, "Pull", header, tensors)
             # A chunked pull may straddle an update (async): claim the oldest version.

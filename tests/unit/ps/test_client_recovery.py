@@ -250,6 +250,16 @@ def test_a_sync_round_slower_than_the_servers_wait_is_waited_for_again(
     other.close()
 
 
+def test_a_shard_behind_what_this_worker_saw_is_taken_as_it_is(servers: Servers) -> None:
+    # As after a restore from a checkpoint older than the round this worker waits for:
+    # nobody would push the shard up to that version while this worker waits.
+    client = _client(servers, Consistency(Mode.SYNC))
+    client.versions = [5, 5]
+    pulled = client.pull({}, min_versions={0: 6, 1: 6}, timeout=0.3)
+    assert pulled.versions == {0: 0, 1: 0}
+    client.close()
+
+
 def test_a_backup_briefly_unreachable_right_after_a_failover_is_waited_for(
         servers: Servers) -> None:
     client = _client(servers, ASYNC)
