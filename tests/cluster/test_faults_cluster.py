@@ -313,14 +313,15 @@ class GenerationLog:
     def wait_seen(self, job: str, generation: int, timeout: float = 30) -> None:
         """Wait until the log has read ``generation`` of ``job``: its reads run on their
         own thread and may be a poll behind the test's."""
-        deadline = time.monotonic() + timeout
-        while generation not in self.generations(job):
-            assert time.monotonic() < deadline, (
-                f"the generation log never read {job}'s generation {generation} (it read "
-                f"{self.generations(job)}): {self.polls} reads, thread "
+        try:
+            wait_for(lambda: generation in self.generations(job),
+                     f"the generation log to read {job}'s generation {generation}",
+                     timeout=timeout, interval=0.1)
+        except AssertionError as err:
+            raise AssertionError(
+                f"{err} (it read {self.generations(job)}): {self.polls} reads, thread "
                 f"{'alive' if self._thread.is_alive() else 'dead'}, "
-                f"{len(self.errors)} read errors, last {self.errors[-3:]}")
-            time.sleep(0.1)
+                f"{len(self.errors)} read errors, last {self.errors[-3:]}") from err
 
     def generations(self, job: str) -> list[int]:
         return [generation for generation, _ in self.seen.get(job, [])]
