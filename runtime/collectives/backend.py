@@ -35,6 +35,15 @@ class RankTaken(CollectiveError):
     """Another process already joined this world with this rank (a stale duplicate)."""
 
 
+class RanksAbsent(CollectiveError):
+    """Ranks of the world never showed up while it formed, until the rendezvous deadline:
+    rank 0 never served its store, or members never claimed their ranks."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
 LibraryFailure = Callable[[RuntimeError, str], str | None]
 """Names a library's own error (a prefix for the message), or None for any other error."""
 

@@ -24,7 +24,7 @@ from ..membership.liveness import PeerFailure
 from ..membership.reporter import Reporter
 from ..membership.source import MembershipSource, WorldTimeout
 from ..settings import RuntimeSettings
-from .backend import CollectiveBackend, CollectiveError, RankTaken, Superseded
+from .backend import CollectiveBackend, CollectiveError, RanksAbsent, RankTaken, Superseded
 
 _log = runtime_logger("group")
 
@@ -236,7 +236,11 @@ class GroupManager:
                 self._backend.shutdown()
                 kind = ReportKind.NO_STATE if isinstance(err, RankTaken) else \
                     ReportKind.COLLECTIVE_FAILED
-                self._reporter.report(kind, world.generation, f"joining: {err}")
+                # Those absent for the whole rendezvous timeout are named: republished
+                # as it was, the world would wait for them again, and again.
+                absent = _pods_of(world, err.ranks, self.pod) \
+                    if isinstance(err, RanksAbsent) else ()
+                self._reporter.report(kind, world.generation, f"joining: {err}", absent)
                 log_event(_log, logging.WARNING, "join_failed", generation=world.generation,
                           rank=me.rank, error=err)
                 continue
@@ -357,3 +361,10 @@ class GroupManager:
             return latest is not None and latest.generation > world.generation
 
         return superseded
+
+
+def _pods_of(world: World, ranks: tuple[int, ...], me: str) -> tuple[str, ...]:
+    """The pods other than ``me`` holding ``ranks`` in ``world``, once each."""
+    wanted = set(ranks)
+    return tuple(dict.fromkeys(m.pod for m in world.members
+                               if m.rank in wanted and m.pod != me))

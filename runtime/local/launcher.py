@@ -159,6 +159,12 @@ class LocalJob:
         self._failed: dict[str, int] = {}
         self._finished: dict[str, int] = {}
         self._pending_since: float | None = None
+        self._last_words: dict[str, Report] = {}
+        """The last report of each member whose process exited in the current generation.
+        Its restarted process soon replaces it (``joining``), yet what it said about its
+        peers before it exited still counts: members that find a peer frozen inside
+        ``hvd.init()`` name it and exit one after another, and the first exit must not
+        cost the others' votes."""
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._watch, name="local-job", daemon=True)
 
@@ -192,10 +198,9 @@ class LocalJob:
         """Every member's newest report."""
         out: dict[str, Report] = {}
         for path in sorted(self.reports_dir.glob("*.json")):
-            try:
-                out[path.stem] = parse_report(path.read_text(), where=str(path))
-            except (OSError, ContractError):
-                continue  # being replaced, or not a report: read it next round
+            report = _read_report(path)
+            if report is not None:
+                out[path.stem] = report
         return out
 
     def stats(self) -> dict[str, MemberStats]:
@@ -348,6 +353,7 @@ class LocalJob:
                       checkpoint=self.checkpoint, topology=self.topology)
         write_world_file(self.world_file, world)
         self._world = world
+        self._last_words = {}
         log_event(_log, logging.INFO, "world_published", generation=world.generation,
                   size=world.size, members=",".join(self._members), why=why)
         return world
@@ -393,6 +399,11 @@ class LocalJob:
             self._failed[name] = code
             self._pending_since = self._pending_since or self._clock()
             log_event(_log, logging.WARNING, "pod_failed", pod=name, exit_code=code)
+            # Read now: the process is gone, so its report is final until a restart.
+            last = _read_report(self.reports_dir / f"{name}.json")
+            if last is not None and self._world is not None \
+                    and last.generation == self._world.generation:
+                self._last_words[name] = last
             if self._restarts():
                 self._restart(name, code)
                 self._joining.append(name)
@@ -433,24 +444,31 @@ class LocalJob:
                   restarts=pod.restarts)
 
     def _follow_reports(self, reports: dict[str, Report]) -> None:
-        """Drop members found dead or stalled; re-form around a member without state."""
+        """Drop members found dead or stalled; re-form around a member without state.
+
+        Judged every round, as the operator does, also while a burst of exits settles:
+        the reporters of a frozen member often exit (for a restart) right after naming
+        it, and a world published without them but with it would have them all wait
+        on a process that never answers."""
         world = self._world
-        if world is None or self._pending_since is not None:
+        if world is None:
             return
         # The members' word alone: an exited member is already gone (see _check), and
         # whether a process is frozen is nothing an operator could see.
-        doomed = {e.pod: e.reason for e in judge(world, reports)}
+        doomed = {e.pod: e.reason for e in judge(world, {**reports, **self._last_words})}
         doomed.update({pod: "it reports its training loop stalled"
                        for pod, r in reports.items()
                        if r.kind is ReportKind.STALLED and r.generation == world.generation
                        and pod in self._members})
-        dropped = [m for m in self._members if m in doomed]
+        dropped = [m for m in self._members if m in doomed and m not in self._failed]
         for name in dropped:
             self._pods[name].evicted_at = self._clock()
             self._failed[name] = -1
             log_event(_log, logging.WARNING, "pod_evicted", pod=name, why=doomed[name])
         if dropped:
-            self._pending_since = self._clock()
+            self._pending_since = self._pending_since or self._clock()
+            return
+        if self._pending_since is not None:
             return
         why = needs_new_generation(world, reports, self._wall(), self.verdict_wait_s)
         if why is not None:
@@ -484,6 +502,14 @@ class LocalJob:
         log_event(_log, logging.WARNING, "straggler", pod=slow, ratio=round(ratios[slow], 2),
                   action="replaced" if replace else "dropped")
         self._publish(f"straggler {slow}")
+
+
+def _read_report(path: Path) -> Report | None:
+    """The report in ``path``; None while it is missing, being replaced or not a report."""
+    try:
+        return parse_report(path.read_text(), where=str(path))
+    except (OSError, ContractError):
+        return None
 
 
 def lr_scaling(rule: str | None, base_world_size: int | None, warmup_steps: int) -> LRScaling:

@@ -33,7 +33,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from ringwright.world import World
 
-from ..collectives.backend import CollectiveError, RankTaken, Superseded
+from ..collectives.backend import CollectiveError, RanksAbsent, RankTaken, Superseded
 from ..settings import RuntimeSettings
 from .liveness import (
     Heartbeat,
@@ -120,9 +120,9 @@ def connect_client(
             if superseded():
                 raise Superseded from err
             if clock() >= deadline:
-                raise CollectiveError(
-                    f"store {address}:{port} of rank 0 unreachable until the deadline: {err}"
-                ) from err
+                raise RanksAbsent(
+                    f"store {address}:{port} of rank 0 unreachable until the deadline: {err}",
+                    (0,)) from err
             continue
         store.set_timeout(timedelta(seconds=timeout_s))
         return store
@@ -172,9 +172,10 @@ def join_barrier(
         if superseded():
             raise Superseded from None
         if clock() >= deadline:
-            arrived = _valid_claims(store, claims)
-            raise CollectiveError(
-                f"only {arrived} of {size} members arrived before the rendezvous deadline")
+            absent = _absent(store, claims)
+            raise RanksAbsent(
+                f"only {size - len(absent)} of {size} members arrived before the rendezvous "
+                f"deadline; absent: ranks {', '.join(map(str, absent))}", absent)
 
 
 def await_published(
@@ -210,16 +211,21 @@ def await_published(
 
 def _valid_claims(store: SignedStore, claims: list[str]) -> int:
     """How many of ``claims`` exist with this job's tag."""
-    valid = 0
-    for key in claims:
-        if not store.check([key]):
-            continue
-        try:
-            store.get(key)
-            valid += 1
-        except ForgedValue:
-            pass
-    return valid
+    return len(claims) - len(_absent(store, claims))
+
+
+def _absent(store: SignedStore, claims: list[str]) -> tuple[int, ...]:
+    """The ranks (indexes into ``claims``) without a claim bearing this job's tag."""
+    absent = []
+    for rank, key in enumerate(claims):
+        if store.check([key]):
+            try:
+                store.get(key)
+                continue
+            except ForgedValue:
+                pass
+        absent.append(rank)
+    return tuple(absent)
 
 
 class GenerationStores:

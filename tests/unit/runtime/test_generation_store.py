@@ -9,7 +9,12 @@ import pytest
 import torch
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from ringwright.runtime.collectives.backend import CollectiveError, RankTaken, Superseded
+from ringwright.runtime.collectives.backend import (
+    CollectiveError,
+    RanksAbsent,
+    RankTaken,
+    Superseded,
+)
 from ringwright.runtime.collectives.torch_backend import TorchDistributedBackend
 from ringwright.runtime.local.launcher import free_port
 from ringwright.runtime.membership.generation_store import (
@@ -105,8 +110,10 @@ def test_waiting_for_peers_stops_when_a_newer_world_appears(host: StoreHost) -> 
 
 def test_waiting_for_peers_has_a_deadline(host: StoreHost) -> None:
     store = generation_store(host.serve(ADDRESS, free_port(), 5), world(1), TOKEN)
-    with pytest.raises(CollectiveError, match="only 1 of 3 members arrived"):
+    with pytest.raises(RanksAbsent, match="only 1 of 3 members arrived") as raised:
         join_barrier(store, 1, 3, deadline=time.monotonic() + 0.3, superseded=never)
+    # Named, so that the world is not republished to wait for them again.
+    assert raised.value.ranks == (0, 2)
 
 
 def test_a_value_published_after_the_barrier_is_waited_for_until_it_comes(
@@ -143,9 +150,10 @@ def test_an_unreachable_store_host_gives_way_to_a_newer_world() -> None:
     with pytest.raises(Superseded):
         connect_client("127.0.0.79", free_port(), timeout_s=5, attempt_s=0.2,
                        deadline=time.monotonic() + 60, superseded=lambda: next(calls))
-    with pytest.raises(CollectiveError, match="unreachable"):
+    with pytest.raises(RanksAbsent, match="unreachable") as raised:
         connect_client("127.0.0.79", free_port(), timeout_s=5, attempt_s=0.2,
                        deadline=time.monotonic(), superseded=never)
+    assert raised.value.ranks == (0,)
 
 
 def test_a_client_reaches_the_store_of_its_generation(host: StoreHost) -> None:

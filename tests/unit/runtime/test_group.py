@@ -6,7 +6,12 @@ import threading
 
 import pytest
 
-from ringwright.runtime.collectives.backend import CollectiveError, RankTaken, Superseded
+from ringwright.runtime.collectives.backend import (
+    CollectiveError,
+    RanksAbsent,
+    RankTaken,
+    Superseded,
+)
 from ringwright.runtime.collectives.group import (
     FENCED_EXIT,
     Fenced,
@@ -120,6 +125,17 @@ def test_a_failed_join_is_reported_and_the_next_world_awaited(
     m = manager(source, backend, reporter)
     assert m.join(-1).generation == 1
     assert [(k, e) for k, e, _ in reporter.reports] == [(kind, 0)]
+
+
+def test_members_absent_until_the_rendezvous_deadline_are_named_in_the_report() -> None:
+    # Unnamed, the world would be republished as it was and wait for them again.
+    source, backend = FakeSource(), FakeBackend()
+    source.publish(make_world(0, ["w-0", ME, "w-2", "w-3"]))
+    backend.fail_init[0] = RanksAbsent("only 2 of 4 members arrived", (0, 1, 3))
+    reporter = FakeReporter(on_report=lambda k, e: source.publish(make_world(e + 1, [ME])))
+    assert manager(source, backend, reporter).join(-1).generation == 1
+    assert [k for k, _, _ in reporter.reports] == [ReportKind.COLLECTIVE_FAILED]
+    assert reporter.suspects == [("w-0", "w-3")]
 
 
 def test_no_world_in_time_is_an_error() -> None:
