@@ -163,7 +163,9 @@ class HorovodBackend:
                 self.on_stuck_init(failure)
             self.abort(f"peers dead: {failure.evidence}")
 
-        store = self._stores.meet(world, rank, superseded, peer_failed)
+        store = self._stores.meet(
+            world, rank, superseded, peer_failed,
+            on_abandoned=lambda why: self.abort(f"a peer moved on: {why}"))
         started = self._clock()
         if rank == 0:
             self._rendezvous = RendezvousStore(world.store.address)

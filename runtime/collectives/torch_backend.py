@@ -110,7 +110,9 @@ class TorchDistributedBackend:
         with self._lock:
             self._aborted = None
             self._sockets = GroupSockets(keep_ports={world.store.port, s.readiness_port})
-        store = self._stores.meet(world, rank, superseded, peer_failed)
+        store = self._stores.meet(
+            world, rank, superseded, peer_failed,
+            on_abandoned=lambda why: self.abort(f"a peer moved on: {why}"))
         started = self._clock()
         with collective(f"creating the {self.name} group of generation {world.generation}"):
             if self._device.type == "cuda":

@@ -245,10 +245,12 @@ class GenerationStores:
         self._heartbeat: Heartbeat | None = None
 
     def meet(self, world: World, rank: int, superseded: Callable[[], bool],
-             on_failure: Callable[[PeerFailure], None] | None = None) -> Store:
+             on_failure: Callable[[PeerFailure], None] | None = None,
+             on_abandoned: Callable[[str], None] | None = None) -> Store:
         """Reach ``world``'s store (hosting it as rank 0) and pass the join barrier;
         then heartbeat, calling ``on_failure`` (from the heartbeat thread) when peers
-        are found dead.
+        are found dead, and ``on_abandoned`` (why) when a peer left the generation
+        after its group broke.
 
         Returns the store under the generation's prefix, kept open until :meth:`release`.
         """
@@ -273,7 +275,8 @@ class GenerationStores:
             self._heartbeat = Heartbeat(
                 lambda timeout_s: self._connect(world, timeout_s), world, rank,
                 interval_s=s.heartbeat_interval_s, detect_s=s.failure_detect_s,
-                on_failure=on_failure, on_lag=self._on_lag, clock=clock, store=beats)
+                on_failure=on_failure, on_abandoned=on_abandoned, on_lag=self._on_lag,
+                clock=clock, store=beats)
             self._heartbeat.start()
         return store
 

@@ -9,10 +9,13 @@ a peer whose counter did not change for ``failure_detect_s``, or the store's hos
 such a verdict falls due. A training loop that is merely slow keeps beating, since
 the beat runs on its own thread, so it is never taken for dead.
 
-A member that leaves a generation (training done, a planned change, or moving on to the
-next generation after a failure) writes :data:`LEFT` so its peers do not mistake its
-silence for death; its group's connections close as it leaves, so peers still
-waiting in a collective with it fail over at once anyway.
+A member that leaves a generation writes :data:`LEFT` (training done, a planned change)
+or :data:`ABANDONED` (moving on after its group broke) so its peers do not mistake its
+silence for death. Its group's connections close as it leaves, which as a rule fails
+the collectives its peers still wait in; not always (a rank of a pod of three stayed in
+a gloo ``all_reduce`` for minutes while everyone else waited for it in the next
+generation). So a peer that reads :data:`ABANDONED` aborts its own group too: no
+collective of the generation can complete any more.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ _log = runtime_logger("liveness")
 LEFT = -1
 """Counter value of a member that left the generation cleanly."""
 
+ABANDONED = -2
+"""Counter value of a member that left the generation after its group broke (it aborted
+its own): alive, yet no collective of the generation can complete without it."""
+
 
 def heartbeat_key(rank: int) -> str:
     """Key of ``rank``'s heartbeat counter under the generation's prefix."""
@@ -57,6 +64,7 @@ class _Peer:
     value: int | None
     since: float
     left: bool = False
+    abandoned: bool = False
 
 
 class LivenessTracker:
@@ -76,8 +84,9 @@ class LivenessTracker:
             peer = self._peers.get(rank)
             if peer is None:
                 continue
-            if value == LEFT:
+            if value in (LEFT, ABANDONED):
                 peer.left = True
+                peer.abandoned = value == ABANDONED
             elif value != peer.value:
                 peer.value, peer.since = value, now
 
@@ -86,6 +95,10 @@ class LivenessTracker:
         if self._store_failing_since is None:
             self._store_failing_since = now
         self._store_error = error
+
+    def abandoned(self) -> list[int]:
+        """Peers that left the generation after its group broke, by rank."""
+        return [rank for rank, peer in self._peers.items() if peer.abandoned]
 
     def lag(self, now: float) -> float:
         """Seconds since the stalest peer still in the generation last beat (0 with none)."""
@@ -203,6 +216,7 @@ class Heartbeat:
         interval_s: float,
         detect_s: float,
         on_failure: Callable[[PeerFailure], None],
+        on_abandoned: Callable[[str], None] | None = None,
         on_lag: LagListener | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -214,6 +228,7 @@ class Heartbeat:
         self._interval = interval_s
         self._detect_s = detect_s
         self._on_failure = on_failure
+        self._on_abandoned = on_abandoned
         self._on_lag = on_lag
         self._clock = clock
         self._wall = wall_clock
@@ -238,7 +253,8 @@ class Heartbeat:
         """Stop, and tell the peers this silence is not a death: over the heartbeat's
         own connection when it is idle (a member moving on after a failure is alive,
         and its peers still in this generation must not name it), or over a new one when
-        ``left_cleanly`` (the store is then known to be healthy)."""
+        ``left_cleanly`` (the store is then known to be healthy). Not ``left_cleanly``:
+        the group broke, and the mark (:data:`ABANDONED`) has the peers abort theirs."""
         self._stop.set()
         for thread in self._threads:
             if thread.is_alive() and thread is not threading.current_thread():
@@ -255,7 +271,7 @@ class Heartbeat:
             if store is None and left_cleanly:
                 store = self._connect(self._timeout())
             if store is not None:
-                store.set(heartbeat_key(self._rank), str(LEFT))
+                store.set(heartbeat_key(self._rank), str(LEFT if left_cleanly else ABANDONED))
         except (dist.DistError, RuntimeError) as err:
             log_event(_log, logging.INFO, "leave_mark_not_written", error=err)
         self._store = None
@@ -302,6 +318,7 @@ class Heartbeat:
 
     def _judge(self) -> None:
         known: set[int] = set()
+        told_abandoned = False
         while not self._stop.wait(self._next_wait()):
             now = self._clock()
             with self._lock:
@@ -310,11 +327,16 @@ class Heartbeat:
                     self._tracker.store_failed(asking, f"no answer for {now - asking:.1f}s")
                 dead = self._tracker.dead(now)
                 lag = self._tracker.lag(now)
+                abandoned = self._tracker.abandoned()
             if self._on_lag is not None:
                 self._on_lag(lag)
             if dead.keys() - known and not self._stop.is_set():
                 known |= dead.keys()
                 self._on_failure(self._failure(dead))
+            if abandoned and not told_abandoned and self._on_abandoned is not None \
+                    and not self._stop.is_set():
+                told_abandoned = True
+                self._on_abandoned(self._abandoned(abandoned))
 
     def _next_wait(self) -> float:
         """Until the next verdict falls due, at most an interval (judging once per
@@ -327,6 +349,14 @@ class Heartbeat:
             # A request left unanswered condemns the store's host at this moment.
             due = asking + self._detect_s if due is None else min(due, asking + self._detect_s)
         return self._interval if due is None else min(self._interval, due - now)
+
+    def _abandoned(self, ranks: list[int]) -> str:
+        members = self._world.members
+        why = (", ".join(f"{members[r].pod} (rank {r})" for r in ranks)
+               + " left the generation after its group broke")
+        log_event(_log, logging.WARNING, "group_abandoned", generation=self._world.generation,
+                  by=",".join(str(r) for r in ranks))
+        return why
 
     def _failure(self, dead: dict[int, str]) -> PeerFailure:
         members = self._world.members

@@ -14,6 +14,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from ringwright.runtime.collectives.sockets import GroupSockets
 from ringwright.runtime.local.launcher import free_port
 from ringwright.runtime.membership.liveness import (
+    ABANDONED,
     LEFT,
     Heartbeat,
     LivenessTracker,
@@ -47,6 +48,13 @@ def test_a_member_that_left_cleanly_is_not_dead() -> None:
     t = LivenessTracker(size=2, rank=0, detect_s=1.0, now=0.0)
     t.observe({1: LEFT}, now=0.1)
     assert t.dead(100.0) == {}
+
+
+def test_a_member_that_moved_on_after_its_group_broke_is_not_dead_but_named() -> None:
+    t = LivenessTracker(size=3, rank=0, detect_s=1.0, now=0.0)
+    t.observe({1: ABANDONED, 2: LEFT}, now=0.1)
+    assert t.dead(100.0) == {}
+    assert t.abandoned() == [1]
 
 
 def test_a_store_that_stops_answering_condemns_its_host_only() -> None:
@@ -154,6 +162,46 @@ def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> 
     assert all(f.generation == 5 and "w2 (rank 2): no heartbeat" in f.evidence for f in failures)
     assert prefixed.get(heartbeat_key(0)) == str(LEFT).encode()
     assert max(lags) >= 0.6, "the judge reports the silent member's lag"
+
+
+@pytest.mark.parametrize("left_cleanly", [False, True])
+def test_a_peer_that_moved_on_after_its_group_broke_has_the_others_abort(
+        server: TCPStore, left_cleanly: bool) -> None:
+    """Its closed connections do not always fail a collective still waiting on it: the
+    mark it leaves does, through the peers' heartbeats. A clean leave aborts nobody."""
+    w = world(2, server.port)
+
+    def connect(timeout_s: float) -> Store:
+        raw = TCPStore("127.0.0.1", server.port, None, False, timedelta(seconds=timeout_s),
+                       wait_for_workers=False)
+        return PrefixStore("e/", raw)
+
+    prefixed = PrefixStore("e/", server)
+    for rank in range(2):
+        prefixed.set(heartbeat_key(rank), "0")
+    failures: list[PeerFailure] = []
+    abandoned: list[str] = []
+    told = threading.Event()
+
+    def on_abandoned(why: str) -> None:
+        abandoned.append(why)
+        told.set()
+
+    stays = Heartbeat(connect, w, 0, interval_s=0.05, detect_s=5.0, on_failure=failures.append,
+                      on_abandoned=on_abandoned)
+    leaves = Heartbeat(connect, w, 1, interval_s=0.05, detect_s=5.0,
+                       on_failure=failures.append)
+    stays.start()
+    leaves.start()
+    try:
+        time.sleep(0.3)
+        leaves.stop(left_cleanly=left_cleanly)
+        assert told.wait(3) is not left_cleanly
+    finally:
+        stays.stop(left_cleanly=True)
+    assert failures == [], "a member that moved on is alive"
+    expected = [] if left_cleanly else ["w1 (rank 1) left the generation after its group broke"]
+    assert abandoned == expected
 
 
 def test_the_judge_names_the_dead_when_due_not_at_its_next_tick(server: TCPStore) -> None:

@@ -51,7 +51,7 @@ def test_rack_groups_take_a_later_timeout_for_their_collectives(groups: list[Gro
 
 
 class Stores:
-    def meet(self, *args: Any) -> HashStore:
+    def meet(self, *args: Any, **kwargs: Any) -> HashStore:
         return HashStore()
 
     def release(self, **kwargs: Any) -> None:
