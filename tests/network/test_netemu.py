@@ -213,13 +213,20 @@ def test_a_killed_owner_leaves_no_relay_and_its_namespaces_are_swept() -> None:
 
 @pytest.mark.usefixtures("can_emulate")
 def test_sweep_removes_namespaces_of_dead_runs() -> None:
-    # A namespace named as if created by a process that has exited.
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    name = f"{PREFIX}{dead.pid}x0-spine"
-    subprocess.run(["ip", "netns", "add", name], check=True)
+    # A namespace named as if created by a process that then exits. Its owner lives while
+    # it is made: every network built beside this test sweeps dead owners' namespaces,
+    # and one deleted half-way through `ip netns add` failed the add.
+    owner = subprocess.Popen(["sleep", "600"])
+    name = f"{PREFIX}{owner.pid}x0-spine"
     try:
-        assert name in sweep_stale()
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        assert name not in sweep_stale(), "a live owner's namespace is kept"
+        assert name in list_namespaces()
+        owner.kill()
+        owner.wait()
+        # Swept by this call, or by a test beside this one: gone either way.
+        sweep_stale()
         assert name not in list_namespaces()
     finally:
+        owner.kill()
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)

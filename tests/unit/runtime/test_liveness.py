@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
@@ -127,8 +127,9 @@ def server() -> Iterator[TCPStore]:
                    wait_for_workers=False)
 
 
-def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> None:
-    w = world(3, server.port)
+def beats_on(server: TCPStore, size: int) -> tuple[Callable[[float], Store], Store]:
+    """A connection factory to ``server`` under a generation's prefix, and the prefixed
+    server itself, with every rank's counter at 0 (as after the join barrier)."""
 
     def connect(timeout_s: float) -> Store:
         raw = TCPStore("127.0.0.1", server.port, None, False, timedelta(seconds=timeout_s),
@@ -136,8 +137,14 @@ def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> 
         return PrefixStore("e/", raw)
 
     prefixed = PrefixStore("e/", server)
-    for rank in range(3):
+    for rank in range(size):
         prefixed.set(heartbeat_key(rank), "0")
+    return connect, prefixed
+
+
+def test_heartbeats_on_a_real_store_find_the_silent_member(server: TCPStore) -> None:
+    w = world(3, server.port)
+    connect, prefixed = beats_on(server, 3)
     failures: list[PeerFailure] = []
     found = threading.Event()
 
@@ -170,15 +177,7 @@ def test_a_peer_that_moved_on_after_its_group_broke_has_the_others_abort(
     """Its closed connections do not always fail a collective still waiting on it: the
     mark it leaves does, through the peers' heartbeats. A clean leave aborts nobody."""
     w = world(2, server.port)
-
-    def connect(timeout_s: float) -> Store:
-        raw = TCPStore("127.0.0.1", server.port, None, False, timedelta(seconds=timeout_s),
-                       wait_for_workers=False)
-        return PrefixStore("e/", raw)
-
-    prefixed = PrefixStore("e/", server)
-    for rank in range(2):
-        prefixed.set(heartbeat_key(rank), "0")
+    connect, prefixed = beats_on(server, 2)
     failures: list[PeerFailure] = []
     abandoned: list[str] = []
     told = threading.Event()
@@ -202,6 +201,7 @@ def test_a_peer_that_moved_on_after_its_group_broke_has_the_others_abort(
     assert failures == [], "a member that moved on is alive"
     expected = [] if left_cleanly else ["w1 (rank 1) left the generation after its group broke"]
     assert abandoned == expected
+    assert prefixed.get(heartbeat_key(1)) == str(LEFT if left_cleanly else ABANDONED).encode()
 
 
 def test_the_judge_names_the_dead_when_due_not_at_its_next_tick(server: TCPStore) -> None:
