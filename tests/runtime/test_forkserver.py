@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ringwright.procstat import start_ticks
 from ringwright.runtime.local.forkserver import ForkedProcess, ForkServer, forkable
 from tests.waiting import wait_for
 
@@ -146,17 +147,26 @@ def process_state(pid: int) -> str | None:
         return None
 
 
-def assert_ends(pid: int, why: str) -> None:
-    """Fail unless process ``pid`` (a session leader) has ended within 30 s; kill its group
-    if it has not. Ended includes a zombie: an orphan killed after its server died is
-    reaped by init, which here does so every couple of seconds, later still under load."""
+def assert_ends(pid: int, started: int | None, why: str) -> None:
+    """Fail unless process ``pid``, started at ``started`` (clock ticks; a session leader),
+    has ended within 30 s; kill its group if it has not.
+
+    Ended: gone, a zombie (init reaps orphans every couple of seconds here), or its pid
+    taken by a process started since. The suite starts processes and threads fast enough
+    for the pids to wrap around within the wait: a bare ``kill(pid, 0)`` once found a
+    new process under the killed child's pid."""
+    assert started is not None, f"child {pid} was gone before its start could be read"
+
+    def ended() -> bool:
+        return start_ticks(pid) != started or process_state(pid) == "Z"
+
     try:
-        wait_for(lambda: process_state(pid) in (None, "Z"), f"child {pid} to end ({why})",
-                 timeout=30, interval=0.05)
+        wait_for(ended, f"child {pid} to end ({why})", timeout=30, interval=0.05)
     except AssertionError as err:
         state = process_state(pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        if start_ticks(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
         raise AssertionError(f"{err}; its state: {state}") from None
 
 
@@ -181,7 +191,7 @@ def test_a_server_that_ends_kills_its_children(tmp_path: Path,
         assert child.wait(timeout=30) == -signal.SIGKILL
     finally:
         server.close()
-    assert_ends(child.pid, "its fork server ended")
+    assert_ends(child.pid, child.started, "its fork server ended")
 
 
 SLOW_FORK = """import os, pathlib, time
@@ -217,12 +227,13 @@ def test_a_signal_that_comes_while_a_child_is_forked_kills_that_child_too(
     try:
         child = int(wait_for(lambda: mark.read_text() if mark.exists() else None,
                              "the server to fork", interval=0.01))
+        started = start_ticks(child)  # alive: the server sleeps before it records it
         os.kill(server._proc.pid, signal.SIGTERM)
         assert server._proc.wait(timeout=30) == -signal.SIGTERM
     finally:
         spawning.join(timeout=30)
         server.close()
-    assert_ends(child, "its fork server was signalled as it forked the child")
+    assert_ends(child, started, "its fork server was signalled as it forked the child")
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
