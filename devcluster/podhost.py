@@ -17,7 +17,6 @@ or, for a pod without an HTTP probe, from the runtime's health file.
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import logging
 import os
@@ -204,8 +203,7 @@ class PodHost:
         for hosted in list(self.pods.values()):
             self._stop(hosted, signal.SIGKILL)
         for hosted, _ in self._terminating:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(hosted.proc.pid, signal.SIGKILL)
+            forkserver.signal_group(hosted.proc.pid, signal.SIGKILL)
             self._finish(hosted)
         self._terminating = []
 
@@ -234,16 +232,14 @@ class PodHost:
                          restarts=restarts)
 
     def _stop(self, hosted: HostedPod, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(hosted.proc.pid, sig)
+        forkserver.signal_group(hosted.proc.pid, sig)
         del self.pods[hosted.name]
         self._finish(hosted)
 
     def _terminate(self, hosted: HostedPod) -> None:
         """SIGTERM now; :meth:`_reap` sends SIGKILL once the grace period is over."""
         log.info("pod %s deleted: SIGTERM, %.0f s of grace", hosted.name, hosted.grace_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(hosted.proc.pid, signal.SIGTERM)
+        forkserver.signal_group(hosted.proc.pid, signal.SIGTERM)
         del self.pods[hosted.name]
         self._terminating.append((hosted, time.monotonic() + hosted.grace_s))
 
@@ -256,8 +252,7 @@ class PodHost:
                     waiting.append((hosted, deadline))
                     continue
                 log.info("pod %s: grace period over: SIGKILL", hosted.name)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(hosted.proc.pid, signal.SIGKILL)
+                forkserver.signal_group(hosted.proc.pid, signal.SIGKILL)
             self._finish(hosted)
         self._terminating = waiting
 

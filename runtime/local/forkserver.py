@@ -272,13 +272,26 @@ def _end_orphan(child: ForkedProcess) -> None:
     the OOM killer, and could not take its children with it), unless it is gone."""
     if child.started is None or start_ticks(child.pid) != child.started:
         return
-    with contextlib.suppress(ProcessLookupError):
-        if child.session:
-            os.killpg(child.pid, signal.SIGKILL)
-        os.kill(child.pid, signal.SIGKILL)
+    if child.session:
+        signal_group(child.pid, signal.SIGKILL)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
     # Ours to reap when orphans are handed to this process (a container's init).
     with contextlib.suppress(ChildProcessError):
         os.waitpid(child.pid, 0)
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Send ``sig`` to the process group that process ``pid`` leads, or to the process
+    alone while it leads none yet: a child forked with a session of its own makes it
+    first thing, but on a loaded machine it may not have run at all, and a signal to
+    its group would then find no group and reach nobody. Nothing when it is gone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 _shared: ForkServer | None = None

@@ -255,8 +255,7 @@ class LocalJob:
 
     def _signal(self, pod: LocalPod, sig: int) -> None:
         if self.procs_per_pod > 1 and pod.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pod.process.pid, sig)
+            forkserver.signal_group(pod.process.pid, sig)
         else:
             pod.process.send_signal(sig)
 

@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from ringwright.procstat import start_ticks
-from ringwright.runtime.local.forkserver import ForkedProcess, ForkServer, forkable
+from ringwright.runtime.local.forkserver import (
+    ForkedProcess,
+    ForkServer,
+    forkable,
+    signal_group,
+)
 from tests.waiting import wait_for
 
 CHILD = """
@@ -192,6 +197,51 @@ def test_a_server_that_ends_kills_its_children(tmp_path: Path,
     finally:
         server.close()
     assert_ends(child.pid, child.started, "its fork server ended")
+
+
+SLOW_SETSID = """import os, time
+_setsid = os.setsid
+def setsid():  # the child, before it leads a session of its own
+    time.sleep(3)
+    return _setsid()
+os.setsid = setsid
+"""
+
+
+def test_a_child_killed_before_it_made_its_session_is_killed_all_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a loaded machine a child may not have run at all when its server is SIGKILLed:
+    # it has no process group of its own yet, and a kill of that group finds none.
+    (tmp_path / "slowsetsid.py").write_text(SLOW_SETSID)
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    server = ForkServer(preload=("slowsetsid",))
+    with (tmp_path / "log").open("wb") as log:
+        child = server.spawn([sys.executable, str(tmp_path / "sleeper.py")], dict(os.environ),
+                             stdout=log.fileno(), stderr=log.fileno(), new_session=True)
+    try:
+        os.kill(server._proc.pid, signal.SIGKILL)
+        assert server._proc.wait(timeout=30) == -signal.SIGKILL
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        server.close()
+    assert_ends(child.pid, child.started, "its fork server was SIGKILLed before its setsid")
+
+
+def test_a_signal_to_a_group_reaches_its_leader_before_it_leads_one() -> None:
+    # A process of no group of its own (a child yet to call setsid) gets it alone...
+    alone = subprocess.Popen(["sleep", "60"])
+    signal_group(alone.pid, signal.SIGKILL)
+    assert alone.wait(timeout=30) == -signal.SIGKILL
+    # ...and a session leader's whole group gets it, its children too.
+    leader = subprocess.Popen(["bash", "-c", "sleep 60 & echo $!; wait"], text=True,
+                              stdout=subprocess.PIPE, start_new_session=True)
+    assert leader.stdout is not None
+    sleeper = int(leader.stdout.readline())
+    started = start_ticks(sleeper)
+    signal_group(leader.pid, signal.SIGKILL)
+    assert leader.wait(timeout=30) == -signal.SIGKILL
+    assert_ends(sleeper, started, "its group was signalled")
 
 
 SLOW_FORK = """import os, pathlib, time
