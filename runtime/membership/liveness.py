@@ -12,10 +12,10 @@ the beat runs on its own thread, so it is never taken for dead.
 A member that leaves a generation writes :data:`LEFT` (training done, a planned change)
 or :data:`ABANDONED` (moving on after its group broke) so its peers do not mistake its
 silence for death. Its group's connections close as it leaves, which as a rule fails
-the collectives its peers still wait in; not always (a rank of a pod of three stayed in
-a gloo ``all_reduce`` for minutes while everyone else waited for it in the next
-generation). So a peer that reads :data:`ABANDONED` aborts its own group too: no
-collective of the generation can complete any more.
+the collectives its peers still wait in; a rule with exceptions (a rank of a pod of
+three once stayed in a gloo ``all_reduce`` for minutes while everyone else waited for
+it in the next generation). So a peer that reads :data:`ABANDONED` aborts its own group
+as well: no collective of the generation can complete any more.
 """
 
 from __future__ import annotations
