@@ -1,9 +1,17 @@
-"""What /proc says about a live process: its CPU time and its peak resident memory."""
+"""What /proc says about a process: its state, its CPU time and its peak resident memory."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+def process_state(pid: int) -> str | None:
+    """Process ``pid``'s state letter (``Z``: ended, not yet reaped); None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def cpu_seconds(pid: int) -> float:

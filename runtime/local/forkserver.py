@@ -38,7 +38,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 from ringwright.procstat import start_ticks
@@ -128,13 +128,10 @@ class Process(Protocol):
 class ForkedProcess:
     """A forked child as the callers of :class:`subprocess.Popen` use one."""
 
-    def __init__(self, server: ForkServer, pid: int, args: Sequence[str], *,
-                 session: bool = False) -> None:
+    def __init__(self, server: ForkServer, pid: int, args: Sequence[str]) -> None:
         self._server = server
         self.pid = pid
         self.args = list(args)
-        self.session = session
-        """It leads its own session (and process group)."""
         self.started = start_ticks(pid)
         """When it started (None: already gone), to tell it from a later process that
         gets the same pid."""
@@ -217,7 +214,7 @@ class ForkServer:
             if not self._started:
                 raise RuntimeError(f"the fork server exited (code {self._proc.poll()})")
             pid = self._started.pop(0)
-            child = ForkedProcess(self, pid, argv, session=new_session)
+            child = ForkedProcess(self, pid, argv)
             self._children[pid] = child
             if pid in self._exits:  # it exited before we took its pid
                 child.returncode = self._exits.pop(pid)
@@ -272,11 +269,7 @@ def _end_orphan(child: ForkedProcess) -> None:
     the OOM killer, and could not take its children with it), unless it is gone."""
     if child.started is None or start_ticks(child.pid) != child.started:
         return
-    if child.session:
-        signal_group(child.pid, signal.SIGKILL)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child.pid, signal.SIGKILL)
+    signal_group(child.pid, signal.SIGKILL)
     # Ours to reap when orphans are handed to this process (a container's init).
     with contextlib.suppress(ChildProcessError):
         os.waitpid(child.pid, 0)
@@ -284,7 +277,7 @@ def _end_orphan(child: ForkedProcess) -> None:
 
 def signal_group(pid: int, sig: int) -> None:
     """Send ``sig`` to the process group that process ``pid`` leads, or to the process
-    alone while it leads none yet: a child forked with a session of its own makes it
+    alone while it leads none (yet): a child forked with a session of its own makes it
     first thing, but on a loaded machine it may not have run at all, and a signal to
     its group would then find no group and reach nobody. Nothing when it is gone."""
     try:
@@ -335,7 +328,7 @@ def _serve(sock: socket.socket, survive_signals: bool = False) -> dict[str, Any]
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: dict[int, bool] = {}
+    children: set[int] = set()
 
     def end(signum: int, _frame: object) -> None:
         # Told to stop (a Ctrl-C or kill of the launcher's process group reaches the
@@ -375,25 +368,20 @@ def _serve(sock: socket.socket, survive_signals: bool = False) -> dict[str, Any]
             sock.close()
             _become(request, fds)
             return request
-        children[pid] = bool(request["session"])
+        children.add(pid)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in fds:
             os.close(fd)
         _send(sock, {"started": pid})
 
 
-def _kill(children: Mapping[int, bool]) -> None:
-    """SIGKILL each child, and the process group of one that leads its own session."""
-    for pid, session in children.items():
-        # The child itself too: one just forked may not have made its session yet.
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        if session:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+def _kill(children: Collection[int]) -> None:
+    """SIGKILL each child, with the process group of one that leads its own session."""
+    for pid in children:
+        signal_group(pid, signal.SIGKILL)
 
 
-def _reap(sock: socket.socket, children: dict[int, bool]) -> None:
+def _reap(sock: socket.socket, children: set[int]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -401,7 +389,7 @@ def _reap(sock: socket.socket, children: dict[int, bool]) -> None:
             return
         if pid == 0:
             return
-        children.pop(pid, None)
+        children.discard(pid)
         _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 

@@ -21,6 +21,7 @@ from ringwright.runtime.local.forkserver import (
     forkable,
     signal_group,
 )
+from tests.procstat import process_state
 from tests.waiting import wait_for
 
 CHILD = """
@@ -140,16 +141,6 @@ def test_a_child_ends_as_the_interpreter_would(server: ForkServer, tmp_path: Pat
     assert (tmp_path / "unclosed" / "atexit").read_text() == "False"  # before the teardown
     assert (tmp_path / "message" / "err.log").read_text() == "no data here: give DATA_DIR\n"
     assert "KeyboardInterrupt" in (tmp_path / "interrupted" / "err.log").read_text()
-
-
-def process_state(pid: int) -> str | None:
-    """Process ``pid``'s state letter from ``/proc`` (``Z``: ended, not yet reaped); None
-    once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
 
 
 def assert_ends(pid: int, started: int | None, why: str) -> None:
