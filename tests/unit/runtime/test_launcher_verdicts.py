@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ringwright.runtime.local.launcher import LocalJob
 from ringwright.world import Report, ReportKind
+from tests.waiting import wait_for
 
 # worker-2 stays silent (as frozen). worker-0 names it and exits at once; its restarted
 # process reports `joining`, replacing that report. worker-1 names it only once told
@@ -49,13 +48,6 @@ sys.exit(70)
 """
 
 
-def _wait(what: str, done: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def _kind(path: Path) -> ReportKind | None:
     try:
         return Report.model_validate_json(path.read_text()).kind
@@ -72,12 +64,16 @@ def test_a_peer_named_by_members_that_exited_one_after_another_is_evicted(
                    evict_grace_s=0.2, fork_workers=False)
     with job:
         job.start(3)
-        _wait("worker-0's exit", lambda: "pod_failed pod=frozen-worker-0" in caplog.text)
+        wait_for(lambda: "pod_failed pod=frozen-worker-0" in caplog.text, "worker-0's exit",
+                 timeout=30, interval=0.02)
         # Its restarted process replaced its report before worker-1 gives its own.
-        _wait("the restarted worker-0's report", lambda: _kind(
-            job.reports_dir / "frozen-worker-0.json") is ReportKind.JOINING)
+        restarted = job.reports_dir / "frozen-worker-0.json"
+        wait_for(lambda: _kind(restarted) is ReportKind.JOINING,
+                 "the restarted worker-0's report", timeout=30, interval=0.02)
         (tmp_path / "go").touch()
-        _wait("worker-2's eviction", lambda: "pod_evicted pod=frozen-worker-2" in caplog.text)
+        wait_for(lambda: "pod_evicted pod=frozen-worker-2" in caplog.text,
+                 "worker-2's eviction", timeout=30, interval=0.02)
         frozen = job.pod("frozen-worker-2").process
-        _wait("worker-2 killed after the grace period", lambda: frozen.poll() is not None)
+        wait_for(lambda: frozen.poll() is not None, "worker-2 killed after the grace period",
+                 timeout=30, interval=0.02)
     assert "named dead by 2 of 3 pods of generation 0" in caplog.text
