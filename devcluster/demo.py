@@ -62,6 +62,8 @@ SHOWN = ("rolled_back", "lr_rescale", "world_ready", "left_world", "published wo
 """Log lines worth reading in the merged log (runtime events and operator decisions)."""
 OPERATOR_SETTINGS = {"RINGWRIGHT_SETTLE_SECONDS": "1", "RINGWRIGHT_DRAIN_SECONDS": "15"}
 """The operator's settings in the demo (the rest are the defaults)."""
+TAIL_LINES = 80
+"""How many of the last log lines a demo that timed out prints."""
 RUNTIME_SCRAPE_PATIENCE_S = 15.0
 """How long the demo asks a training process for its metrics before reporting none."""
 T = TypeVar("T")
@@ -243,9 +245,20 @@ def show_merged(lines: list[LogLine], since: float) -> None:
     """The lines worth reading from ``since`` on, every process's, in time order."""
     for line in lines:
         if line.at >= since and any(key in line.text for key in SHOWN):
-            stamp = time.strftime("%H:%M:%S", time.localtime(line.at))
-            print(f"  {stamp}.{int(line.at * 1000) % 1000:03d} {line.source:<18} "
-                  f"{line.text[:150]}")
+            show_line(line, 150)
+
+
+def show_line(line: LogLine, width: int) -> None:
+    """One log line: its time, its process, the first ``width`` characters."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(line.at))
+    print(f"  {stamp}.{int(line.at * 1000) % 1000:03d} {line.source:<18} {line.text[:width]}")
+
+
+def show_tail(lines: list[LogLine], count: int = TAIL_LINES) -> None:
+    """The last ``count`` lines of every process, whatever they say, in time order."""
+    say(f"the last {count} log lines of every process")
+    for line in lines[-count:]:
+        show_line(line, 200)
 
 
 @dataclass
@@ -417,7 +430,13 @@ def drive(cluster: Cluster, kube: KubeClient, pods: Pods, manifest: Obj, scenari
     replicas = manifest["spec"]["workers"]["replicas"]
 
     def waited(probe: Callable[[], T | None], what: str) -> T:
-        return wait(probe, what, pods.sync, scenario.timeout, scenario.interval)
+        try:
+            return wait(probe, what, pods.sync, scenario.timeout, scenario.interval)
+        except DemoTimeout:
+            # What every process said last is what tells a stuck step from a slow one.
+            logs = pods.lines()
+            show_tail(merge([logs, operator_lines()]) if operator_lines else logs)
+            raise
 
     def next_world(after: int, size: int | None = None) -> World:
         def probe() -> World | None:
