@@ -44,6 +44,11 @@ class OperatorSettings(BaseModel):
         default=30.0, ge=0, description="ParameterServer mode: after the last worker "
         "finished, how long ps pods may keep serving the last pushes before the job "
         "succeeds and they are deleted.")
+    rank_exit_grace_seconds: float = Field(
+        default=30.0, ge=0, description="AllReduce mode: the job succeeds when rank 0 exits "
+        "0; the other members of its world still running then get this long to exit on "
+        "their own (their last steps, logs and metrics) before cleanPodPolicy Running "
+        "deletes them.")
     store_port: int = Field(
         default=DEFAULT_STORE_PORT, ge=1, le=65535,
         description="Port of the rendezvous store that rank 0 hosts.")

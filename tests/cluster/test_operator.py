@@ -168,7 +168,7 @@ def test_suspend_removes_pods_and_resume_brings_them_back(
     assert len(pods_of(kube, namespace, "nap")) == 2
 
 
-def test_rank0_success_completes_the_job_and_cleans_running_pods(
+def test_rank0_success_completes_the_job_and_cleans_running_pods_after_their_grace(
     kube: KubeClient, namespace: str, operator: OperatorProcess
 ) -> None:
     kube.create(tj_path(namespace), training_job("done", replicas=2, minimum=1))
@@ -178,6 +178,10 @@ def test_rank0_success_completes_the_job_and_cleans_running_pods(
                      {"status": {"phase": "Succeeded"}})
     wait_for(lambda: get_status(kube, namespace, "done").get("phase") == "Succeeded",
              "phase Succeeded")
+    # The other member gets the grace to end on its own (its last step, logs, metrics)...
+    other = [p for p in pods_of(kube, namespace, "done") if p["metadata"]["name"] != rank0]
+    assert [p["metadata"].get("deletionTimestamp") for p in other] == [None]
+    # ... and is deleted when it does not (cleanPodPolicy Running).
     wait_for(lambda: [p["metadata"]["name"] for p in pods_of(kube, namespace, "done")] == [rank0],
              "the still-running worker deleted (cleanPodPolicy Running)")
 

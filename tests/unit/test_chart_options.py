@@ -120,8 +120,9 @@ def verbose_and_extras(objs: list[Obj]) -> None:
 
 
 SETTINGS: Obj = {"settleSeconds": 2.5, "drainSeconds": 45, "belowMinGraceSeconds": 600,
-                 "psExitGraceSeconds": 15, "backoffBaseSeconds": 2, "backoffCapSeconds": 120,
-                 "resyncSeconds": 20, "roundSpacingSeconds": 0.5, "scaffoldResyncSeconds": 900,
+                 "psExitGraceSeconds": 15, "rankExitGraceSeconds": 10, "backoffBaseSeconds": 2,
+                 "backoffCapSeconds": 120, "resyncSeconds": 20, "roundSpacingSeconds": 0.5,
+                 "scaffoldResyncSeconds": 900,
                  "storePort": 29500, "networkPolicy": False, "operatorNamespace": "ops",
                  "kueue": True, "kueueElastic": True, "kueueElasticTopology": True}
 

@@ -1,7 +1,9 @@
 """When a job is done: a pure rule per mode, read from the pods and the world.
 
 Ring mode: the job succeeds when rank 0 exits 0; the other ranks end with it (one that
-exits 0 first is done, not lost: nothing is replaced while rank 0 ends).
+exits 0 first is done, not lost: nothing is replaced while rank 0 ends). The clean-up
+gives the ones still running a grace to exit on their own (``clean_up`` in
+``round/lifecycle.py``).
 
 ParameterServer mode: a worker exits 0 only when the data-shard service says the last
 generation is done (a planned leave carries the leaving annotation), so such a worker is

@@ -34,18 +34,30 @@ def left_behind(r: Round) -> Outcome:
 def clean_up(r: Round, status: TrainingJobStatus) -> Outcome:
     """A finished job's pods go as cleanPodPolicy says; the job itself after its TTL.
 
-    Sets: the plan's delete, delete_job; a requeue for the TTL."""
+    Under cleanPodPolicy Running, the members of a succeeded ring still running when rank
+    0 exited end on their own: they finish the same last step and exit 0 within moments,
+    and deleting them then would cut off their last logs and metrics. They are deleted
+    only if still running ``rank_exit_grace_seconds`` after completion.
+
+    Sets: the plan's delete, delete_job; a requeue for the grace or the TTL."""
     policy = r.spec.run_policy.clean_pod_policy
-    doomed = tuple(
-        p.name for p in r.pods if p.state != PodState.DELETING and (
-            policy == CleanPodPolicy.ALL or (policy == CleanPodPolicy.RUNNING and p.alive)))
-    ttl = r.spec.run_policy.ttl_seconds_after_finished
-    if ttl is None:
-        return Outcome(delete=doomed)
     done = parse_time(status.completion_time) or r.now
-    if r.now >= done + ttl:
+    ending = (
+        {m.pod for m in r.obs.world.members}
+        if status.phase == JobPhase.SUCCEEDED and policy == CleanPodPolicy.RUNNING
+        and r.obs.world is not None and r.now < done + r.settings.rank_exit_grace_seconds
+        else set())
+    doomed = tuple(
+        p.name for p in r.pods if p.state != PodState.DELETING and p.name not in ending and (
+            policy == CleanPodPolicy.ALL or (policy == CleanPodPolicy.RUNNING and p.alive)))
+    waits = [done + r.settings.rank_exit_grace_seconds - r.now] if any(
+        p.alive for p in r.pods if p.name in ending) else []
+    ttl = r.spec.run_policy.ttl_seconds_after_finished
+    if ttl is not None and r.now >= done + ttl:
         return Outcome(delete=doomed, delete_job=True)
-    return Outcome(delete=doomed, requeue=done + ttl - r.now)
+    if ttl is not None:
+        waits.append(done + ttl - r.now)
+    return Outcome(delete=doomed, requeue=min(waits) if waits else None)
 
 
 def suspension(r: Round, status: TrainingJobStatus) -> Outcome:

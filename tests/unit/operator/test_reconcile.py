@@ -232,12 +232,37 @@ def test_scale_up_adds_lowest_free_indices() -> None:
     assert [p["metadata"]["name"] for p in result.create] == ["tj-worker-1", "tj-worker-3"]
 
 
-def test_rank0_success_completes_and_cleans_running_pods() -> None:
-    pods = [pod(0, phase="Succeeded"), pod(1)]
-    result = run(job(replicas=2, minimum=1, status={"phase": "Running"}), pods=pods,
+def test_rank0_success_completes_and_gives_the_other_members_a_grace_to_exit() -> None:
+    # Member 1 still runs its last step; worker 2 is a replacement that never joined.
+    pods = [pod(0, phase="Succeeded"), pod(1), pod(2, phase="Pending")]
+    result = run(job(replicas=3, minimum=1, status={"phase": "Running"}), pods=pods,
                  world=world_of([0, 1]))
     assert result.status["phase"] == "Succeeded"
-    assert result.delete == ["tj-worker-1"]
+    assert result.delete == ["tj-worker-2"]
+    grace = SETTINGS.rank_exit_grace_seconds
+    assert result.requeue_after == pytest.approx(grace)
+
+    still = run(job(replicas=3, minimum=1, status=result.status), pods=pods[:2],
+                world=world_of([0, 1]), now=NOW + grace - 1)
+    assert still.delete == [] and still.requeue_after == pytest.approx(1)
+    late = run(job(replicas=3, minimum=1, status=result.status), pods=pods[:2],
+               world=world_of([0, 1]), now=NOW + grace)
+    assert late.delete == ["tj-worker-1"]
+
+
+def test_a_member_that_exited_after_rank0_leaves_nothing_to_wait_for() -> None:
+    status = {"phase": "Succeeded", "completionTime": "1970-01-12T13:46:40Z"}
+    result = run(job(replicas=2, minimum=1, status=status),
+                 pods=[pod(0, phase="Succeeded"), pod(1, phase="Succeeded")],
+                 world=world_of([0, 1]), now=NOW + 1)
+    assert result.delete == [] and result.requeue_after is None
+
+
+def test_a_failed_job_deletes_its_running_members_at_once() -> None:
+    status = {"phase": "Failed", "completionTime": "1970-01-12T13:46:40Z"}
+    result = run(job(replicas=2, minimum=1, status=status), pods=[pod(0), pod(1)],
+                 world=world_of([0, 1]), now=NOW + 1)
+    assert sorted(result.delete) == ["tj-worker-0", "tj-worker-1"]
 
 
 def test_ttl_after_finished_deletes_the_job() -> None:
