@@ -27,6 +27,7 @@ over to a new slice (:mod:`.kueue_topology`).
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ from ..api.conditions import rfc3339
 from ..api.models import TrainingJobSpec
 from ..api.schedulingpolicy import SchedulingPolicySpec
 from .kueue_topology import (
+    HOSTNAME,
     SLICEABLE,
     Assigned,
     Fit,
@@ -49,8 +51,10 @@ from .kueue_topology import (
 )
 from .manifests import JOB_LABEL, WORKER
 from .manifests import PS as PS_ROLE
+from .placement.inventory import Inventory, with_pod_slots
 from .placement.podresources import ps_pod_spec, worker_pod_spec
 from .pods import PodView
+from .types import Placement, Placer
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -306,6 +310,24 @@ def topology_fits(given: Admission, pods: Sequence[PodView], ranks: Mapping[str,
             (p.name, node_labels(node, labels_of(node)))
             for p in live for node in (p.node or p.planned_node,)])
     return out
+
+
+def capped_placer(placer: Placer, fits: Mapping[str, Fit]) -> Placer:
+    """``placer`` on an inventory where each host Kueue assigned takes no more new pods
+    than it counted there and the job's pods do not yet fill (:attr:`Fit.host_room`,
+    summed over the pod sets); ``placer`` itself when no assignment is per host."""
+    slots: Counter[str] = Counter()
+    for found in fits.values():
+        for host, missing in found.host_room:
+            slots[host] += missing
+    if not slots:
+        return placer
+
+    def place(spec: TrainingJobSpec, policy: SchedulingPolicySpec, inventory: Inventory,
+              live: Sequence[PodView]) -> Placement:
+        return placer(spec, policy, with_pod_slots(inventory, slots, HOSTNAME), live)
+
+    return place
 
 
 def _narrowed(pod_spec: Obj, allowed: tuple[tuple[str, tuple[str, ...]], ...]) -> None:

@@ -113,6 +113,11 @@ class Fit:
     domains when none has room: nothing is missing then)."""
     surplus: frozenset[str]
     """Pods outside every domain, or beyond their domain's count: the first to leave."""
+    host_room: tuple[tuple[str, int], ...] = ()
+    """When the lowest level is the host: (host, pods Kueue counted there that are still
+    missing) for every host assigned. The affinity of :attr:`room` lets a pod onto any
+    host with room, so without these the planner could put two new pods where Kueue
+    counted one."""
 
 
 def fit(assigned: Assigned, pods: Sequence[tuple[str, Mapping[str, str]]]) -> Fit:
@@ -128,7 +133,9 @@ def fit(assigned: Assigned, pods: Sequence[tuple[str, Mapping[str, str]]]) -> Fi
             surplus.add(name)
     open_ = [(values, 1) for values, count in assigned.domains if left[values] > 0]
     room = Assigned(assigned.levels, tuple(open_) or assigned.domains).values()
-    return Fit(room, frozenset(surplus))
+    hosts = tuple((values[-1], left[values]) for values, _ in assigned.domains) \
+        if assigned.levels[-1:] == (HOSTNAME,) else ()
+    return Fit(room, frozenset(surplus), hosts)
 
 
 def node_labels(node: str, labels: Mapping[str, str] | None) -> Mapping[str, str]:

@@ -16,6 +16,7 @@ from ..settings import OperatorSettings
 from .kueue import (
     Admission,
     admission,
+    capped_placer,
     dropped_topology,
     effective_job,
     queue_name,
@@ -108,7 +109,7 @@ def plan(observed: Observed, settings: OperatorSettings, now: float, placer: Pla
         effective = replace(
             observed, job=effective_job(observed.job, given, observed.flavor_labels, fits, keep),
             topology_surplus=frozenset().union(*(f.surplus for f in fits.values())))
-        r = Round.of(effective, settings, now, placer)
+        r = Round.of(effective, settings, now, capped_placer(placer, fits))
     d.take(resumption(d.status))
     if d.take(completed(r, d.status)).stop:
         return _close(r, d)

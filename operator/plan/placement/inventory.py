@@ -16,7 +16,7 @@ import json
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +171,22 @@ class Inventory:
         if len(groups) == 1:
             return groups[0].nodes
         return tuple(sorted((n for g in groups for n in g.nodes), key=lambda n: n.name))
+
+
+def with_pod_slots(inventory: Inventory, slots: Mapping[str, int], label: str) -> Inventory:
+    """``inventory`` where a node whose ``label`` (its name without one) is a key of
+    ``slots`` has at most that many free pod slots: the planner puts no more new pods
+    there (each takes one slot). Itself when ``slots`` is empty."""
+    if not slots:
+        return inventory
+
+    def capped(n: NodeInfo) -> NodeInfo:
+        cap = slots.get(dict(n.labels).get(label, n.name))
+        if cap is None or n.free.pods <= cap:
+            return n
+        return replace(n, free=replace(n.free, pods=max(cap, 0)))
+
+    return Inventory(capped(n) for n in inventory.nodes)
 
 
 def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:

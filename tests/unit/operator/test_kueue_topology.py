@@ -4,6 +4,7 @@ placement: the planner places inside them)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ringwright.objects import Obj
@@ -141,6 +142,7 @@ def test_new_pods_go_to_the_domains_with_room_and_the_extra_pods_are_surplus() -
     # a-n0 holds one of its two, a-n2 none of its one; a-n1 holds one too many.
     assert found.room == ((RACK_LABEL, ("rack-a",)), (HOST, ("a-n0", "a-n2")))
     assert found.surplus == {"p2", "p3"}
+    assert found.host_room == (("a-n0", 1), ("a-n1", 0), ("a-n2", 1))
     full = fit(read_assignment(IN_RACK_B), [("p0", {HOST: "b-n1", RACK_LABEL: "rack-b"}),
                                              ("p1", {HOST: "b-n2", RACK_LABEL: "rack-b"})])
     assert full.room == read_assignment(IN_RACK_B).values() and not full.surplus
@@ -207,6 +209,17 @@ def test_a_grown_slices_new_pod_goes_to_the_host_kueue_added() -> None:
     result = gated(body, tas_admitted(THREE_HOSTS, count=4), pods, world_of([0, 1, 2]))
     (created,) = result.create
     assert created["metadata"]["annotations"]["ringwright.dev/planned-node"] == "a-n2"
+
+
+def test_new_pods_go_to_each_host_as_many_as_kueue_counted_there() -> None:
+    body = with_topology(queued(replicas=4, minimum=1), UNCONSTRAINED, "true")
+    # One running on a-n1; Kueue counted two more on a-n0 and one on a-n2. Every host
+    # has room for four, and the planner packs: only the counts keep it from a 3 or 1+2.
+    result = gated(body, tas_admitted(THREE_HOSTS, count=4), [racked(0, "a-n1")],
+                   world_of([0]))
+    planned = Counter(p["metadata"]["annotations"]["ringwright.dev/planned-node"]
+                      for p in result.create)
+    assert planned == {"a-n0": 2, "a-n2": 1}, planned
 
 
 def test_on_a_smaller_slice_the_pods_it_no_longer_counts_leave_first() -> None:
