@@ -39,7 +39,7 @@ from .metrics import PSMetrics, serve_from_env
 from .placement import Placement
 from .progress import PSReadiness, ServingProgress
 from .serving.moving import Mover
-from .serving.replication import GrpcJournal, GrpcSend, Replicator
+from .serving.replication import GrpcJournal, Replicator, StubSend
 from .serving.server import ParameterServer
 from .wire.routing import RecoverySettings, Routes
 from .wire.transport import DETECT_S, serve
@@ -181,8 +181,9 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
                       progress=progress)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
-    replicator = Replicator(ps, servers, GrpcSend(detect_s=settings.detect_s))
-    mover = Mover(ps, GrpcSend(method="Adopt", detect_s=settings.detect_s))
+    replicator = Replicator(ps, servers, StubSend(detect_s=settings.detect_s))
+    mover = Mover(ps, StubSend(method="Adopt", detect_s=settings.detect_s),
+                  address=f"{me.ip}:{port}")
     done_at: float | None = None
     leaving_at: float | None = None
     try:

@@ -87,8 +87,12 @@ class Hosted:
     round: dict[str, Gradients | None] = field(default_factory=dict)
     """Sync: pushes of the current round by worker (None: a worker without data)."""
     clean_since: int = -1
-    """Primary: the version of the last whole copy taken for the other copy's host; the
-    state tracks what changed since (:meth:`.shard.ShardState.changes`)."""
+    """Primary: the version of the last copy taken for the other copy's host, or handed
+    over to this server; the state tracks what changed since
+    (:meth:`.shard.ShardState.changes`)."""
+    held_at: tuple[str, int] | None = None
+    """Primary after a hand-over: the old home's address, which keeps the shard at the
+    version handed over; the first copy to it need send only what changed since."""
     moved_at: float = 0.0
     """When the shard was handed to its new home (role MOVED)."""
     replicated: int = -1

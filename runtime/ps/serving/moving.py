@@ -44,9 +44,12 @@ class Moved:
 class Mover:
     """The hand-overs this server owes after resizes, tried every round until done."""
 
-    def __init__(self, ps: ParameterServer, send: Send, logger: logging.Logger = _log) -> None:
-        """``send``: delivers an ``Adopt`` to a server's address."""
-        self.ps, self.send, self.log = ps, send, logger
+    def __init__(self, ps: ParameterServer, send: Send, address: str = "",
+                 logger: logging.Logger = _log) -> None:
+        """``send``: delivers an ``Adopt`` to a server's address; ``address``: this
+        server's own, named in each hand-over so that the new home can refresh the copy
+        left here with changes only."""
+        self.ps, self.send, self.address, self.log = ps, send, address, logger
         self.pending: dict[int, int] = {}
         """Shard -> the server it goes to."""
         self.whole: set[int] = set()
@@ -104,7 +107,7 @@ class Mover:
         """Send the shard to ``address``; its reply, with the bytes sent (``nbytes``), is
         added to ``sent``."""
         try:
-            reply = self.send(address, header, tensors)
+            reply = self.send(address, {**header, "from": self.address}, tensors)
         except grpc.RpcError as exc:
             log_event(self.log, logging.WARNING, "ps_move_failed", shard=header["shard"],
                       to=address, error=exc.code())

@@ -12,6 +12,7 @@ promoted copy then re-seeds it like any replacement.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -28,8 +29,9 @@ Send = Callable[[str, Header, Tensors], Header]
 """Deliver a ``Replicate`` to the server at an address; its reply."""
 
 
-class GrpcSend:
-    """:data:`Send` over gRPC (a ``method`` of the server), one channel per address."""
+class StubSend:
+    """:data:`Send` through a :class:`..wire.transport.Stub` (a ``method`` of the server,
+    on the plane that carries it), one per address."""
 
     def __init__(self, timeout: float = 30.0, method: str = "Replicate",
                  detect_s: float = DETECT_S) -> None:
@@ -50,7 +52,7 @@ class GrpcJournal:
 
     def __init__(self, timeout: float = 2.0, logger: logging.Logger = _log,
                  detect_s: float = DETECT_S) -> None:
-        self.send = GrpcSend(timeout, "Journal", detect_s)
+        self.send = StubSend(timeout, "Journal", detect_s)
         self.log = logger
 
     def __call__(self, address: str, entries: list[Header]) -> bool:
@@ -71,7 +73,7 @@ class Replicator:
         """``servers``: the job's servers until a round says otherwise (each round
         follows the addresses it is given)."""
         self.ps, self.servers = ps, servers
-        self.send = send or GrpcSend()
+        self.send = send or StubSend()
         self.log = logger
         self._targets: dict[int, str] = {}
         self.accepted: dict[int, tuple[str, int]] = {}
@@ -95,20 +97,36 @@ class Replicator:
                 continue
             address = addresses[target]
             if self._targets.get(shard) != address:
-                self.ps.resend(shard)  # a new server there: it holds nothing yet
+                self.ps.resend(shard)  # a new server there
                 self._targets[shard] = address
-                self.accepted.pop(shard, None)  # nor has it accepted anything
-            snap = self.ps.snapshot(shard, to=address)
+                self.accepted.pop(shard, None)
+                held = self.ps.held_at(shard)
+                if held is not None and held[0] == address:
+                    # The shard's old home: it keeps the version it handed over.
+                    self.accepted[shard] = held
+            seeded, base = self.accepted.get(shard, ("", 0))
+            started = time.monotonic()
+            snap = self.ps.snapshot(shard, to=address, base=base if seeded == address else None)
             if snap is None:
                 continue
+            taken = time.monotonic()
             try:
                 reply = self.send(address, *snap)
+                if "base" not in snap[0]:
+                    log_event(self.log, logging.INFO, "ps_replicated_whole", shard=shard,
+                              to=address, bytes=sum(t.nbytes for t in snap[1].values()),
+                              copy_s=f"{taken - started:.4f}",
+                              send_s=f"{time.monotonic() - taken:.4f}")
             except grpc.RpcError as exc:
                 self.ps.resend(shard)
                 log_event(self.log, logging.DEBUG, "ps_replicate_failed", shard=shard,
                           to=address, error=exc.code())
                 continue
-            if reply.get("accepted") is False:
+            if reply.get("whole"):
+                # The changes did not fit the copy held there: send it all next round.
+                self.accepted.pop(shard, None)
+                self.ps.resend(shard)
+            elif reply.get("accepted") is False:
                 self._refused(shard, target, int(reply["version"]))
             else:
                 self.accepted[shard] = (address, int(snap[0]["version"]))

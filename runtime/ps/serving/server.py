@@ -358,10 +358,15 @@ class ParameterServer:
 
     # -- replicas --------------------------------------------------------------------
 
-    def snapshot(self, shard: int, to: str = "") -> tuple[Header, Tensors] | None:
-        """The primary ``shard``'s full state for its replica at address ``to``, or None
-        when unchanged. A copy of shard 0 carries the data-shard service; the changes
-        after it are journaled to ``to`` once it is accepted there (:meth:`copied`)."""
+    def snapshot(self, shard: int, to: str = "", base: int | None = None
+                 ) -> tuple[Header, Tensors] | None:
+        """The primary ``shard``'s state for its replica at address ``to``, or None when
+        unchanged. ``base``: the version of the last copy ``to`` accepted; when that is
+        the last copy taken here, only what changed since travels (``base`` in the
+        header), else the whole shard: a large shard copied whole every round kept the
+        servers' CPU busy and stalled the workers' steps. A copy of shard 0 carries the
+        data-shard service; the changes after it are journaled to ``to`` once it is
+        accepted there (:meth:`copied`)."""
         with self._lock:
             h = self.hosted.get(shard)
             config = self.config
@@ -371,8 +376,13 @@ class ParameterServer:
             if h.replicated == h.version:
                 return None
             h.replicated = h.version
-            header, tensors = _copy_of(h, shard, config)
-            # A hand-over to the host of this copy need send only what changes next.
+            if base is not None and base == h.clean_since:
+                header, tensors = _copy_of(h, shard, config, h.state.changes())
+                header["base"] = base
+            else:
+                header, tensors = _copy_of(h, shard, config)
+            # The next copy, or a hand-over, to the host of this one need send only what
+            # changes from here.
             h.state.clean()
             h.clean_since = h.version
         if shard == DATA_SHARD:
@@ -402,20 +412,38 @@ class ParameterServer:
         return shard, config, partition, h
 
     def replicate(self, header: Header, tensors: Tensors) -> Header:
-        """Keep (or refresh) a replica of another server's shard; a primary ignores it."""
+        """Keep (or refresh) a replica of another server's shard; a primary ignores it.
+        A copy with a ``base`` carries only what changed since the copy of that version,
+        which this server must hold as its replica (refused with ``whole`` otherwise:
+        send the whole shard)."""
         shard, config, partition, h = self._incoming(header)
         if h is not None and not h.role.held_by_others:
             return {"accepted": False, "version": h.version}
-        # Copied outside the lock: a large shard must not hold up this server's own.
-        state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
         version = int(header["version"])
         pushes = _pushes(header)
-        with self._lock:
-            h = self.hosted.get(shard)
-            if h is not None and not h.role.held_by_others:
-                return {"accepted": False, "version": h.version}
-            self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version,
-                                        pushes=pushes)
+        base = header.get("base")
+        if base is not None:
+            with self._lock:
+                h = self.hosted.get(shard)
+                if h is not None and not h.role.held_by_others:
+                    return {"accepted": False, "version": h.version}
+                # A copy this server handed over (MOVED) is exactly at that version.
+                if h is None or h.role not in (Role.REPLICA, Role.MOVED) \
+                        or h.version != int(base):
+                    return {"accepted": False, "whole": True,
+                            "version": -1 if h is None else h.version}
+                h.state.update(tensors)
+                h.version, h.replicated, h.pushes = version, version, pushes
+                h.role = Role.REPLICA
+        else:
+            # Copied outside the lock: a large shard must not hold up this server's own.
+            state = ShardState.from_payload(partition, shard, config.optimizer, tensors)
+            with self._lock:
+                h = self.hosted.get(shard)
+                if h is not None and not h.role.held_by_others:
+                    return {"accepted": False, "version": h.version}
+                self.hosted[shard] = Hosted(state, version, Role.REPLICA, replicated=version,
+                                            pushes=pushes)
         if header.get("data") is not None:
             self._journal_in.copy(DataShardService.from_json(header["data"]))
         return {"accepted": True, "version": version}
@@ -531,7 +559,12 @@ class ParameterServer:
                 assert h is not None  # a delta is refused above without a copy here
                 h.state.update(tensors)
                 state = h.state
-            self.hosted[shard] = Hosted(state, version, Role.PRIMARY, pushes=_pushes(header))
+            # Changes are tracked from the version handed over, which the old home keeps.
+            state.clean()
+            origin = header.get("from")
+            self.hosted[shard] = Hosted(state, version, Role.PRIMARY, pushes=_pushes(header),
+                                        clean_since=version,
+                                        held_at=(str(origin), version) if origin else None)
             if shard == DATA_SHARD and header.get("data") is not None:
                 self._journal_in.take()  # a replica's copy, older than this one
                 self._serve_data(DataShardService.from_json(header["data"]))
@@ -581,6 +614,13 @@ class ParameterServer:
         """Shards served here as primary."""
         with self._lock:
             return [s for s, h in self.hosted.items() if h.role is Role.PRIMARY]
+
+    def held_at(self, shard: int) -> tuple[str, int] | None:
+        """The address of a server known to hold the primary ``shard`` at a version (its
+        old home, after a hand-over), and that version; None if none is known."""
+        with self._lock:
+            h = self.hosted.get(shard)
+        return h.held_at if h is not None and h.role is Role.PRIMARY else None
 
     def resend(self, shard: int) -> None:
         """Send ``shard`` to its replica next time even if unchanged (a new replica host)."""

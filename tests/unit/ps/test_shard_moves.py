@@ -179,7 +179,7 @@ def test_the_mover_seeds_the_new_home_then_hands_over() -> None:
         return servers[int(address)].adopt(header, tensors)
 
     replicator = Replicator(servers[0], 2, replicate)
-    mover = Mover(servers[0], adopt)
+    mover = Mover(servers[0], adopt, address=addresses[0])
     mover.resized(2, 3)
     assert mover.pending == {2: 2}
     # Not before the new home holds a copy (it may still be starting).
@@ -192,10 +192,68 @@ def test_the_mover_seeds_the_new_home_then_hands_over() -> None:
     assert (moved.shard, moved.to, moved.version) == (2, 2, 1)
     assert servers[2].status()["shards"]["2"] == {"role": "primary", "version": 1}
     assert mover.pending == {}
-    # ps-0 is shard 2's replica host now: the new home's replication refreshes its copy.
+    # ps-0 is shard 2's replica host now: the new home's replication refreshes the copy
+    # left there with what changed since the hand-over, not with the whole shard.
     assert _role(servers[0], 2) == "moved"
-    Replicator(servers[2], 3, replicate).round(addresses)
-    assert servers[0].status()["shards"]["2"] == {"role": "replica", "version": 1}
+    _push(servers[2], 2, rows=3)
+    sent: list[tuple[Header, Tensors]] = []
+
+    def recorded(address: str, header: Header, tensors: Tensors) -> Header:
+        sent.append((header, tensors))
+        return replicate(address, header, tensors)
+
+    Replicator(servers[2], 3, recorded).round(addresses)
+    [(header, tensors)] = sent
+    assert header["base"] == 1 and len(tensors["r/emb"]) == 3
+    assert servers[0].status()["shards"]["2"] == {"role": "replica", "version": 2}
+    servers[0].hosted[2].role = Role.PRIMARY  # to read the refreshed copy
+    left, served = servers[0].checkpoint_payload(2), servers[2].checkpoint_payload(2)
+    assert left is not None and served is not None
+    assert all(torch.equal(left[1][k], served[1][k]) for k in served[1])
+
+
+def _replicating(servers: list[ParameterServer], refuse: bool = False
+                 ) -> tuple[Replicator, list[tuple[Header, Tensors]]]:
+    """ps-0's replicator, delivering to ``servers`` and recording what it sent; with
+    ``refuse``, the replica host refuses changes (as if it had lost its copy)."""
+    sent: list[tuple[Header, Tensors]] = []
+
+    def send(address: str, header: Header, tensors: Tensors) -> Header:
+        sent.append((header, tensors))
+        if refuse and "base" in header:
+            return {"accepted": False, "whole": True, "version": -1}
+        return servers[int(address)].replicate(header, tensors)
+
+    return Replicator(servers[0], 2, send), sent
+
+
+def test_replication_after_the_first_copy_sends_only_what_changed() -> None:
+    servers = _job()
+    replicator, sent = _replicating(servers)
+    _push(servers[0], 2, rows=4)
+    replicator.round(["0", "1"])  # shard 2's first copy to ps-1: the whole shard
+    assert "base" not in sent[-1][0] and len(sent[-1][1]["t/emb"]) > 2
+    _push(servers[0], 2, rows=2)
+    replicator.round(["0", "1"])
+    header, tensors = sent[-1]
+    assert header["base"] == 1 and len(tensors["r/emb"]) == 2
+    assert servers[1].status()["shards"]["2"] == {"role": "replica", "version": 2}
+    servers[1].hosted[2].role = Role.PRIMARY  # to read the replica
+    copy, primary = servers[1].checkpoint_payload(2), servers[0].checkpoint_payload(2)
+    assert copy is not None and primary is not None
+    assert all(torch.equal(copy[1][k], primary[1][k]) for k in primary[1])
+
+
+def test_changes_a_replica_cannot_apply_are_followed_by_the_whole_shard() -> None:
+    servers = _job()
+    replicator, sent = _replicating(servers, refuse=True)
+    replicator.round(["0", "1"])
+    _push(servers[0], 2, rows=2)
+    replicator.round(["0", "1"])  # changes only: refused, the copy there is unknown
+    assert "base" in sent[-1][0] and 2 not in replicator.accepted
+    replicator.round(["0", "1"])  # nothing changed since, but the whole shard goes
+    assert "base" not in sent[-1][0]
+    assert replicator.accepted[2] == ("1", 1)
 
 
 def test_a_hand_over_after_a_copy_sends_only_what_changed() -> None:
