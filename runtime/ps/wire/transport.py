@@ -23,10 +23,8 @@ from .codec import Header, Tensors, decode, encode
 from .dataplane import DATA_METHODS, DataCall, DataChannel, DataServer, error_text, status_of
 
 SERVICE = "ringwright.ps.ParameterServer"
-METHODS = ("Init", "Status", "Data", "Lease", "Replicate", "Journal", "Promote", "Adopt",
-           "Finish")
-"""The control plane's calls (``Data``: the port of the server's data plane; ``Adopt``:
-a shard handed over by its old home after a resize)."""
+METHODS = ("Init", "Status", "Data", "Lease", "Journal", "Promote", "Finish")
+"""The control plane's calls (``Data``: the port of the server's data plane)."""
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
@@ -74,7 +72,10 @@ def _data_handlers(ps: ParameterServer) -> dict[str, Callable[[Header, Tensors],
                                                                tuple[Header, Tensors]]]:
     return {"Pull": ps.pull,
             "Stage": lambda h, t: (ps.stage(h, t), {}),
-            "Push": lambda h, t: (ps.push(h, t), {})}
+            "Push": lambda h, t: (ps.push(h, t), {}),
+            "Replicate": lambda h, t: (ps.replicate(h, t), {}),
+            # A shard handed over by its old home after a resize.
+            "Adopt": lambda h, t: (ps.adopt(h, t), {})}
 
 
 def _handlers(ps: ParameterServer, data_port: int) -> dict[str, Handler]:
@@ -86,10 +87,8 @@ def _handlers(ps: ParameterServer, data_port: int) -> dict[str, Handler]:
         "Status": lambda h, t: only(ps.status()),
         "Data": lambda h, t: only({"port": data_port}),
         "Lease": lambda h, t: only(ps.lease(h)),
-        "Replicate": lambda h, t: only(ps.replicate(h, t)),
         "Journal": lambda h, t: only(ps.journal(h)),
         "Promote": lambda h, t: only(ps.promote(int(h["shard"]))),
-        "Adopt": lambda h, t: only(ps.adopt(h, t)),
         "Finish": lambda h, t: only(_finish(ps)),
     }
 

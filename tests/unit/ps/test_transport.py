@@ -23,9 +23,10 @@ from ringwright.runtime.ps.serving.optim import ServerOptimizer
 from ringwright.runtime.ps.serving.replication import GrpcJournal, Replicator
 from ringwright.runtime.ps.serving.server import ParameterServer
 from ringwright.runtime.ps.serving.shard import initial_values
+from ringwright.runtime.ps.wire import dataplane
 from ringwright.runtime.ps.wire.client import PSClient, dense_chunks
-from ringwright.runtime.ps.wire.codec import Header, Tensors
-from ringwright.runtime.ps.wire.transport import Stub, result, serve
+from ringwright.runtime.ps.wire.codec import Header, Tensors, encode
+from ringwright.runtime.ps.wire.transport import SERVICE, Stub, result, serve
 
 SPECS = (TensorSpec("w", (300_000,)), TensorSpec("b", (7,)),
          TensorSpec("emb", (1000, 8), kind=Kind.EMBEDDING))
@@ -118,6 +119,33 @@ def test_the_data_journal_travels_over_grpc_and_a_stopped_replica_refuses_it() -
                                            "op": ["release", "w0"]}])
         assert lease["status"] == "granted"
     finally:
+        c.close()
+        for server, _ in running:
+            server.stop(0)
+
+
+def test_a_shard_copy_travels_on_the_data_plane_not_over_grpc() -> None:
+    primary, backup = ParameterServer(0), ParameterServer(1)
+    for ps in (primary, backup):
+        ps.set_workers(frozenset({"w0"}))
+    running = [serve(ps, "127.0.0.1:0") for ps in (primary, backup)]
+    addresses = [f"127.0.0.1:{port}" for _, port in running]
+    c = PSClient(addresses, "w0", chunk_bytes=256 << 10)
+    channel = grpc.insecure_channel(addresses[1])
+    try:
+        c.wait_ready(10)
+        initialize(c, 0)
+        Replicator(primary, 2).round(addresses)
+        assert backup.status()["shards"]["0"]["role"] == "replica"
+        # gRPC hands a message to Python as one bytes, copied many times on its way: a
+        # whole shard is not sent that way, and the control plane does not take it.
+        replicate: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            f"/{SERVICE}/Replicate")
+        with pytest.raises(grpc.RpcError) as refused:
+            replicate(encode({"shard": 0, "version": 1}, {}), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        channel.close()
         c.close()
         for server, _ in running:
             server.stop(0)
@@ -255,6 +283,26 @@ def test_a_data_call_to_a_server_that_is_gone_fails_at_once() -> None:
         assert time.monotonic() - started < 30  # well before the call's deadline
     finally:
         stub.close()
+
+
+def test_a_new_data_connection_is_used_as_soon_as_it_is_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Looking for the connection only every minute: the first call is answered within
+    # its deadline only if the handshake's own event ends the wait (0.9 s: under the
+    # 1 s a wait for events lasts at most, which would end it too).
+    monkeypatch.setattr(dataplane, "_CONNECT_POLL_S", 60.0)
+    ps = ParameterServer(0)
+    server, port = serve(ps, "127.0.0.1:0")
+    stub = Stub(f"127.0.0.1:{port}")
+    try:
+        stub.call("Status", {}, timeout=30)  # the control plane is up: only data is timed
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.call("Pull", {"shard": 0}, timeout=0.9)
+        # Answered by the server (it holds no shard 0 yet), not timed out.
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    finally:
+        stub.close()
+        server.stop(0)
 
 
 def test_a_server_asks_its_peers_before_it_restores_a_shard_from_a_checkpoint() -> None:
