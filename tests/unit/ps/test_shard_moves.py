@@ -11,6 +11,7 @@ import torch
 
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.placement import Placement
+from ringwright.runtime.ps.serving import server as server_module
 from ringwright.runtime.ps.serving.consistency import Consistency, Mode
 from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing, Role
 from ringwright.runtime.ps.serving.moving import Mover
@@ -254,6 +255,32 @@ def test_changes_a_replica_cannot_apply_are_followed_by_the_whole_shard() -> Non
     replicator.round(["0", "1"])  # nothing changed since, but the whole shard goes
     assert "base" not in sent[-1][0]
     assert replicator.accepted[2] == ("1", 1)
+
+
+def test_a_whole_copy_taken_while_the_shard_changes_is_exact_at_its_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    servers = _job()
+    _push(servers[0], 2, rows=4)
+    copied = server_module._copied
+    calls: list[int] = []
+
+    def copied_then_pushed(tensor: torch.Tensor, lock: threading.Condition) -> torch.Tensor:
+        # The copy is taken a piece at a time, the lock let go between pieces: a push
+        # lands after the first tensor was copied and before the others are.
+        calls.append(1)
+        if len(calls) == 2:
+            _push(servers[0], 2, rows=2)
+        return copied(tensor, lock)
+
+    monkeypatch.setattr(server_module, "_copied", copied_then_pushed)
+    snap = servers[0].snapshot(2, to="1")
+    assert snap is not None and snap[0]["version"] == 2
+    part, config = servers[0].partition, servers[0].config
+    assert part is not None and config is not None
+    state = server_module.with_fixes(part, 2, config, snap[1])
+    held = servers[0].checkpoint_payload(2)
+    assert held is not None and held[0] == 2
+    assert all(torch.equal(state.payload()[k], held[1][k]) for k in held[1])
 
 
 def test_a_hand_over_after_a_copy_sends_only_what_changed() -> None:
