@@ -36,7 +36,13 @@ class Role(StrEnum):
 
 
 class NotServing(RuntimeError):
-    """A request for a shard this server does not serve as primary."""
+    """A request for a shard this server does not serve as primary; ``moved_to``: the
+    server it was just handed to, when known (the caller goes there without asking
+    every server)."""
+
+    def __init__(self, message: str, moved_to: int | None = None) -> None:
+        super().__init__(message)
+        self.moved_to = moved_to
 
 
 class IncompletePush(RuntimeError):
@@ -95,6 +101,8 @@ class Hosted:
     version handed over; the first copy to it need send only what changed since."""
     moved_at: float = 0.0
     """When the shard was handed to its new home (role MOVED)."""
+    moved_to: int | None = None
+    """The server it was handed to (role MOVED)."""
     replicated: int = -1
     """Version last sent to (primary) or received from (replica) the other copy."""
     pushes: dict[str, tuple[str, Header]] = field(default_factory=dict)

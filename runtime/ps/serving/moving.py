@@ -81,7 +81,7 @@ class Mover:
             sent: list[Header] = []
             moved = self.ps.hand_over(
                 shard, functools.partial(self._adopt, address, sent=sent),
-                None if shard in self.whole else base)
+                None if shard in self.whole else base, to=target)
             if moved is None:
                 if any(r.get("whole") for r in sent):
                     self.whole.add(shard)  # its copy changed meanwhile: send it all

@@ -155,7 +155,10 @@ class ParameterServer:
             with h.cond:
                 h.cond.wait_for(lambda: h.role is not Role.MOVING, MOVE_WAIT_S)
         if h is None or h.role is not Role.PRIMARY:
-            raise NotServing(f"ps {self.index} does not serve shard {shard}")
+            moved_to = h.moved_to if h is not None and h.role is Role.MOVED else None
+            raise NotServing(f"ps {self.index} does not serve shard {shard}"
+                             + (f" (handed to ps {moved_to})" if moved_to is not None else ""),
+                             moved_to)
         return h
 
     def pull(self, header: Header, tensors: Tensors) -> tuple[Header, Tensors]:
@@ -494,13 +497,14 @@ class ParameterServer:
 
     # -- moves (resizing) ------------------------------------------------------------
 
-    def hand_over(self, shard: int, send: HandOver, base: int | None = None
-                  ) -> tuple[int, float] | None:
+    def hand_over(self, shard: int, send: HandOver, base: int | None = None,
+                  to: int | None = None) -> tuple[int, float] | None:
         """Hand the primary ``shard`` to its new home through ``send`` (the servers were
         resized). Calls for the shard wait meanwhile and then go to the new home: no
         update is applied here after the copy is taken, so none is lost. ``base``: the
         version of a copy the new home holds; when it is the last whole copy taken here,
-        only what changed since travels, else the whole shard. Returns the version
+        only what changed since travels, else the whole shard. ``to``: the new home's
+        index, which calls that come here afterwards are told. Returns the version
         handed over and how long the shard was served by nobody; None when it was not
         handed over (not primary here, a sync round under way: try again, or the new
         home refused it). Called holding no lock."""
@@ -531,7 +535,7 @@ class ParameterServer:
         adopted = send(header, tensors)
         with h.cond:
             h.role = Role.MOVED if adopted else Role.PRIMARY
-            h.moved_at = self.clock()
+            h.moved_at, h.moved_to = self.clock(), to if adopted else None
             h.replicated = -1
             h.cond.notify_all()
             held = self.clock() - started

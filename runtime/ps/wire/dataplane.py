@@ -211,7 +211,8 @@ class DataServer:
                 log_event(_log, logging.ERROR, "ps_data_call_failed",
                           error=f"{type(exc).__name__}: {exc}")
                 code = grpc.StatusCode.INTERNAL
-            return _refusal(call, code, error_text(exc))
+            return _refusal(call, code, error_text(exc),
+                            exc.moved_to if isinstance(exc, NotServing) else None)
         if answer is None:
             return None
         out, values = answer
@@ -227,9 +228,10 @@ class DataServer:
         return frames
 
 
-def _refusal(call: Any, code: grpc.StatusCode, details: str) -> list[Any]:
-    """The frames of a refused call."""
-    return to_frames({"id": call, "err": [code.name, details]})
+def _refusal(call: Any, code: grpc.StatusCode, details: str,
+             moved_to: int | None = None) -> list[Any]:
+    """The frames of a refused call (``moved_to``: see :class:`NotServing`)."""
+    return to_frames({"id": call, "err": [code.name, details, moved_to]})
 
 
 def _drain(sock: zmq.Socket[bytes]) -> list[list[zmq.Frame]]:
@@ -254,11 +256,14 @@ def _events(monitor: zmq.Socket[bytes]) -> list[int]:
 
 
 class DataCallError(grpc.RpcError):
-    """A data-plane call failed, with the status code gRPC would give."""
+    """A data-plane call failed, with the status code gRPC would give; ``moved_to``: the
+    server a shard not served there was just handed to, when the server said."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 moved_to: int | None = None) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code, self._details = code, details
+        self.moved_to = moved_to
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -329,8 +334,9 @@ class DataChannel:
             if call in self._replies:
                 doc, tensors = self._replies.pop(call)
                 if "err" in doc:
-                    code, details = doc["err"]
-                    raise DataCallError(grpc.StatusCode[str(code)], str(details))
+                    code, details, moved_to = (*doc["err"], None)[:3]
+                    raise DataCallError(grpc.StatusCode[str(code)], str(details),
+                                        None if moved_to is None else int(moved_to))
                 return doc["h"], tensors
             failed = self._failed.pop(call, None)
             if failed is not None:

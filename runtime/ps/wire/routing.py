@@ -224,6 +224,15 @@ class Routes:
         attempt.tried[used] = code.name
         if self.route[shard] != used:
             return attempt  # moved meanwhile (a call in flight to the old server)
+        moved_to = getattr(exc, "moved_to", None)
+        if code is grpc.StatusCode.FAILED_PRECONDITION and moved_to is not None \
+                and moved_to != used and 0 <= moved_to < self.servers:
+            # Handed over: its old home says where, so no server need be asked.
+            self.route[shard] = moved_to
+            self.failovers.append((shard, self.clock()))
+            log_event(self.log, logging.INFO, "ps_rerouted", shard=shard, to=moved_to,
+                      told="moved")
+            return attempt
         views = self.views(self.recovery.probe_s)
         for i, view in enumerate(views):
             if view is None:

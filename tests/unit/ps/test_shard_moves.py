@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import grpc
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from ringwright.runtime.ps.serving.replication import Replicator
 from ringwright.runtime.ps.serving.server import MOVED_GRACE_S, HandOver, ParameterServer
 from ringwright.runtime.ps.serving.shard import initial_values
 from ringwright.runtime.ps.wire.codec import Header, Tensors
+from ringwright.runtime.ps.wire.dataplane import DataCallError
 from ringwright.runtime.ps.wire.routing import (
     Promote,
     Retry,
@@ -120,10 +122,35 @@ def test_calls_during_a_hand_over_wait_and_then_follow_the_shard() -> None:
         return accepted
 
     threads: list[threading.Thread] = []
-    assert servers[0].hand_over(2, send) is not None
+    assert servers[0].hand_over(2, send, to=2) is not None
     threads[0].join(5)
     assert isinstance(outcome[0], NotServing), outcome
+    assert outcome[0].moved_to == 2  # told where the shard went
     assert servers[2].status()["shards"]["2"]["version"] == 0  # nothing lost or half applied
+
+
+def test_a_worker_told_where_a_shard_went_follows_it_without_asking_around() -> None:
+    routes = Routes(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+
+    def asked(timeout: float) -> list[ShardView | None]:
+        raise AssertionError("the servers were asked where the shard is")
+
+    try:
+        routes.place(SHARDS)
+        routes.route[2] = 0  # shard 2 was at ps-0
+        routes.views = asked  # type: ignore[method-assign]
+        moved = DataCallError(grpc.StatusCode.FAILED_PRECONDITION, "handed to ps 2",
+                              moved_to=2)
+        routes.recover(2, moved, 0, None)
+        assert routes.route[2] == 2
+        # A hint back to the server that refused, or to one it does not know, is not
+        # followed: the servers are asked.
+        for bad in (2, 7):
+            with pytest.raises(AssertionError, match="asked"):
+                routes.recover(2, DataCallError(grpc.StatusCode.FAILED_PRECONDITION, "",
+                                                moved_to=bad), 2, None)
+    finally:
+        routes.close()
 
 
 def test_a_failed_hand_over_keeps_serving_at_the_old_home() -> None:

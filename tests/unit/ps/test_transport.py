@@ -18,7 +18,7 @@ import torch
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.process import held_elsewhere
 from ringwright.runtime.ps.serving.consistency import Consistency, Mode
-from ringwright.runtime.ps.serving.hosting import JobConfig
+from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing
 from ringwright.runtime.ps.serving.optim import ServerOptimizer
 from ringwright.runtime.ps.serving.replication import GrpcJournal, Replicator
 from ringwright.runtime.ps.serving.server import ParameterServer
@@ -303,6 +303,23 @@ def test_a_new_data_connection_is_used_as_soon_as_it_is_up(
     finally:
         stub.close()
         server.stop(0)
+
+
+def test_a_refusal_says_where_a_handed_over_shard_went() -> None:
+    def handed_over(header: Header, tensors: Tensors) -> tuple[Header, Tensors]:
+        raise NotServing("ps 0 does not serve shard 2 (handed to ps 1)", moved_to=1)
+
+    server = dataplane.DataServer({"Pull": handed_over}, "127.0.0.1:0")
+    server.start()
+    channel = dataplane.DataChannel("127.0.0.1:1", lambda timeout: server.port, 3.0)
+    try:
+        with pytest.raises(dataplane.DataCallError) as refused:
+            channel.start("Pull", {"shard": 2}, {}, 30).result()
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.moved_to == 1
+    finally:
+        channel.close()
+        server.stop()
 
 
 def test_a_server_asks_its_peers_before_it_restores_a_shard_from_a_checkpoint() -> None:
