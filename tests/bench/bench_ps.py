@@ -301,6 +301,15 @@ def bench_failover(root: Path, samples: int = 8192) -> dict[str, Any]:
             "trained": trained}
 
 
+def slower_between(steps: list[dict[str, Any]], start: float, end: float,
+                   interval: float) -> float:
+    """How much longer than ``interval`` each a worker's steps that began after
+    ``start`` and ended before ``end`` (wall-clock times) took, in all."""
+    times = [float(s["t"]) for s in steps]
+    return sum(max(0.0, b - a - interval) for a, b in itertools.pairwise(times)
+               if start <= a and b <= end)
+
+
 def bench_resize(root: Path, samples: int = 8192, vocab: int = 300_000,
                  dim: int = 32) -> dict[str, Any]:
     """Servers 2 -> 3 -> 2 while two workers train (three shards): the shard that moves
@@ -313,9 +322,11 @@ def bench_resize(root: Path, samples: int = 8192, vocab: int = 300_000,
         job.start_server(2)  # up before it is listed, as a pod the operator lists later
         job.start_all(["w0", "w1"])
         job.wait_steps("w0", 30)
+        resized = {"grow": time.time()}
         job.resize(3)
         grown = moved(job.wait_log("ps-0", "ps_moved shard=2 to=2", 120))
         job.wait_steps("w0", len(job.steps("w0")) + 30)
+        resized["shrink"] = time.time()
         job.resize(2)
         shrunk = moved(job.wait_log("ps-2", "ps_moved shard=2 to=0", 120))
         codes = job.wait_all()
@@ -331,12 +342,19 @@ def bench_resize(root: Path, samples: int = 8192, vocab: int = 300_000,
     results: dict[str, Any] = {"interval_s": interval, "trained": trained}
     for name, move in (("grow", grown), ("shrink", shrunk)):
         overrun = max(step_overrun(steps[w], move["at"]) for w in steps)
-        results[name] = {"held_s": move["held_s"], "overrun_s": overrun, "bytes": move["bytes"]}
+        # Before the hand-over the servers copy whole shards to their new hosts: the
+        # workers train on meanwhile, slower.
+        before = max(slower_between(steps[w], resized[name], move["at"], interval)
+                     for w in steps)
+        results[name] = {"held_s": move["held_s"], "overrun_s": overrun, "bytes": move["bytes"],
+                         "before_s": before, "window_s": move["at"] - resized[name]}
         print(f"resize {name}: shard {int(move['shard'])} to ps-{int(move['to'])} "
               f"({move['bytes'] / MB:.2f} MB sent in the hand-over): no primary for "
               f"{move['held_s'] * 1e3:.1f} ms; the "
               f"workers' step around it {overrun * 1e3:.1f} ms over the median step "
-              f"({interval * 1e3:.1f} ms)")
+              f"({interval * 1e3:.1f} ms); their steps from the resize to the hand-over "
+              f"({move['at'] - resized[name]:.2f} s) {before * 1e3:.0f} ms longer in all "
+              "than at the median")
     print(f"resize: samples trained per epoch {trained} of {samples}")
     return results
 
