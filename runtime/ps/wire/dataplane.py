@@ -51,6 +51,9 @@ AtOnce = Callable[[Header, Tensors], tuple[Header, Tensors] | None]
 
 _POLL_MS = 100
 """How often the server's loop looks at its stop flag."""
+_WAIT_CAP_S = 1.0
+"""Longest single wait of a client for replies or connection events (its callers look
+at their deadlines in between)."""
 _CONNECT_POLL_S = 0.05
 """Longest wait between two looks at a connection being made (the handshake's event
 ends the wait sooner)."""
@@ -395,7 +398,7 @@ class DataChannel:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
-        ready = dict(poller.poll(max(1, int(min(timeout, 1.0) * 1000))))
+        ready = dict(poller.poll(max(1, int(min(timeout, _WAIT_CAP_S) * 1000))))
         if sock in ready:
             for frames in _drain(sock):
                 doc, tensors = from_frames(frames)

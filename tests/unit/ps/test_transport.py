@@ -10,10 +10,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 import torch
+import zmq
 
 from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.process import held_elsewhere
@@ -287,19 +289,27 @@ def test_a_data_call_to_a_server_that_is_gone_fails_at_once() -> None:
 
 def test_a_new_data_connection_is_used_as_soon_as_it_is_up(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # Looking for the connection only every minute: the first call is answered within
-    # its deadline only if the handshake's own event ends the wait (0.9 s: under the
-    # 1 s a wait for events lasts at most, which would end it too).
+    # Looking for the connection only every minute: what ends the wait for it must be
+    # the handshake's own event (else the first call waits out the detection time).
     monkeypatch.setattr(dataplane, "_CONNECT_POLL_S", 60.0)
+    monkeypatch.setattr(dataplane, "_WAIT_CAP_S", 60.0)
+    read = dataplane._events
+    seen: list[int] = []
+
+    def events(monitor: Any) -> list[int]:
+        seen.extend(got := read(monitor))
+        return got
+
+    monkeypatch.setattr(dataplane, "_events", events)
     ps = ParameterServer(0)
     server, port = serve(ps, "127.0.0.1:0")
     stub = Stub(f"127.0.0.1:{port}")
     try:
-        stub.call("Status", {}, timeout=30)  # the control plane is up: only data is timed
         with pytest.raises(grpc.RpcError) as refused:
-            stub.call("Pull", {"shard": 0}, timeout=0.9)
-        # Answered by the server (it holds no shard 0 yet), not timed out.
+            stub.call("Pull", {"shard": 0}, timeout=30)
+        # Answered by the server (it holds no shard 0 yet).
         assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value
+        assert zmq.EVENT_HANDSHAKE_SUCCEEDED in seen, seen
     finally:
         stub.close()
         server.stop(0)
