@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ from ringwright.runtime.ps.partition import Kind, TensorSpec
 from ringwright.runtime.ps.serving.consistency import Consistency, Mode
 from ringwright.runtime.ps.serving.hosting import JobConfig, NotServing
 from ringwright.runtime.ps.serving.optim import OptimizerKind, ServerOptimizer
-from ringwright.runtime.ps.serving.server import ParameterServer
+from ringwright.runtime.ps.serving.server import COPY_NICE, ParameterServer
 from ringwright.runtime.ps.serving.shard import Lent, initial_values
 from ringwright.runtime.ps.wire.codec import decode, encode, from_frames, to_frames
 
@@ -177,3 +180,12 @@ def test_dense_tensors_lent_to_a_reply_are_copied_on_write_until_returned() -> N
     _, latest = ps.pull({"shard": 0, "dense": True}, {})
     assert all(latest[k].data_ptr() == after[k].data_ptr() for k in after)
     assert not all(torch.equal(latest[k], before[k]) for k in latest)
+
+
+def test_whole_copies_run_at_a_lower_cpu_priority_than_serving() -> None:
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    ps = ParameterServer(0)
+    copying = ps._copier.submit(niceness).result()
+    assert copying == min(19, niceness() + COPY_NICE)
