@@ -69,6 +69,7 @@ from .collectives.group import (
     choose_source,
 )
 from .collectives.torch_backend import TorchDistributedBackend
+from .exiting import freeze_objects_at_exit
 from .kvlog import log_event, runtime_logger
 from .launch import local_rank_from_env
 from .local.solo import SOLO_POD, SoloBackend, SoloSource, solo_world
@@ -505,6 +506,7 @@ def run(train_fn: Callable[[State], R], state: State,
         runtime: ElasticRuntime | None = None) -> R:
     """Run ``train_fn`` elastically, with a runtime configured from the environment
     unless one is given (a given runtime stays open for the caller to close)."""
+    freeze_objects_at_exit()
     if runtime is not None:
         return runtime.run(train_fn, state)
     with ElasticRuntime.from_env() as rt:

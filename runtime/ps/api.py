@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from ringwright.world import Env
 
+from ..exiting import freeze_objects_at_exit
 from ..launch import local_rank_from_env
 from ..membership.health import HealthFile
 from .env import membership_source, ps_port, ps_shards, recovery_settings, spec_consistency
@@ -65,6 +66,7 @@ def run(job: PSJob[Any], environ: Mapping[str, str] | None = None) -> WorkerRepo
     if health is not None:
         health(True, 0.0)
     retain_freed_memory()
+    freeze_objects_at_exit()
     metrics = PSMetrics()
     endpoint = serve_from_env(metrics, env)
     readiness = PSReadiness.from_env(env)

@@ -24,6 +24,7 @@ from ringwright.world import Env, World
 
 from ..checkpoint.checkpointer import Checkpointer, ps_shard
 from ..checkpoint.storage import storage_for
+from ..exiting import freeze_objects_at_exit
 from ..kvlog import log_event, runtime_logger
 from ..membership.source import MembershipSource
 from .env import (
@@ -272,6 +273,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     if not pod:
         raise ValueError(f"{Env.POD_NAME} is not set")
     retain_freed_memory()
+    freeze_objects_at_exit()
     metrics = PSMetrics()
     endpoint = serve_from_env(metrics, env)
     readiness = PSReadiness.from_env(env)
