@@ -10,8 +10,9 @@
 * PS failover: from SIGKILL of a PS to the first update after it, against the normal
   step interval;
 * resize: servers 2 -> 3 -> 2 under training; per moved shard, how long it had no
-  primary and how much longer than the median step the workers' step around the move
-  took;
+  primary, how much longer than the median step the workers' step around the move
+  took, and how much longer their steps took in all before it (whole copies seeding the
+  new home) and after it (whole copies seeding new replicas, a server ending);
 * accuracy per wall-clock minute: held-out loss and AUC reached by sync, sync with a
   backup worker and async with tau = 2, 8, 32, one worker 3x slower (``ps_accuracy``),
   with a plot;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import re
 import socket
@@ -310,6 +312,11 @@ def slower_between(steps: list[dict[str, Any]], start: float, end: float,
                if start <= a and b <= end)
 
 
+AFTER_S = 1.5
+"""How long after a hand-over (at most: not past the next resize) the resize part adds up
+the workers' slower steps."""
+
+
 def bench_resize(root: Path, samples: int = 8192, vocab: int = 300_000,
                  dim: int = 32) -> dict[str, Any]:
     """Servers 2 -> 3 -> 2 while two workers train (three shards): the shard that moves
@@ -325,7 +332,7 @@ def bench_resize(root: Path, samples: int = 8192, vocab: int = 300_000,
         resized = {"grow": time.time()}
         job.resize(3)
         grown = moved(job.wait_log("ps-0", "ps_moved shard=2 to=2", 120))
-        job.wait_steps("w0", len(job.steps("w0")) + 30)
+        job.wait_steps("w0", len(job.steps("w0")) + 60)
         resized["shrink"] = time.time()
         job.resize(2)
         shrunk = moved(job.wait_log("ps-2", "ps_moved shard=2 to=0", 120))
@@ -346,15 +353,22 @@ def bench_resize(root: Path, samples: int = 8192, vocab: int = 300_000,
         # workers train on meanwhile, slower.
         before = max(slower_between(steps[w], resized[name], move["at"], interval)
                      for w in steps)
+        # After it, the servers copy whole shards to the hosts of their new replicas, and
+        # a server taken away ends: the workers train on meanwhile, slower.
+        until = min(move["at"] + AFTER_S, resized.get("shrink", math.inf) if name == "grow"
+                    else math.inf)
+        after = max(slower_between(steps[w], move["at"], until, interval) for w in steps)
         results[name] = {"held_s": move["held_s"], "overrun_s": overrun, "bytes": move["bytes"],
-                         "before_s": before, "window_s": move["at"] - resized[name]}
+                         "before_s": before, "window_s": move["at"] - resized[name],
+                         "after_s": after}
         print(f"resize {name}: shard {int(move['shard'])} to ps-{int(move['to'])} "
               f"({move['bytes'] / MB:.2f} MB sent in the hand-over): no primary for "
               f"{move['held_s'] * 1e3:.1f} ms; the "
               f"workers' step around it {overrun * 1e3:.1f} ms over the median step "
               f"({interval * 1e3:.1f} ms); their steps from the resize to the hand-over "
               f"({move['at'] - resized[name]:.2f} s) {before * 1e3:.0f} ms longer in all "
-              "than at the median")
+              f"than at the median, in the {until - move['at']:.2f} s after it "
+              f"{after * 1e3:.0f} ms")
     print(f"resize: samples trained per epoch {trained} of {samples}")
     return results
 
