@@ -47,11 +47,16 @@ from .wire.transport import DETECT_S, serve
 
 _log = runtime_logger("ps.server")
 
+LOOP_S = 0.1
+"""The server's loop follows the world, hand-overs and the data's end at least this
+often, however seldom it replicates."""
+
 
 @dataclass(frozen=True)
 class PSSettings:
-    replicate_s: float = 0.5
-    """How often changed primary shards are sent to their replica hosts."""
+    replicate_s: float = 0.1
+    """How often changed primary shards are sent to their replica hosts (at once after
+    the servers change)."""
     checkpoint_dir: str = ""
     """Where primary shards are checkpointed; empty: the job's spec.checkpoint.path."""
     checkpoint_versions: int = 0
@@ -68,7 +73,7 @@ class PSSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> PSSettings:
-        return cls(float(environ.get(PSEnv.REPLICATE_SECONDS) or 0.5),
+        return cls(float(environ.get(PSEnv.REPLICATE_SECONDS) or 0.1),
                    environ.get(PSEnv.CHECKPOINT_DIR, ""),
                    int(environ.get(PSEnv.CHECKPOINT_VERSIONS) or 0),
                    detect_s=recovery_settings(environ).detect_s)
@@ -182,7 +187,8 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
                       progress=progress)
     log_event(_log, logging.INFO, "ps_serving", index=me.rank, address=f"{me.ip}:{port}",
               cpus=",".join(map(str, cpus)))
-    replicator = Replicator(ps, servers, StubSend(detect_s=settings.detect_s))
+    replicator = Replicator(ps, servers, StubSend(detect_s=settings.detect_s),
+                            every_s=settings.replicate_s, clock=clock)
     mover = Mover(ps, StubSend(method="Adopt", detect_s=settings.detect_s),
                   address=f"{me.ip}:{port}")
     done_at: float | None = None
@@ -223,7 +229,7 @@ def run_server(source: MembershipSource, pod: str, port: int, settings: PSSettin
                 if clock() - done_at >= settings.linger_s:
                     log_event(_log, logging.INFO, "ps_done", **_summary(ps))
                     return 0
-            time.sleep(min(settings.replicate_s, 0.1))
+            time.sleep(min(settings.replicate_s, LOOP_S))
         return 0
     finally:
         server.stop(grace=0.5)

@@ -93,7 +93,7 @@ class LocalPSJob:
     def start(self, pod: str, role: str, extra: list[str] | None = None) -> None:
         env = {**os.environ, Env.POD_NAME: pod, Env.ROLE: role,
                Env.WORLD_FILE: str(self.world_file), PSEnv.PORT: str(self.port),
-               PSEnv.REPLICATE_SECONDS: "0.2", "OMP_NUM_THREADS": "1", **self.extra_env}
+               "OMP_NUM_THREADS": "1", **self.extra_env}
         args = [*self.args, *(extra or [])]
         if role == "worker":
             args += ["--trace", str(self.trace(pod))]

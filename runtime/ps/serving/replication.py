@@ -69,12 +69,17 @@ class Replicator:
     """Sends changed primary shards to the server that keeps their other copy."""
 
     def __init__(self, ps: ParameterServer, servers: int, send: Send | None = None,
-                 logger: logging.Logger = _log) -> None:
+                 logger: logging.Logger = _log, every_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``servers``: the job's servers until a round says otherwise (each round
-        follows the addresses it is given)."""
+        follows the addresses it is given); ``every_s``: a round sends only this long
+        after the last one that did, unless the servers changed."""
         self.ps, self.servers = ps, servers
         self.send = send or StubSend()
         self.log = logger
+        self.every_s, self.clock = every_s, clock
+        self._last: tuple[float, list[str]] | None = None
+        """When the last round that sent ran, and to which servers."""
         self._targets: dict[int, str] = {}
         self.accepted: dict[int, tuple[str, int]] = {}
         """Per shard: the address that last accepted a copy of it, and its version."""
@@ -89,7 +94,14 @@ class Replicator:
 
     def round(self, addresses: list[str]) -> None:
         """Send every primary shard changed since its last replication (``addresses``:
-        every server of the job, by index)."""
+        every server of the job, by index), when due: ``every_s`` after the last round
+        that sent, or at once when the servers changed (a new home or replica host is
+        seeded without waiting)."""
+        now = self.clock()
+        if (self._last is not None and self._last[1] == addresses
+                and now - self._last[0] < self.every_s):
+            return
+        self._last = (now, list(addresses))
         self.servers = len(addresses)
         for shard in self.ps.primaries():
             target = self.target(shard)

@@ -406,3 +406,28 @@ def test_routes_follow_servers_that_join_and_keep_those_that_leave() -> None:
         assert routes.servers == 3 and routes.placement.servers == 2
     finally:
         routes.close()
+
+
+def test_replication_waits_its_interval_unless_the_servers_changed() -> None:
+    servers = _job()
+    now = [0.0]
+    sent: list[Header] = []
+
+    def send(address: str, header: Header, tensors: Tensors) -> Header:
+        sent.append(header)
+        return servers[int(address)].replicate(header, tensors)
+
+    replicator = Replicator(servers[0], 2, send, every_s=1.0, clock=lambda: now[0])
+    replicator.round(["0", "1"])  # shards 0 and 2, whole, to ps-1
+    seeded = len(sent)
+    _push(servers[0], 2, rows=2)
+    now[0] = 0.5
+    replicator.round(["0", "1"])
+    assert len(sent) == seeded  # not due for another half second
+    now[0] = 1.0
+    replicator.round(["0", "1"])
+    assert len(sent) == seeded + 1 and sent[-1]["base"] == 0
+    _push(servers[0], 2, rows=1)
+    now[0] = 1.2
+    replicator.round(["0", "1", "2"])  # a third server: its shard is seeded at once
+    assert len(sent) > seeded + 1
