@@ -74,9 +74,10 @@ class ParameterServer:
         """Lock order: a shard's condition, then the journal's lock, then ``_lock``."""
         self._journal_in = JournalIn()
         self._lock = threading.Lock()
+        """Guards config, hosted (the dict), workers and the data service."""
         self._copier = futures.ThreadPoolExecutor(1, thread_name_prefix=f"ps{index}-copy",
                                                   initializer=_lower_priority)
-        """Guards config, hosted (the dict), workers and the data service."""
+        """Takes and builds whole copies of shards, at a lower CPU priority."""
 
     # -- set-up --------------------------------------------------------------------
 
@@ -393,10 +394,7 @@ class ParameterServer:
         with h.cond:
             if h.replicated == h.version:
                 return None
-            changes = None
-            if base is not None and base == h.clean_since:
-                changes = _copy_of(h, shard, config, h.state.changes())
-                changes[0]["base"] = base
+            changes = _changes_since(h, shard, config, base)
             live = {} if changes is not None else h.state.payload()
             h.state.clean()  # what changes from here follows this copy
         header, tensors = changes if changes is not None else self._copier.submit(
@@ -528,11 +526,8 @@ class ParameterServer:
                 return None
             h.role = Role.MOVING
             started = self.clock()
-            if base is not None and base == h.clean_since:
-                header, tensors = _copy_of(h, shard, config, h.state.changes())
-                header["base"] = base
-            else:
-                header, tensors = _copy_of(h, shard, config)
+            header, tensors = (_changes_since(h, shard, config, base)
+                               or _copy_of(h, shard, config))
         data = None
         if shard == DATA_SHARD:
             # Taken, not copied: a lease or release racing the move finds no service
@@ -696,6 +691,18 @@ def _copy_of(h: Hosted, shard: int, config: JobConfig,
                       "data": None, "pushes": {w: [i, r] for w, (i, r) in h.pushes.items()}}
     if tensors is None:
         tensors = {k: v.clone() for k, v in h.state.payload().items()}
+    return header, tensors
+
+
+def _changes_since(h: Hosted, shard: int, config: JobConfig, base: int | None
+                   ) -> tuple[Header, Tensors] | None:
+    """What changed in the shard since the copy of version ``base`` (``base`` in the
+    header), when that is the last copy taken here or handed over to this server; None
+    when only the whole shard will do (holds ``h.cond``)."""
+    if base is None or base != h.clean_since:
+        return None
+    header, tensors = _copy_of(h, shard, config, h.state.changes())
+    header["base"] = base
     return header, tensors
 
 
